@@ -1,0 +1,275 @@
+""":class:`AsyncClient`: the async pgq client, for asyncio (anyio-compatible).
+
+Same methods, arguments, semantics and invariants as :class:`pgq.Client`,
+each a coroutine. It runs the very same command generators
+(:mod:`pgq.commands`) through :class:`pgq.driver.AsyncDriver`.
+
+The connection pool opens on first use (or in ``async with``), so the client
+can be created outside a running event loop. The embedded server, if used, is
+started by the constructor (a blocking step of about a second the first time).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import anyio
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from . import commands
+from .core import ClientCore, CommandFactory, translate_database_error
+from .driver import AsyncDriver
+from .errors import DatabaseUnavailableError
+from .job import Job
+from .migrate import check_schema
+from .migrate import migrate as run_migrations
+from .statements import NODE_ID, SCHEMA_VERSION, SWEEP
+
+__all__ = ["AsyncClient"]
+
+T = TypeVar("T")
+log = logging.getLogger("pgq")
+
+
+class _Reconnect(Exception):
+    """The pooled connection broke: retry the call on another one."""
+
+
+class AsyncClient(ClientCore):
+    """An async client of one pgq node (see :class:`pgq.Client`)."""
+
+    def __init__(self, dsn: str | None = None, **options: Any) -> None:
+        super().__init__(dsn, options)
+        self._pool: AsyncConnectionPool | None = None
+        self._opening = anyio.Lock()
+        self._closed = False
+
+    # ------------------------------------------------------------ plumbing
+
+    async def open(self) -> None:
+        """Open the pool, migrate if asked, and read the node's ID (idempotent)."""
+        async with self._opening:
+            if self._pool is not None:
+                return
+            if self._closed:
+                raise DatabaseUnavailableError("this AsyncClient is closed")
+            if self.should_migrate:
+                await anyio.to_thread.run_sync(run_migrations, self._dsn)
+            pool = AsyncConnectionPool(
+                self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
+                kwargs={"autocommit": True,
+                        "prepare_threshold": 5 if self.options.prepare else None,
+                        "application_name": self.options.application_name},
+                configure=self._configure, timeout=self.options.reconnect_timeout,
+                name=f"pgq-async-{id(self):x}",
+            )
+            await pool.open(wait=False)
+            self._pool = pool
+            try:
+                version, self._node_id = await self._run_on_pool(self._read_node)
+                check_schema(version)
+            except BaseException:
+                self._pool = None
+                await pool.close()
+                raise
+
+    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self.options.turbo:
+            await conn.execute("SET synchronous_commit = off")
+
+    @staticmethod
+    async def _read_node(conn: psycopg.AsyncConnection[Any]) -> tuple[str | None, str]:
+        version = (await (await conn.execute(SCHEMA_VERSION)).fetchone())[0]  # type: ignore[index]
+        if version is None:
+            return None, ""
+        row = await (await conn.execute(NODE_ID)).fetchone()
+        return version, row[0] if row else ""
+
+    async def _housekeeping(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if self.sweep_due():
+            try:
+                await conn.execute(SWEEP, prepare=self.options.prepare or None)
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:
+                log.warning("pgq sweep failed: %s", exc)
+
+    async def _run_on_pool(self, work: Any) -> Any:
+        assert self._pool is not None
+        deadline = time.monotonic() + self.options.reconnect_timeout
+        attempt = 0
+        while True:
+            try:
+                async with self._pool.connection() as conn:
+                    try:
+                        return await work(conn)
+                    except psycopg.OperationalError as exc:
+                        if conn.closed or conn.broken:
+                            raise _Reconnect() from exc
+                        raise
+            except (_Reconnect, PoolTimeout) as exc:
+                cause = exc.__cause__ or exc
+                if time.monotonic() >= deadline:
+                    raise DatabaseUnavailableError(
+                        f"cannot reach the pgq database at {self._host}:{self._port} "
+                        f"after {self.options.reconnect_timeout:g} s: {cause}"
+                    ) from cause
+                await self._pool.check()
+                await anyio.sleep(min(0.05 * 2**attempt, 1.0))
+                attempt += 1
+            except psycopg.Error as exc:
+                typed = translate_database_error(exc)
+                if typed is None:
+                    raise
+                raise typed from exc
+
+    async def _run(self, make: CommandFactory[T], conn: object = None) -> T:
+        if conn is not None:
+            from .connections import async_connection
+
+            if self._pool is None:
+                await self.open()
+            raw = await async_connection(conn)
+            try:
+                return await AsyncDriver(raw, prepare=False).run(make(self.session(owned=False)))
+            except psycopg.Error as exc:
+                typed = translate_database_error(exc)
+                if typed is None:
+                    raise
+                raise typed from exc
+        if self._pool is None:
+            await self.open()
+
+        async def work(pooled: psycopg.AsyncConnection[Any]) -> T:
+            await self._housekeeping(pooled)
+            driver = AsyncDriver(pooled, prepare=self.options.prepare,
+                                 housekeeping=self._housekeeping)
+            return await driver.run(make(self.session(owned=True)))
+
+        return await self._run_on_pool(work)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def close(self) -> None:
+        """Close the client's connections (the embedded server keeps running)."""
+        self._closed = True
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------ commands
+
+    async def add_job(self, queue: str, body: bytes | str, *, replicate: int | None = None,
+                      delay: float = 0, retry: float | None = None, ttl: float | None = None,
+                      maxlen: int | None = None, asynchronous: bool = False,
+                      timeout: float | None = None, conn: object = None) -> str:
+        """ADDJOB (see :meth:`pgq.Client.add_job`)."""
+        make = self.add_jobs_command(queue, [body], replicate=replicate, delay=delay, retry=retry,
+                                     ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
+                                     timeout=timeout)
+        return (await self._run(make, conn))[0]
+
+    async def add_jobs(self, queue: str, bodies: Iterable[bytes | str], *,
+                       replicate: int | None = None, delay: float = 0,
+                       retry: float | None = None, ttl: float | None = None,
+                       maxlen: int | None = None, asynchronous: bool = False,
+                       timeout: float | None = None, conn: object = None) -> list[str]:
+        """Bulk add (see :meth:`pgq.Client.add_jobs`)."""
+        make = self.add_jobs_command(queue, bodies, replicate=replicate, delay=delay, retry=retry,
+                                     ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
+                                     timeout=timeout)
+        return await self._run(make, conn)
+
+    async def get_job(self, *queues: str, count: int = 1, timeout: float | None = None,
+                      nohang: bool = False, withcounters: bool = False,
+                      conn: object = None) -> list[Job]:
+        """GETJOB (see :meth:`pgq.Client.get_job`)."""
+        make = self.get_jobs_command(queues, count=count, timeout=timeout, nohang=nohang,
+                                     withcounters=withcounters)
+        return await self._run(make, conn)
+
+    async def ack_job(self, *ids: str, conn: object = None) -> int:
+        """ACKJOB (see :meth:`pgq.Client.ack_job`)."""
+        return await self._run(self.ids_command("ack_jobs", ids), conn)
+
+    async def fast_ack(self, *ids: str, conn: object = None) -> int:
+        """FASTACK (see :meth:`pgq.Client.fast_ack`)."""
+        return await self._run(self.ids_command("fast_ack_jobs", ids), conn)
+
+    async def nack_job(self, *ids: str, conn: object = None) -> int:
+        """NACK (see :meth:`pgq.Client.nack_job`)."""
+        return await self._run(self.ids_command("nack_jobs", ids), conn)
+
+    async def working(self, id: str, conn: object = None) -> float:
+        """WORKING (see :meth:`pgq.Client.working`)."""
+        return await self._run(self.working_command(id), conn)
+
+    async def show(self, id: str) -> dict[str, Any] | None:
+        """SHOW (see :meth:`pgq.Client.show`)."""
+        return await self._run(self.show_command(id))
+
+    async def del_job(self, *ids: str, conn: object = None) -> int:
+        """DELJOB (see :meth:`pgq.Client.del_job`)."""
+        return await self._run(self.ids_command("del_jobs", ids), conn)
+
+    async def enqueue(self, *ids: str, conn: object = None) -> int:
+        """ENQUEUE (see :meth:`pgq.Client.enqueue`)."""
+        return await self._run(self.ids_command("enqueue_jobs", ids), conn)
+
+    async def dequeue(self, *ids: str, conn: object = None) -> int:
+        """DEQUEUE (see :meth:`pgq.Client.dequeue`)."""
+        return await self._run(self.ids_command("dequeue_jobs", ids), conn)
+
+    async def qlen(self, queue: str) -> int:
+        """QLEN (see :meth:`pgq.Client.qlen`)."""
+        return await self._run(self.qlen_command(queue))
+
+    async def qpeek(self, queue: str, count: int) -> list[Job]:
+        """QPEEK (see :meth:`pgq.Client.qpeek`)."""
+        return await self._run(self.qpeek_command(queue, count))
+
+    async def qstat(self, queue: str) -> dict[str, Any] | None:
+        """QSTAT (see :meth:`pgq.Client.qstat`)."""
+        return await self._run(self.qstat_command(queue))
+
+    async def qscan(self, cursor: int = 0, *, count: int = 100, minlen: int | None = None,
+                    maxlen: int | None = None,
+                    importrate: int | None = None) -> tuple[int, list[str]]:
+        """QSCAN (see :meth:`pgq.Client.qscan`)."""
+        return await self._run(self.qscan_command(cursor, count=count, minlen=minlen,
+                                                  maxlen=maxlen, importrate=importrate))
+
+    async def jscan(self, cursor: int = 0, *, count: int = 100, queue: str | None = None,
+                    states: Iterable[str] = (), reply: str = "id") -> tuple[int, list[Any]]:
+        """JSCAN (see :meth:`pgq.Client.jscan`)."""
+        return await self._run(self.jscan_command(cursor, count=count, queue=queue,
+                                                  states=states, reply=reply))
+
+    async def pause(self, queue: str, *flags: str) -> str:
+        """PAUSE (see :meth:`pgq.Client.pause`)."""
+        return await self._run(self.pause_command(queue, flags))
+
+    async def hello(self) -> dict[str, Any]:
+        """HELLO (see :meth:`pgq.Client.hello`)."""
+        return await self._run(commands.hello)
+
+    async def info(self) -> dict[str, Any]:
+        """INFO (see :meth:`pgq.Client.info`)."""
+        from . import __version__
+
+        return await self._run(lambda session: commands.info(session, __version__))
+
+    async def sweep(self) -> tuple[int, int, int]:
+        """Run the timer/expiry sweep now (see :meth:`pgq.Client.sweep`)."""
+        return await self._run(commands.sweep)

@@ -1,0 +1,265 @@
+""":class:`Client`: the blocking pgq client (Disque's commands as methods).
+
+Invariants:
+
+* Calls without ``conn=`` run on the client's own pool of autocommit
+  connections; each call is its own transaction (or a few statements in one
+  transaction when a command needs it), committed before the call returns.
+* Calls with ``conn=`` run on the caller's connection and never commit, roll
+  back or change its settings: the effect commits with the caller's
+  transaction.
+* A call on the pool that loses its connection (server restart, network) is
+  retried on a fresh connection until ``reconnect_timeout``; this is safe
+  because job IDs are made by the client (a repeated add is a no-op) and a
+  repeated claim can only delay jobs until their retry time.
+* The client is thread-safe: threads share the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from . import commands
+from .core import ClientCore, CommandFactory, translate_database_error
+from .driver import SyncDriver
+from .errors import DatabaseUnavailableError
+from .job import Job
+from .migrate import check_schema
+from .migrate import migrate as run_migrations
+from .statements import NODE_ID, SCHEMA_VERSION, SWEEP
+
+__all__ = ["Client"]
+
+T = TypeVar("T")
+log = logging.getLogger("pgq")
+
+
+class _Reconnect(Exception):
+    """The pooled connection broke: retry the call on another one."""
+
+
+class Client(ClientCore):
+    """A blocking client of one pgq node.
+
+    ``Client()`` with no DSN (and no ``$PGQ_DSN``) starts or reuses the
+    embedded PostgreSQL server under ``$PGQ_HOME`` and migrates it. With a
+    DSN, the schema must already be migrated (``pgq migrate``) unless
+    ``migrate=True``. Options: see :class:`pgq.core.ClientOptions`.
+    """
+
+    def __init__(self, dsn: str | None = None, **options: Any) -> None:
+        super().__init__(dsn, options)
+        if self.should_migrate:
+            run_migrations(self._dsn)
+        self._pool = ConnectionPool(
+            self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
+            kwargs={"autocommit": True,
+                    "prepare_threshold": 5 if self.options.prepare else None,
+                    "application_name": self.options.application_name},
+            configure=self._configure, timeout=self.options.reconnect_timeout,
+            name=f"pgq-{id(self):x}",
+        )
+        self._pool.open(wait=False)
+        try:
+            version, self._node_id = self._run_on_pool(self._read_node)
+            check_schema(version)
+        except BaseException:
+            self._pool.close()
+            raise
+
+    # ------------------------------------------------------------ plumbing
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        if self.options.turbo:
+            conn.execute("SET synchronous_commit = off")
+
+    @staticmethod
+    def _read_node(conn: psycopg.Connection[Any]) -> tuple[str | None, str]:
+        version = conn.execute(SCHEMA_VERSION).fetchone()[0]  # type: ignore[index]
+        if version is None:
+            return None, ""
+        row = conn.execute(NODE_ID).fetchone()
+        return version, row[0] if row else ""
+
+    def _housekeeping(self, conn: psycopg.Connection[Any]) -> None:
+        if self.sweep_due():
+            try:
+                conn.execute(SWEEP, prepare=self.options.prepare or None)
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error as exc:  # a sweep failure must not fail the caller's call
+                log.warning("pgq sweep failed: %s", exc)
+
+    def _run_on_pool(self, work: Any) -> Any:
+        deadline = time.monotonic() + self.options.reconnect_timeout
+        attempt = 0
+        while True:
+            try:
+                with self._pool.connection() as conn:
+                    try:
+                        return work(conn)
+                    except psycopg.OperationalError as exc:
+                        if conn.closed or conn.broken:
+                            raise _Reconnect() from exc
+                        raise
+            except (_Reconnect, PoolTimeout) as exc:
+                cause = exc.__cause__ or exc
+                if time.monotonic() >= deadline:
+                    raise DatabaseUnavailableError(
+                        f"cannot reach the pgq database at {self._host}:{self._port} "
+                        f"after {self.options.reconnect_timeout:g} s: {cause}"
+                    ) from cause
+                self._pool.check()
+                time.sleep(min(0.05 * 2**attempt, 1.0))
+                attempt += 1
+            except psycopg.Error as exc:
+                typed = translate_database_error(exc)
+                if typed is None:
+                    raise
+                raise typed from exc
+
+    def _run(self, make: CommandFactory[T], conn: object = None) -> T:
+        if conn is not None:
+            from .connections import sync_connection
+
+            raw = sync_connection(conn)
+            try:
+                return SyncDriver(raw, prepare=False).run(make(self.session(owned=False)))
+            except psycopg.Error as exc:
+                typed = translate_database_error(exc)
+                if typed is None:
+                    raise
+                raise typed from exc
+
+        def work(pooled: psycopg.Connection[Any]) -> T:
+            self._housekeeping(pooled)
+            driver = SyncDriver(pooled, prepare=self.options.prepare, housekeeping=self._housekeeping)
+            return driver.run(make(self.session(owned=True)))
+
+        return self._run_on_pool(work)  # type: ignore[no-any-return]
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Close the client's connections (the embedded server keeps running)."""
+        self._pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ commands
+
+    def add_job(self, queue: str, body: bytes | str, *, replicate: int | None = None,
+                delay: float = 0, retry: float | None = None, ttl: float | None = None,
+                maxlen: int | None = None, asynchronous: bool = False,
+                timeout: float | None = None, conn: object = None) -> str:
+        """ADDJOB: add one job to ``queue``; returns its ID once it is durably stored."""
+        make = self.add_jobs_command(queue, [body], replicate=replicate, delay=delay, retry=retry,
+                                     ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
+                                     timeout=timeout)
+        return self._run(make, conn)[0]
+
+    def add_jobs(self, queue: str, bodies: Iterable[bytes | str], *,
+                 replicate: int | None = None, delay: float = 0, retry: float | None = None,
+                 ttl: float | None = None, maxlen: int | None = None,
+                 asynchronous: bool = False, timeout: float | None = None,
+                 conn: object = None) -> list[str]:
+        """Add many jobs in one round trip (COPY for large batches); IDs in body order."""
+        make = self.add_jobs_command(queue, bodies, replicate=replicate, delay=delay, retry=retry,
+                                     ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
+                                     timeout=timeout)
+        return self._run(make, conn)
+
+    def get_job(self, *queues: str, count: int = 1, timeout: float | None = None,
+                nohang: bool = False, withcounters: bool = False, conn: object = None) -> list[Job]:
+        """GETJOB: up to ``count`` jobs from ``queues`` (left to right = priority).
+
+        Blocks until a job is ready, or ``timeout`` seconds pass (``None`` or 0:
+        forever), then returns ``[]``; with ``nohang`` never blocks.
+        """
+        make = self.get_jobs_command(queues, count=count, timeout=timeout, nohang=nohang,
+                                     withcounters=withcounters)
+        return self._run(make, conn)
+
+    def ack_job(self, *ids: str, conn: object = None) -> int:
+        """ACKJOB: mark jobs done; returns how many known, unacknowledged jobs were acked."""
+        return self._run(self.ids_command("ack_jobs", ids), conn)
+
+    def fast_ack(self, *ids: str, conn: object = None) -> int:
+        """FASTACK: delete jobs now (no tombstone); returns how many were deleted."""
+        return self._run(self.ids_command("fast_ack_jobs", ids), conn)
+
+    def nack_job(self, *ids: str, conn: object = None) -> int:
+        """NACK: put delivered jobs back in the queue now; returns how many."""
+        return self._run(self.ids_command("nack_jobs", ids), conn)
+
+    def working(self, id: str, conn: object = None) -> float:
+        """WORKING: postpone a job's re-queue; returns its retry time in seconds."""
+        return self._run(self.working_command(id), conn)
+
+    def show(self, id: str) -> dict[str, Any] | None:
+        """SHOW: everything known about a job, or None."""
+        return self._run(self.show_command(id))
+
+    def del_job(self, *ids: str, conn: object = None) -> int:
+        """DELJOB: delete jobs in any state on this node; returns how many."""
+        return self._run(self.ids_command("del_jobs", ids), conn)
+
+    def enqueue(self, *ids: str, conn: object = None) -> int:
+        """ENQUEUE: queue active jobs now; returns how many."""
+        return self._run(self.ids_command("enqueue_jobs", ids), conn)
+
+    def dequeue(self, *ids: str, conn: object = None) -> int:
+        """DEQUEUE: take queued jobs out of their queue; returns how many."""
+        return self._run(self.ids_command("dequeue_jobs", ids), conn)
+
+    def qlen(self, queue: str) -> int:
+        """QLEN: number of jobs queued in ``queue``."""
+        return self._run(self.qlen_command(queue))
+
+    def qpeek(self, queue: str, count: int) -> list[Job]:
+        """QPEEK: look at queued jobs without taking them (count < 0: newest first)."""
+        return self._run(self.qpeek_command(queue, count))
+
+    def qstat(self, queue: str) -> dict[str, Any] | None:
+        """QSTAT: statistics of ``queue``, or None if it does not exist."""
+        return self._run(self.qstat_command(queue))
+
+    def qscan(self, cursor: int = 0, *, count: int = 100, minlen: int | None = None,
+              maxlen: int | None = None, importrate: int | None = None) -> tuple[int, list[str]]:
+        """QSCAN: one page of queue names; call again with the cursor until it is 0."""
+        return self._run(self.qscan_command(cursor, count=count, minlen=minlen, maxlen=maxlen,
+                                            importrate=importrate))
+
+    def jscan(self, cursor: int = 0, *, count: int = 100, queue: str | None = None,
+              states: Iterable[str] = (), reply: str = "id") -> tuple[int, list[Any]]:
+        """JSCAN: one page of jobs (IDs, or dicts with reply='all'); repeat until cursor 0."""
+        return self._run(self.jscan_command(cursor, count=count, queue=queue, states=states,
+                                            reply=reply))
+
+    def pause(self, queue: str, *flags: str) -> str:
+        """PAUSE: flags among in, out, all, none, state, bcast; returns the resulting state."""
+        return self._run(self.pause_command(queue, flags))
+
+    def hello(self) -> dict[str, Any]:
+        """HELLO: this node's ID and the nodes it knows."""
+        return self._run(commands.hello)
+
+    def info(self) -> dict[str, Any]:
+        """INFO: the node, its PostgreSQL server and its jobs."""
+        from . import __version__
+
+        return self._run(lambda session: commands.info(session, __version__))
+
+    def sweep(self) -> tuple[int, int, int]:
+        """Run the timer/expiry sweep now: (expired jobs, re-queued jobs, expired acks)."""
+        return self._run(commands.sweep)

@@ -1,0 +1,314 @@
+"""What :class:`pgq.Client` and :class:`pgq.AsyncClient` share: options, the
+node's DSN, argument validation, and turning a public call into a command.
+
+The two public clients differ only in how they run a command (blocking or
+``await``); everything a user can get wrong is checked here, once, before
+any I/O. Invariant: every ``*_command`` method either raises a typed
+argument error or returns a ready-to-run command factory.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from . import arguments as args
+from . import commands
+from .errors import (
+    DatabaseUnavailableError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    SchemaNotReadyError,
+    TransactionAbortedError,
+)
+from .ids import validate_job_id, validate_job_ids
+from .protocol import Command, Session
+
+__all__ = ["ClientOptions", "ClientCore", "translate_database_error"]
+
+T = TypeVar("T")
+CommandFactory = Callable[[Session], Command[T]]
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    """Options of :class:`pgq.Client` / :class:`pgq.AsyncClient` (all keyword-only).
+
+    * ``pool_size``: most connections the client opens (a blocked ``get_job``
+      holds one while it waits).
+    * ``turbo``: commit pgq's writes with ``synchronous_commit=off``: faster,
+      and a power loss may lose the last few milliseconds of adds and acks.
+    * ``listen``: wake blocked consumers with LISTEN/NOTIFY (else poll only).
+    * ``poll_interval``: longest pause between claim attempts of a blocked
+      consumer (the fallback when no notification arrives).
+    * ``prepare``: use server-side prepared statements.
+    * ``pgbouncer``: running behind PgBouncer in transaction mode: implies
+      ``listen=False`` and ``prepare=False``.
+    * ``max_body_size``: largest job body accepted, in bytes (≤ 512 MiB).
+    * ``reconnect_timeout``: how long a call keeps retrying while the
+      database is unreachable before raising ``DatabaseUnavailableError``.
+    * ``migrate``: apply pending migrations on connect (default: only for
+      the embedded server).
+    * ``sweep_interval``: how often this client runs the timer/expiry sweep.
+    * ``home``: the embedded server's directory (default ``$PGQ_HOME``).
+    * ``application_name``: shown in ``pg_stat_activity``.
+    """
+
+    pool_size: int = 10
+    turbo: bool = False
+    listen: bool = True
+    poll_interval: float = 0.5
+    prepare: bool = True
+    pgbouncer: bool = False
+    max_body_size: int = args.DEFAULT_MAX_BODY_SIZE
+    reconnect_timeout: float = 30.0
+    migrate: bool | None = None
+    sweep_interval: float = 1.0
+    home: str | None = None
+    application_name: str = "pgq"
+
+    @classmethod
+    def from_kwargs(cls, options: Mapping[str, Any]) -> ClientOptions:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise InvalidTypeError(
+                f"unknown client option(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}"
+            )
+        result = cls(**options)
+        result._check()
+        if result.pgbouncer:
+            result = replace(result, listen=False, prepare=False)
+        return result
+
+    def _check(self) -> None:
+        args.positive_int("pool_size", self.pool_size, maximum=1000)
+        args.positive_int("max_body_size", self.max_body_size, maximum=args.HARD_MAX_BODY_SIZE)
+        args.seconds("poll_interval", self.poll_interval, minimum=0.001, maximum=3600)
+        args.seconds("reconnect_timeout", self.reconnect_timeout, maximum=86400)
+        args.seconds("sweep_interval", self.sweep_interval, minimum=0.01, maximum=3600)
+        for name in ("turbo", "listen", "prepare", "pgbouncer"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidTypeError(f"{name} must be a bool")
+        if self.migrate is not None and not isinstance(self.migrate, bool):
+            raise InvalidTypeError("migrate must be a bool or None")
+
+
+def libpq_url(dsn: str) -> str:
+    """``dsn`` as a libpq URL (key=value strings are converted)."""
+    if dsn.startswith(("postgresql://", "postgres://")):
+        return dsn
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidArgumentError(f"invalid DSN: {exc}") from None
+    user = params.pop("user", None)
+    password = params.pop("password", None)
+    host = params.pop("host", None) or ""
+    port = params.pop("port", None)
+    dbname = params.pop("dbname", None) or ""
+    auth = ""
+    if user:
+        auth = quote(str(user), safe="")
+        if password:
+            auth += ":" + quote(str(password), safe="")
+        auth += "@"
+    netloc = (f"[{host}]" if ":" in host else quote(host, safe="")) + (f":{port}" if port else "")
+    query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items())
+    return f"postgresql://{auth}{netloc}/{quote(dbname, safe='')}" + (f"?{query}" if query else "")
+
+
+def _host_and_port(dsn: str) -> tuple[str, int]:
+    params = conninfo_to_dict(dsn)
+    host = str(params.get("host") or "localhost").split(",")[0]
+    port = int(str(params.get("port") or 5432).split(",")[0])
+    return host, port
+
+
+def translate_database_error(exc: psycopg.Error) -> Exception | None:
+    """A typed pgq error for database failures that are not pgq bugs, else None."""
+    if isinstance(exc, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
+                        psycopg.errors.InvalidSchemaName)):
+        return SchemaNotReadyError(
+            f"the pgq schema is missing or incomplete ({exc.diag.message_primary}); "
+            "run `pgq migrate --dsn DSN` or pgq.migrate(dsn)"
+        )
+    if isinstance(exc, psycopg.errors.InFailedSqlTransaction):
+        return TransactionAbortedError(
+            "the connection's transaction is aborted by an earlier error: roll it back first"
+        )
+    if isinstance(exc, psycopg.OperationalError):
+        return DatabaseUnavailableError(f"database connection failed: {exc}")
+    return None
+
+
+class ClientCore:
+    """Options, DSN and command construction shared by both clients."""
+
+    def __init__(self, dsn: str | None, options: Mapping[str, Any]) -> None:
+        self.options = ClientOptions.from_kwargs(options)
+        self._embedded = False
+        if dsn is None:
+            dsn = os.environ.get("PGQ_DSN") or None
+        if dsn is None:
+            from . import embedded
+
+            dsn = embedded.ensure_running(self.options.home).dsn
+            self._embedded = True
+        elif not isinstance(dsn, str):
+            raise InvalidTypeError(f"dsn must be a str (a libpq URL or key=value string), not {type(dsn).__name__}")
+        self._dsn = libpq_url(dsn)
+        self._host, self._port = _host_and_port(self._dsn)
+        self._node_id = ""
+        self._last_sweep = 0.0
+
+    @property
+    def dsn(self) -> str:
+        """The libpq URL of the node database (usable by psycopg, SQLAlchemy, JDBC tooling)."""
+        return self._dsn
+
+    @property
+    def node_id(self) -> str:
+        """The 40-hex ID of the node this client talks to."""
+        return self._node_id
+
+    @property
+    def should_migrate(self) -> bool:
+        return self.options.migrate if self.options.migrate is not None else self._embedded
+
+    def session(self, *, owned: bool) -> Session:
+        return Session(
+            owned=owned, node_id=self._node_id, clock=time.monotonic,
+            can_listen=owned and self.options.listen, poll_interval=self.options.poll_interval,
+            host=self._host, port=self._port,
+        )
+
+    def sweep_due(self) -> bool:
+        now = time.monotonic()
+        if now - self._last_sweep < self.options.sweep_interval:
+            return False
+        self._last_sweep = now
+        return True
+
+    # ------------------------------------------------------------ commands
+
+    def add_jobs_command(self, queue: object, bodies: Iterable[object], *, replicate: object,
+                         delay: object, retry: object, ttl: object, maxlen: object,
+                         asynchronous: object, timeout: object) -> CommandFactory[list[str]]:
+        name = args.queue_name(queue)
+        if isinstance(bodies, (str, bytes, bytearray, memoryview)):
+            raise InvalidTypeError("add_jobs takes an iterable of bodies; use add_job for one body")
+        data = [args.body_bytes(body, self.options.max_body_size) for body in bodies]
+        params = args.job_params(
+            replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
+            asynchronous=asynchronous, timeout=timeout, default_replicate=1,
+        )
+        if not data:
+            return lambda session: _empty_list()
+        return lambda session: commands.add_jobs(session, name, data, params)
+
+    def get_jobs_command(self, queues: tuple[object, ...], *, count: object, timeout: object,
+                         nohang: object, withcounters: object) -> CommandFactory[list[Any]]:
+        names = args.queue_names(queues)
+        how_many = args.count(count)
+        wait = args.timeout(timeout)
+        for flag, value in (("nohang", nohang), ("withcounters", withcounters)):
+            if not isinstance(value, bool):
+                raise InvalidTypeError(f"{flag} must be a bool, not {type(value).__name__}")
+        return lambda session: commands.get_jobs(
+            session, names, how_many, wait, bool(nohang), bool(withcounters))
+
+    def ids_command(self, name: str, ids: tuple[object, ...]) -> CommandFactory[int]:
+        if len(ids) == 1 and isinstance(ids[0], (list, tuple, set, frozenset)):
+            ids = tuple(ids[0])
+        if len(ids) > args.MAX_IDS:
+            raise InvalidArgumentError(f"at most {args.MAX_IDS} job IDs per call, not {len(ids)}")
+        checked = list(dict.fromkeys(validate_job_ids(ids)))
+        run = getattr(commands, name)
+        return lambda session: run(session, checked)
+
+    def working_command(self, job_id: object) -> CommandFactory[float]:
+        checked = validate_job_id(job_id)
+        return lambda session: commands.working(session, checked)
+
+    def show_command(self, job_id: object) -> CommandFactory[dict[str, Any] | None]:
+        checked = validate_job_id(job_id)
+        return lambda session: commands.show(session, checked)
+
+    def qlen_command(self, queue: object) -> CommandFactory[int]:
+        name = args.queue_name(queue)
+        return lambda session: commands.qlen(session, name)
+
+    def qpeek_command(self, queue: object, count: object) -> CommandFactory[list[Any]]:
+        name = args.queue_name(queue)
+        if not isinstance(count, int) or isinstance(count, bool):
+            raise InvalidTypeError(f"count must be an int, not {type(count).__name__}")
+        if count == 0 or abs(count) > args.MAX_COUNT:
+            raise InvalidArgumentError(
+                f"count must be between 1 and {args.MAX_COUNT} (negative: newest first), not {count}")
+        return lambda session: commands.qpeek(session, name, count)
+
+    def qstat_command(self, queue: object) -> CommandFactory[dict[str, Any] | None]:
+        name = args.queue_name(queue)
+        return lambda session: commands.qstat(session, name)
+
+    def qscan_command(self, cursor: object, *, count: object, minlen: object, maxlen: object,
+                      importrate: object) -> CommandFactory[tuple[int, list[str]]]:
+        start = _cursor(cursor)
+        page = args.positive_int("count", count, maximum=args.MAX_COUNT)
+        bounds = {}
+        for label, value in (("minlen", minlen), ("maxlen", maxlen), ("importrate", importrate)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise InvalidTypeError(f"{label} must be an int or None")
+            bounds[label] = value
+        return lambda session: commands.qscan(session, start, page, bounds["minlen"],
+                                              bounds["maxlen"], bounds["importrate"])
+
+    def jscan_command(self, cursor: object, *, count: object, queue: object, states: object,
+                      reply: object) -> CommandFactory[tuple[int, list[Any]]]:
+        start = _cursor(cursor)
+        page = args.positive_int("count", count, maximum=args.MAX_COUNT)
+        name = None if queue is None else args.queue_name(queue)
+        if isinstance(states, str):
+            states = (states,)
+        if not isinstance(states, Iterable):
+            raise InvalidTypeError("states must be a sequence of state names")
+        wanted = tuple(dict.fromkeys(states))
+        bad = [s for s in wanted if s not in commands.JOB_STATES]
+        if bad:
+            raise InvalidArgumentError(
+                f"unknown job state(s) {bad}; allowed: {', '.join(commands.JOB_STATES)}")
+        if reply not in ("id", "all"):
+            raise InvalidArgumentError(f"reply must be 'id' or 'all', not {reply!r}")
+        return lambda session: commands.jscan(session, start, page, name, wanted, str(reply))
+
+    def pause_command(self, queue: object, flags: tuple[object, ...]) -> CommandFactory[str]:
+        name = args.queue_name(queue)
+        if not flags:
+            raise InvalidArgumentError(
+                f"pause needs at least one flag: {', '.join(commands.PAUSE_FLAGS)}")
+        checked = []
+        for flag in flags:
+            if not isinstance(flag, str) or flag.lower() not in commands.PAUSE_FLAGS:
+                raise InvalidArgumentError(
+                    f"unknown pause flag {flag!r}; allowed: {', '.join(commands.PAUSE_FLAGS)}")
+            checked.append(flag.lower())
+        return lambda session: commands.pause(session, name, checked)
+
+
+def _cursor(value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InvalidArgumentError("cursor must be 0 or a cursor returned by the previous call")
+    return value
+
+
+def _empty_list() -> Command[list[str]]:
+    yield from ()
+    return []

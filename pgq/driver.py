@@ -1,0 +1,228 @@
+"""Drivers: run a :mod:`pgq.commands` generator on one psycopg connection.
+
+:class:`SyncDriver` and :class:`AsyncDriver` are the only places where pgq's
+commands meet I/O; they are deliberately small mirrors of each other.
+
+Invariants (see :mod:`pgq.protocol`):
+
+* Statements run in the order the command yields them, on one connection.
+* On connections pgq owns (pooled, autocommit) hot statements are prepared
+  server-side; on a caller's connection psycopg's default applies.
+* :class:`~pgq.protocol.Begin`/:class:`~pgq.protocol.Commit` open and close
+  a transaction only when the connection is in autocommit mode; inside a
+  caller's transaction they do nothing (the caller's transaction is the unit
+  that commits or rolls back). A command that fails inside such a group gets
+  the group rolled back before the error propagates.
+* After :class:`~pgq.protocol.Listen`, the waiter registration and LISTEN are
+  undone before the connection is returned, whatever happens; if the
+  connection is broken there is nothing to undo (the pool discards it and the
+  sweep forgets the stale waiter row).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import psycopg
+
+from . import statements as sql
+from .protocol import (
+    Begin,
+    Command,
+    Commit,
+    Copy,
+    Housekeeping,
+    Listen,
+    Query,
+    Request,
+    Result,
+    Wait,
+)
+
+__all__ = ["SyncDriver", "AsyncDriver", "CHANNEL"]
+
+T = TypeVar("T")
+CHANNEL = "pgq"
+
+
+def _extract(cursor: Any, result: Result, rows: list[Any] | None) -> Any:
+    if result is Result.ROWS:
+        return rows if rows is not None else []
+    if result is Result.ROW:
+        return rows[0] if rows else None
+    if result is Result.VALUE:
+        return rows[0][0] if rows else None
+    if result is Result.ROWCOUNT:
+        return cursor.rowcount
+    return None
+
+
+class SyncDriver:
+    """Runs commands on a blocking :class:`psycopg.Connection`."""
+
+    def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool = True,
+                 housekeeping: Callable[[psycopg.Connection[Any]], None] | None = None) -> None:
+        self.conn = conn
+        self.prepare = prepare if prepare else None
+        self.housekeeping = housekeeping
+        self._transaction: psycopg.Transaction | None = None
+        self._listening = False
+
+    def run(self, command: Command[T]) -> T:
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    request = command.send(reply)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                reply = self._handle(request)
+        except BaseException as exc:
+            self._abandon_transaction(exc)
+            raise
+        finally:
+            command.close()
+            self._stop_listening()
+
+    def _handle(self, request: Request) -> Any:
+        conn = self.conn
+        if isinstance(request, Query):
+            cursor = conn.execute(request.sql, request.params, prepare=self.prepare)
+            rows = cursor.fetchall() if cursor.description is not None else None
+            return _extract(cursor, request.result, rows)
+        if isinstance(request, Begin):
+            if conn.autocommit:
+                self._transaction = conn.transaction()
+                self._transaction.__enter__()
+            return None
+        if isinstance(request, Commit):
+            transaction, self._transaction = self._transaction, None
+            if transaction is not None:
+                transaction.__exit__(None, None, None)
+            return None
+        if isinstance(request, Copy):
+            with conn.cursor().copy(request.sql) as copy:
+                copy.set_types(list(request.types))
+                for row in request.rows:
+                    copy.write_row(row)
+            return None
+        if isinstance(request, Listen):
+            conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})
+            conn.execute(f"LISTEN {CHANNEL}")
+            self._listening = True
+            return None
+        if isinstance(request, Wait):
+            if self._listening:
+                return [n.payload for n in conn.notifies(timeout=request.seconds, stop_after=1)]
+            time.sleep(request.seconds)
+            return []
+        if isinstance(request, Housekeeping):
+            if self.housekeeping is not None and self._transaction is None:
+                self.housekeeping(conn)
+            return None
+        raise TypeError(f"unknown request {request!r}")
+
+    def _abandon_transaction(self, exc: BaseException) -> None:
+        transaction, self._transaction = self._transaction, None
+        if transaction is not None:
+            with contextlib.suppress(Exception):
+                transaction.__exit__(type(exc), exc, exc.__traceback__)
+
+    def _stop_listening(self) -> None:
+        if not self._listening:
+            return
+        self._listening = False
+        if self.conn.closed or self.conn.broken:
+            return
+        with contextlib.suppress(psycopg.Error):
+            self.conn.execute(f"UNLISTEN {CHANNEL}")
+            self.conn.execute(sql.UNREGISTER_WAITER)
+
+
+class AsyncDriver:
+    """Runs commands on a :class:`psycopg.AsyncConnection` (mirror of :class:`SyncDriver`)."""
+
+    def __init__(self, conn: psycopg.AsyncConnection[Any], *, prepare: bool = True,
+                 housekeeping: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
+                 ) -> None:
+        self.conn = conn
+        self.prepare = prepare if prepare else None
+        self.housekeeping = housekeeping
+        self._transaction: psycopg.AsyncTransaction | None = None
+        self._listening = False
+
+    async def run(self, command: Command[T]) -> T:
+        reply: Any = None
+        try:
+            while True:
+                try:
+                    request = command.send(reply)
+                except StopIteration as done:
+                    return done.value  # type: ignore[no-any-return]
+                reply = await self._handle(request)
+        except BaseException as exc:
+            await self._abandon_transaction(exc)
+            raise
+        finally:
+            command.close()
+            await self._stop_listening()
+
+    async def _handle(self, request: Request) -> Any:
+        conn = self.conn
+        if isinstance(request, Query):
+            cursor = await conn.execute(request.sql, request.params, prepare=self.prepare)
+            rows = await cursor.fetchall() if cursor.description is not None else None
+            return _extract(cursor, request.result, rows)
+        if isinstance(request, Begin):
+            if conn.autocommit:
+                self._transaction = conn.transaction()
+                await self._transaction.__aenter__()
+            return None
+        if isinstance(request, Commit):
+            transaction, self._transaction = self._transaction, None
+            if transaction is not None:
+                await transaction.__aexit__(None, None, None)
+            return None
+        if isinstance(request, Copy):
+            async with conn.cursor().copy(request.sql) as copy:
+                copy.set_types(list(request.types))
+                for row in request.rows:
+                    await copy.write_row(row)
+            return None
+        if isinstance(request, Listen):
+            await conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})
+            await conn.execute(f"LISTEN {CHANNEL}")
+            self._listening = True
+            return None
+        if isinstance(request, Wait):
+            if self._listening:
+                return [n.payload async for n in
+                        conn.notifies(timeout=request.seconds, stop_after=1)]
+            await anyio.sleep(request.seconds)
+            return []
+        if isinstance(request, Housekeeping):
+            if self.housekeeping is not None and self._transaction is None:
+                await self.housekeeping(conn)
+            return None
+        raise TypeError(f"unknown request {request!r}")
+
+    async def _abandon_transaction(self, exc: BaseException) -> None:
+        transaction, self._transaction = self._transaction, None
+        if transaction is not None:
+            with contextlib.suppress(Exception):
+                with anyio.CancelScope(shield=True):
+                    await transaction.__aexit__(type(exc), exc, exc.__traceback__)
+
+    async def _stop_listening(self) -> None:
+        if not self._listening:
+            return
+        self._listening = False
+        if self.conn.closed or self.conn.broken:
+            return
+        with contextlib.suppress(psycopg.Error), anyio.CancelScope(shield=True):
+            await self.conn.execute(f"UNLISTEN {CHANNEL}")
+            await self.conn.execute(sql.UNREGISTER_WAITER)

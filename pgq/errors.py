@@ -1,0 +1,95 @@
+"""Typed errors raised by pgq.
+
+Every error pgq raises on purpose is a :class:`PgqError`. The Disque error
+replies map one to one onto a subclass (``-NOREPL`` is :class:`NoReplError`,
+``-BADID`` is :class:`BadIdError`, and so on), so code ported from a Disque
+client can catch the same conditions by name.
+
+Invariants:
+
+* Bad arguments raise :class:`InvalidArgumentError` (a ``ValueError``) or
+  :class:`InvalidTypeError` (a ``TypeError``) *before* anything is sent to the
+  database, with a message that says what is allowed.
+* Every message says what to do next when there is something to do.
+* Database failures that are not the caller's fault are wrapped in
+  :class:`DatabaseUnavailableError` or :class:`SchemaNotReadyError`; the
+  original psycopg exception stays available as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PgqError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "BadIdError",
+    "NoReplError",
+    "MaxLenError",
+    "PausedError",
+    "NoJobError",
+    "TooLateError",
+    "LeavingError",
+    "DatabaseUnavailableError",
+    "SchemaNotReadyError",
+    "TransactionAbortedError",
+    "EmbeddedServerError",
+]
+
+
+class PgqError(Exception):
+    """Base class of every error raised by pgq."""
+
+
+class InvalidArgumentError(PgqError, ValueError):
+    """An argument has the right type but a value outside what is allowed."""
+
+
+class InvalidTypeError(PgqError, TypeError):
+    """An argument has a type pgq does not accept."""
+
+
+class BadIdError(InvalidArgumentError):
+    """A job ID is not in Disque's format (``-BADID``).
+
+    One bad ID rejects the whole multi-ID command: nothing is changed.
+    """
+
+
+class NoReplError(PgqError):
+    """The job could not be stored on the requested number of nodes (``-NOREPL``)."""
+
+
+class MaxLenError(PgqError):
+    """The queue already holds ``maxlen`` or more jobs (``-MAXLEN``)."""
+
+
+class PausedError(PgqError):
+    """The queue is paused for input, so adds are refused (``-PAUSED``)."""
+
+
+class NoJobError(PgqError):
+    """The job is not known on this node, or no longer active (``-NOJOB``)."""
+
+
+class TooLateError(PgqError):
+    """Half of the job's TTL has elapsed: its delivery can no longer be postponed (``-TOOLATE``)."""
+
+
+class LeavingError(PgqError):
+    """This node is leaving the cluster and will not block consumers (``-LEAVING``)."""
+
+
+class DatabaseUnavailableError(PgqError):
+    """The node's PostgreSQL database could not be reached in time."""
+
+
+class SchemaNotReadyError(PgqError):
+    """The database has no pgq schema, or an older one than this library needs."""
+
+
+class TransactionAbortedError(PgqError):
+    """The caller's transaction is aborted; it must be rolled back before reuse."""
+
+
+class EmbeddedServerError(PgqError):
+    """The embedded PostgreSQL server could not be found, initialised or started."""

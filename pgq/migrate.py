@@ -1,0 +1,89 @@
+"""Applying the alembic migrations of schema ``pgq`` to a database.
+
+:func:`migrate` is the only way pgq creates or changes its schema (the CLI's
+``pgq migrate`` calls it; the client calls it for the embedded server).
+:data:`SCHEMA_VERSION` is the revision this library's SQL is written for; a
+test keeps it equal to the newest alembic revision, so a client can check a
+database with one cheap query instead of importing alembic.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+
+from .errors import SchemaNotReadyError
+
+__all__ = ["SCHEMA_VERSION", "migrate", "schema_version", "check_schema"]
+
+SCHEMA_VERSION = "0001"
+
+
+def _alembic_config():  # type: ignore[no-untyped-def]
+    from alembic.config import Config
+
+    from . import migrations
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    return config
+
+
+def head_revision() -> str:
+    """The newest revision shipped with this library, read from the scripts."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def migrate(dsn: str, revision: str = "head") -> str:
+    """Upgrade the database at ``dsn`` to ``revision``; return the revision it is at.
+
+    Safe to run concurrently from several processes (an advisory lock
+    serialises them) and idempotent.
+    """
+    from alembic import command
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(
+        "postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), poolclass=NullPool
+    )
+    config = _alembic_config()
+    try:
+        with engine.connect() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+    finally:
+        engine.dispose()
+    with psycopg.connect(dsn) as conn:
+        return schema_version(conn) or ""
+
+
+def schema_version(conn: psycopg.Connection) -> str | None:
+    """The revision the database is at, or None if pgq was never migrated there."""
+    row = conn.execute(
+        "SELECT to_regclass('pgq.alembic_version') IS NOT NULL"
+    ).fetchone()
+    if not row or not row[0]:
+        return None
+    version = conn.execute("SELECT version_num FROM pgq.alembic_version").fetchone()
+    return version[0] if version else None
+
+
+def check_schema(version: str | None, dsn_hint: str = "DSN") -> None:
+    """Raise :class:`SchemaNotReadyError` unless ``version`` is what this library needs."""
+    if version == SCHEMA_VERSION:
+        return
+    if version is None:
+        raise SchemaNotReadyError(
+            f"the database has no pgq schema: run `pgq migrate --dsn {dsn_hint}` "
+            "or pgq.migrate(dsn) once (or pass migrate=True to the client)"
+        )
+    raise SchemaNotReadyError(
+        f"the database's pgq schema is at revision {version}, this library needs "
+        f"{SCHEMA_VERSION}: run `pgq migrate --dsn {dsn_hint}` or pgq.migrate(dsn)"
+    )

@@ -1,0 +1,122 @@
+"""The requests a command makes of a driver: pgq's sans-I/O boundary.
+
+Every pgq command (ADDJOB, GETJOB, ...) is written once, in
+:mod:`pgq.commands`, as a generator that *yields* the requests below and
+receives their results. Two small drivers (:mod:`pgq.driver`) execute them:
+one with a blocking psycopg connection, one with an async one. The command
+logic therefore has no I/O of its own, is shared by :class:`pgq.Client` and
+:class:`pgq.AsyncClient`, and can be driven by a fake in tests.
+
+Invariants a driver guarantees:
+
+* Requests run on one connection, in the order they are yielded.
+* :class:`Begin`/:class:`Commit` bracket an atomic group on connections pgq
+  owns or that are in autocommit mode; inside a caller's open transaction they
+  do nothing, because the caller's transaction is the atomic unit.
+* After :class:`Listen`, the driver un-registers the waiter and stops
+  listening before the connection is used for anything else, even when the
+  command fails or is cancelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, TypeVar
+
+__all__ = [
+    "Result",
+    "Query",
+    "Begin",
+    "Commit",
+    "Copy",
+    "Listen",
+    "Wait",
+    "Housekeeping",
+    "Request",
+    "Command",
+    "Session",
+]
+
+T = TypeVar("T")
+
+
+class Result(Enum):
+    """What a :class:`Query` returns to the command."""
+
+    ROWS = "rows"  # list of tuples
+    ROW = "row"  # first tuple or None
+    VALUE = "value"  # first column of the first row, or None
+    ROWCOUNT = "rowcount"  # number of rows affected
+    NONE = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    """Execute one statement (named ``%(name)s`` parameters)."""
+
+    sql: str
+    params: Mapping[str, Any] | None = None
+    result: Result = Result.ROWS
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """Start an atomic group (see the module invariants)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """End the atomic group started by :class:`Begin`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """``COPY ... FROM STDIN (FORMAT BINARY)`` of ``rows`` with column ``types``."""
+
+    sql: str
+    types: Sequence[str]
+    rows: Sequence[Sequence[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Listen:
+    """Register as a blocked consumer of ``queues`` and LISTEN for new jobs."""
+
+    queues: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Wait up to ``seconds`` for a notification (or just sleep if not listening)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Housekeeping:
+    """A point where the driver may run the periodic sweep (timers, expiry)."""
+
+
+Request = Query | Begin | Commit | Copy | Listen | Wait | Housekeeping
+Command = Generator[Request, Any, T]
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """What a command knows about where it runs.
+
+    ``owned`` is True on pgq's own pooled autocommit connections; False on a
+    caller's connection, where pgq must not change transaction settings and
+    must notify consumers unconditionally (a waiter that registers after our
+    statement but before the caller commits would otherwise be missed).
+    """
+
+    owned: bool
+    node_id: str
+    clock: Callable[[], float]
+    can_listen: bool
+    poll_interval: float
+    host: str = "127.0.0.1"
+    port: int = 5432

@@ -1,0 +1,186 @@
+"""The tables of schema ``pgq`` as SQLAlchemy metadata.
+
+This metadata is the reference the alembic migrations must produce: a test
+compares a freshly migrated database with it (no drift). Functions, triggers
+and views are created by the migrations as SQL (SQLAlchemy does not model
+them) and are covered by their own tests.
+
+Design of the hot path (see docs/storage.md):
+
+* ``jobs`` holds only jobs that are not acknowledged: an ACK deletes the row
+  and appends to ``history``, so the hot table stays small. ``fillfactor`` 70
+  and aggressive per-table autovacuum keep it compact under churn.
+* A job is ``queued`` (claimable now, in the partial index ``jobs_queued_idx``
+  ordered by ``ctime``) or ``active`` (delivered, delayed, or held without
+  being queued here; a due ``requeue_at`` in ``jobs_timer_idx`` makes it
+  claimable again) or ``wait-repl`` (created, waiting for its copies).
+  A claim moves rows out of the ready index, so it never walks over leased
+  jobs, however many are in flight.
+* ``queue_counters`` holds per-queue counts in one row per (queue, backend
+  pid), maintained by statement-level triggers: sessions never contend on a
+  counter row, and the stats views never count the hot table.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Double,
+    Identity,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    Table,
+    Text,
+    text,
+)
+
+__all__ = ["SCHEMA", "metadata", "jobs", "history", "acks", "queues", "queue_counters",
+           "waiters", "meta", "CTIME_DEFAULT"]
+
+SCHEMA = "pgq"
+metadata = MetaData(schema=SCHEMA)
+
+# Disque's ctime: milliseconds * 10^6 + a per-millisecond sequence, so jobs
+# created in the same millisecond keep their creation order.
+CTIME_DEFAULT = (
+    "((floor((date_part('epoch'::text, clock_timestamp()) * (1000)::double precision)))"
+    "::bigint * 1000000) + (nextval('pgq.ctime_seq'::regclass) % (1000000)::bigint)"
+)
+
+C = "C"  # byte-order collation: cheapest comparisons, deterministic cursors
+
+meta = Table(
+    "meta",
+    metadata,
+    Column("key", Text(collation=C), primary_key=True),
+    Column("value", Text, nullable=False),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Text(collation=C), nullable=False),
+    Column("queue", Text(collation=C), nullable=False),
+    Column("state", Text, nullable=False),
+    Column("ctime", BigInteger, nullable=False, server_default=text(CTIME_DEFAULT)),
+    Column("body", LargeBinary, nullable=False),
+    Column("repl", Integer, nullable=False, server_default=text("1")),
+    Column("retry", Double, nullable=False),
+    Column("delay", Double, nullable=False, server_default=text("0")),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("requeue_at", DateTime(timezone=True)),
+    Column("queued_at", DateTime(timezone=True)),
+    Column("delivered_at", DateTime(timezone=True)),
+    Column("nacks", Integer, nullable=False, server_default=text("0")),
+    Column("additional_deliveries", Integer, nullable=False, server_default=text("0")),
+    Column("deliveries", Integer, nullable=False, server_default=text("0")),
+    Column("enqueues", Integer, nullable=False, server_default=text("0")),
+    PrimaryKeyConstraint("id", name="jobs_pkey"),
+    CheckConstraint("state = ANY (ARRAY['wait-repl'::text, 'active'::text, 'queued'::text])",
+                    name="jobs_state_check"),
+    Index("jobs_queued_idx", "queue", "ctime", postgresql_where=text("state = 'queued'::text")),
+    Index("jobs_timer_idx", "queue", "requeue_at",
+          postgresql_where=text("state = 'active'::text AND requeue_at IS NOT NULL")),
+    Index("jobs_expiry_idx", "expires_at"),
+    postgresql_with={
+        "fillfactor": "70",
+        "autovacuum_vacuum_scale_factor": "0.01",
+        "autovacuum_vacuum_threshold": "1000",
+        "autovacuum_vacuum_insert_scale_factor": "0.05",
+        "autovacuum_analyze_scale_factor": "0.02",
+        "autovacuum_vacuum_cost_delay": "0",
+    },
+)
+
+history = Table(
+    "history",
+    metadata,
+    Column("seq", BigInteger, Identity(always=True), nullable=False),
+    Column("id", Text(collation=C), nullable=False),
+    Column("queue", Text(collation=C), nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("ctime", BigInteger, nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    Column("delivered_at", DateTime(timezone=True)),
+    Column("deliveries", Integer, nullable=False),
+    Column("nacks", Integer, nullable=False),
+    Column("additional_deliveries", Integer, nullable=False),
+    Column("retry", Double, nullable=False),
+    Column("repl", Integer, nullable=False),
+    Column("body_size", Integer, nullable=False),
+    PrimaryKeyConstraint("seq", name="history_pkey"),
+    CheckConstraint(
+        "outcome = ANY (ARRAY['acked'::text, 'fastacked'::text, 'deleted'::text, 'expired'::text])",
+        name="history_outcome_check",
+    ),
+    # Append-only and monotonic in time: a BRIN index costs almost nothing to
+    # maintain and serves retention and time-range analytics.
+    Index("history_finished_at_idx", "finished_at", postgresql_using="brin"),
+)
+
+acks = Table(
+    "acks",
+    metadata,
+    Column("id", Text(collation=C), nullable=False),
+    Column("queue", Text(collation=C)),
+    Column("acked_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("dummy", Boolean, nullable=False, server_default=text("false")),
+    PrimaryKeyConstraint("id", name="acks_pkey"),
+    Index("acks_expiry_idx", "expires_at"),
+)
+
+queues = Table(
+    "queues",
+    metadata,
+    Column("name", Text(collation=C), nullable=False),
+    Column("paused", Text, nullable=False, server_default=text("'none'::text")),
+    Column("created_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    Column("updated_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    PrimaryKeyConstraint("name", name="queues_pkey"),
+    CheckConstraint("paused = ANY (ARRAY['none'::text, 'in'::text, 'out'::text, 'all'::text])",
+                    name="queues_paused_check"),
+)
+
+queue_counters = Table(
+    "queue_counters",
+    metadata,
+    Column("queue", Text(collation=C), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("queued", BigInteger, nullable=False, server_default=text("0")),
+    Column("active", BigInteger, nullable=False, server_default=text("0")),
+    Column("waiting", BigInteger, nullable=False, server_default=text("0")),
+    Column("jobs_in", BigInteger, nullable=False, server_default=text("0")),
+    Column("jobs_out", BigInteger, nullable=False, server_default=text("0")),
+    Column("created_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    Column("touched_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    PrimaryKeyConstraint("queue", "pid", name="queue_counters_pkey"),
+    postgresql_with={"fillfactor": "50"},
+)
+
+# Blocked consumers, one row per (backend, queue). UNLOGGED: after a crash
+# nobody is blocked any more, so losing it is exactly right.
+waiters = Table(
+    "waiters",
+    metadata,
+    Column("pid", Integer, nullable=False),
+    Column("queue", Text(collation=C), nullable=False),
+    Column("since", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    PrimaryKeyConstraint("pid", "queue", name="waiters_pkey"),
+    Index("waiters_queue_idx", "queue"),
+    prefixes=["UNLOGGED"],
+)

@@ -1,0 +1,412 @@
+"""Every SQL statement pgq runs at run time, by name.
+
+Kept in one module so the hot path can be read, reviewed and EXPLAINed in one
+place (the schema itself is in ``migrations/``). Parameters are always bound
+(``%(name)s``), never spliced: queue names and bodies may contain anything.
+
+Conventions:
+
+* ``statement_timestamp()`` is "now": stable within a statement, fresh for
+  each statement even inside a long caller transaction (``now()`` would be
+  the transaction's start and would shorten leases).
+* A job whose ``expires_at`` has passed is treated as gone by every statement,
+  whether or not the sweep has deleted it yet.
+* An ``active`` job whose ``requeue_at`` has passed is treated as queued: a
+  claim takes it directly, so no background process is needed for re-queues.
+* Claims and timer scans lock with ``FOR UPDATE SKIP LOCKED`` through ``ctid``
+  so concurrent consumers never wait on each other and the update does not
+  re-walk the primary key.
+"""
+
+from __future__ import annotations
+
+# --------------------------------------------------------------------- node
+
+NODE_ID = "SELECT value FROM pgq.meta WHERE key = 'node_id'"
+
+SCHEMA_VERSION = """
+SELECT CASE WHEN to_regclass('pgq.alembic_version') IS NULL THEN NULL
+            ELSE (SELECT version_num FROM pgq.alembic_version) END
+"""
+
+SWEEP = "SELECT expired, requeued, acks_expired FROM pgq.sweep()"
+
+# Expire, and queue the due jobs of one queue, so that introspection of that
+# queue (QLEN, QPEEK, QSTAT) reports Disque's state exactly.
+SWEEP_QUEUE = "SELECT pgq.expire_jobs(), pgq.requeue_due(10000, %(queue)s)"
+SWEEP_ALL_QUEUES = "SELECT pgq.expire_jobs(), pgq.requeue_due(10000)"
+
+# ---------------------------------------------------------------------- add
+
+# One statement adds one or many jobs. Why it is safe:
+# * ON CONFLICT (id) DO NOTHING makes a retry after a lost connection
+#   idempotent: IDs are made by the client, so a second attempt finds the row.
+# * PAUSED and MAXLEN are checked by the same statement that inserts; for
+#   MAXLEN the caller first takes the queue's advisory lock in the same
+#   transaction, so two producers cannot both see room for one more job.
+# * NOTIFY is sent at most once per statement, and only when a consumer is
+#   registered as blocked on the queue (or, inside a caller's transaction,
+#   always: see protocol.Session). No trigger is involved.
+ADD_JOBS = """
+WITH paused AS (
+    SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')
+), room AS (
+    SELECT %(maxlen)s::bigint IS NULL
+           OR coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
+              + %(n)s::bigint <= %(maxlen)s::bigint AS ok
+), inserted AS (
+    INSERT INTO pgq.jobs (id, queue, state, body, repl, retry, delay,
+                          expires_at, requeue_at, queued_at, enqueues)
+    SELECT u.id, %(queue)s,
+           CASE WHEN %(delay)s::float8 > 0 THEN 'active' ELSE 'queued' END,
+           u.body, %(repl)s, %(retry)s, %(delay)s,
+           statement_timestamp() + %(ttl)s::float8 * interval '1 second',
+           CASE WHEN %(delay)s::float8 > 0
+                THEN statement_timestamp() + %(delay)s::float8 * interval '1 second' END,
+           CASE WHEN %(delay)s::float8 > 0 THEN NULL ELSE statement_timestamp() END,
+           CASE WHEN %(delay)s::float8 > 0 THEN 0 ELSE 1 END
+    FROM unnest(%(ids)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(id, body, n)
+    WHERE NOT EXISTS (SELECT 1 FROM paused) AND (SELECT ok FROM room)
+    ORDER BY u.n  -- ctime follows the order of the bodies
+    ON CONFLICT (id) DO NOTHING
+    RETURNING state
+)
+SELECT EXISTS (SELECT 1 FROM paused) AS paused,
+       NOT (SELECT ok FROM room) AS full,
+       (SELECT count(*) FROM inserted) AS added,
+       (SELECT pg_notify('pgq', %(queue)s)::text
+        WHERE EXISTS (SELECT 1 FROM inserted WHERE state = 'queued')
+          AND (%(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)))
+        AS notified
+"""
+
+# Serialises producers that pass MAXLEN for one queue until their commit.
+LOCK_QUEUE_FOR_MAXLEN = "SELECT pg_advisory_xact_lock(hashtextextended(%(queue)s, 7))"
+
+# Bulk path: checks first (same transaction), then COPY, then one NOTIFY.
+ADD_CHECK = """
+SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')),
+       coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
+"""
+
+COPY_JOBS = """
+COPY pgq.jobs (id, queue, state, body, repl, retry, delay,
+               expires_at, requeue_at, queued_at, enqueues)
+FROM STDIN (FORMAT BINARY)
+"""
+COPY_JOBS_TYPES = ("text", "text", "text", "bytea", "int4", "float8", "float8",
+                   "timestamptz", "timestamptz", "timestamptz", "int4")
+
+DB_NOW = "SELECT statement_timestamp()"
+
+NOTIFY_QUEUE = """
+SELECT pg_notify('pgq', %(queue)s)::text
+WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)
+"""
+
+# -------------------------------------------------------------------- claim
+
+# GETJOB in one statement. Queues are served left to right (pos), each by
+# ctime; COUNT is filled by priority. Two arms per queue: queued jobs in
+# ctime order (jobs_queued_idx) and active jobs whose re-queue time has come
+# (jobs_timer_idx) - so an expired lease is found by the claim itself.
+# Why it is safe:
+# * FOR UPDATE SKIP LOCKED: a row locked by another claim is skipped, never
+#   delivered twice; after the lock, PostgreSQL re-checks the WHERE clause on
+#   the newest row version, so a row claimed and committed meanwhile is not
+#   taken again.
+# * A retry-0 job gets requeue_at NULL: no arm can ever select it again.
+# * The lease is (retry + 0..250 ms of jitter): never shorter than asked.
+_CLAIM_BODY = """
+WITH wanted AS (
+    SELECT q.name, q.pos
+    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, pos)
+    WHERE NOT EXISTS (SELECT 1 FROM pgq.queues p
+                      WHERE p.name = q.name AND p.paused IN ('out', 'all'))
+), candidates AS (
+    SELECT c.ctid, w.pos, c.ctime
+    FROM wanted w CROSS JOIN LATERAL (
+        SELECT j.ctid, j.ctime FROM pgq.jobs j
+        WHERE j.queue = w.name AND j.state = 'queued'
+          AND j.expires_at > statement_timestamp()
+        ORDER BY j.ctime
+        LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
+    UNION ALL
+    SELECT c.ctid, w.pos, c.ctime
+    FROM wanted w CROSS JOIN LATERAL (
+        SELECT j.ctid, j.ctime FROM pgq.jobs j
+        WHERE j.queue = w.name AND j.state = 'active'
+          AND j.requeue_at <= statement_timestamp()
+          AND j.expires_at > statement_timestamp()
+        ORDER BY j.requeue_at
+        LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
+), picked AS (
+    SELECT ctid FROM candidates ORDER BY pos, ctime LIMIT %(count)s
+), claimed AS (
+    UPDATE pgq.jobs j SET
+        state = 'active',
+        requeue_at = CASE WHEN j.retry > 0 THEN statement_timestamp()
+                          + (j.retry + random() * 0.25) * interval '1 second' END,
+        -- taken straight from 'active': an (implicit) re-queue happened first
+        enqueues = j.enqueues + (j.state = 'active')::integer,
+        additional_deliveries = j.additional_deliveries
+                                + (j.state = 'active' AND j.enqueues > 0)::integer,
+        deliveries = j.deliveries + 1,
+        delivered_at = statement_timestamp()
+    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked))
+    RETURNING j.queue, j.id, j.body, j.nacks, j.additional_deliveries, j.ctime, j.retry
+)
+"""
+
+# On a caller's connection: plain. The caller's transaction decides durability.
+CLAIM = _CLAIM_BODY + """
+SELECT queue, id, body, nacks, additional_deliveries, ctime FROM claimed
+"""
+
+# On pgq's own autocommit connections: losing the claim of an at-least-once
+# job in a crash only means it is delivered again, which at-least-once
+# allows, so such a claim commits without waiting for the WAL flush. A batch
+# holding any retry-0 job commits durably: an at-most-once job must never be
+# delivered twice, even after a crash. set_config(..., true) lasts until the
+# end of this statement's own transaction.
+CLAIM_RELAXED = _CLAIM_BODY + """
+SELECT queue, id, body, nacks, additional_deliveries, ctime,
+       set_config('synchronous_commit',
+                  CASE WHEN EXISTS (SELECT 1 FROM claimed WHERE retry = 0)
+                       THEN current_setting('synchronous_commit') ELSE 'off' END,
+                  true) AS commit_mode
+FROM claimed
+"""
+
+# How long until a job of these queues becomes due (delayed or leased), so a
+# blocked consumer wakes up in time without polling faster.
+NEXT_DUE = """
+SELECT greatest(0, extract(epoch FROM min(d.requeue_at) - statement_timestamp()))::float8
+FROM unnest(%(queues)s::text[]) AS q(name)
+CROSS JOIN LATERAL (
+    SELECT j.requeue_at FROM pgq.jobs j
+    WHERE j.queue = q.name AND j.state = 'active' AND j.requeue_at IS NOT NULL
+    ORDER BY j.requeue_at LIMIT 1) AS d
+"""
+
+REGISTER_WAITER = """
+INSERT INTO pgq.waiters (pid, queue)
+SELECT pg_backend_pid(), q FROM unnest(%(queues)s::text[]) AS q
+ON CONFLICT DO NOTHING
+"""
+UNREGISTER_WAITER = "DELETE FROM pgq.waiters WHERE pid = pg_backend_pid()"
+
+# ---------------------------------------------------------------- ack / del
+
+_LOG_GONE = """
+logged AS (
+    INSERT INTO pgq.history (id, queue, outcome, ctime, delivered_at, deliveries, nacks,
+                             additional_deliveries, retry, repl, body_size)
+    SELECT id, queue,
+           CASE WHEN expires_at <= statement_timestamp() THEN 'expired' ELSE %(outcome)s END,
+           ctime, delivered_at, deliveries, nacks, additional_deliveries, retry, repl, size
+    FROM gone
+)"""
+
+_DELETE_GONE = """
+gone AS (
+    DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
+    RETURNING id, queue, ctime, delivered_at, deliveries, nacks, additional_deliveries,
+              retry, repl, length(body) AS size, expires_at
+)"""
+
+# ACKJOB: the job is done. On one node nobody else holds a copy, so the job is
+# deleted at once (Disque garbage-collects it immediately too) and logged to
+# pgq.history. An ACK for an unknown at-least-once ID leaves a "dummy ack"
+# tombstone for the TTL encoded in the ID: a copy arriving later (cluster
+# replication, federation) then cannot resurrect the job.
+ACK = f"""
+WITH {_DELETE_GONE}, {_LOG_GONE}, dummies AS (
+    INSERT INTO pgq.acks (id, expires_at, dummy)
+    SELECT u.id, statement_timestamp() + u.ttl * interval '1 second', true
+    FROM unnest(%(dummy_ids)s::text[], %(dummy_ttls)s::float8[]) AS u(id, ttl)
+    WHERE NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = u.id)
+    ON CONFLICT (id) DO NOTHING
+)
+SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()) FROM gone
+"""
+
+# FASTACK and DELJOB: delete now, no tombstone.
+DELETE_JOBS = f"""
+WITH {_DELETE_GONE}, {_LOG_GONE}, tombstones AS (
+    DELETE FROM pgq.acks WHERE %(with_acks)s AND id = ANY (%(ids)s::text[]) RETURNING 1
+)
+SELECT (SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()) FROM gone)
+       + (SELECT count(*) FROM tombstones)
+"""
+
+# ------------------------------------------------------- nack / (en|de)queue
+
+# NACK and ENQUEUE: active -> queued now. Never for a delivered retry-0 job
+# (at-most-once). NACK counts a nack; ENQUEUE counts an additional delivery
+# when the job was queued before (Disque's rule).
+REQUEUE = """
+WITH requeued AS (
+    UPDATE pgq.jobs SET
+        state = 'queued', queued_at = statement_timestamp(), requeue_at = NULL,
+        enqueues = enqueues + 1,
+        nacks = nacks + %(nack)s::integer,
+        additional_deliveries = additional_deliveries
+                                + (NOT %(nack)s AND enqueues > 0)::integer
+    WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
+      AND expires_at > statement_timestamp()
+      AND NOT (retry = 0 AND deliveries > 0)
+    RETURNING queue
+), woken AS (
+    SELECT pg_notify('pgq', r.queue)
+    FROM (SELECT DISTINCT queue FROM requeued) AS r
+    WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = r.queue)
+)
+SELECT (SELECT count(*) FROM requeued) AS requeued,
+       (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
+"""
+
+# DEQUEUE: queued -> active; the retry timer queues it again (never for retry 0).
+DEQUEUE = """
+UPDATE pgq.jobs SET
+    state = 'active',
+    requeue_at = CASE WHEN retry > 0
+                      THEN statement_timestamp() + retry * interval '1 second' END
+WHERE id = ANY (%(ids)s::text[]) AND state = 'queued' AND expires_at > statement_timestamp()
+"""
+
+# WORKING: postpone the next re-queue by RETRY (dequeueing the job if it is
+# queued). TOOLATE once half the TTL has elapsed, so a worker cannot keep a
+# job forever. Nothing to postpone for a retry-0 job.
+WORKING = """
+WITH target AS (
+    SELECT id, state, retry,
+           statement_timestamp() - to_timestamp(ctime / 1e9)
+               > (expires_at - to_timestamp(ctime / 1e9)) / 2 AS too_late
+    FROM pgq.jobs
+    WHERE id = %(id)s AND expires_at > statement_timestamp()
+    FOR UPDATE
+), postponed AS (
+    UPDATE pgq.jobs j SET
+        state = 'active',
+        requeue_at = statement_timestamp() + (j.retry + random() * 0.25) * interval '1 second'
+    FROM target t
+    WHERE j.id = t.id AND NOT t.too_late AND t.retry > 0 AND t.state <> 'wait-repl'
+    RETURNING j.id
+)
+SELECT t.state, t.retry, t.too_late,
+       EXISTS (SELECT 1 FROM pgq.acks a
+               WHERE a.id = %(id)s AND a.expires_at > statement_timestamp()) AS acked
+FROM (SELECT 1) AS one LEFT JOIN target t ON true
+"""
+
+# -------------------------------------------------------------- introspection
+
+_SHOW_COLUMNS = """
+    id, queue,
+    CASE WHEN state = 'active' AND requeue_at <= statement_timestamp()
+         THEN 'queued' ELSE state END AS state,
+    repl,
+    greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8 AS ttl,
+    ctime, delay, retry, nacks, additional_deliveries, deliveries,
+    CASE WHEN requeue_at IS NULL THEN NULL
+         ELSE greatest(0, extract(epoch FROM requeue_at - statement_timestamp()))::float8
+    END AS next_requeue_within,
+    greatest(0, extract(epoch FROM least(coalesce(requeue_at, expires_at), expires_at)
+                                   - statement_timestamp()))::float8 AS next_awake_within,
+    body
+"""
+
+SHOW = f"""
+SELECT {_SHOW_COLUMNS}
+FROM pgq.jobs WHERE id = %(id)s AND expires_at > statement_timestamp()
+"""
+
+SHOW_ACKED = """
+SELECT id, queue, acked_at, dummy,
+       greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8 AS ttl
+FROM pgq.acks WHERE id = %(id)s AND expires_at > statement_timestamp()
+"""
+
+QLEN = """
+SELECT coalesce(sum(queued), 0)::bigint FROM pgq.queue_counters WHERE queue = %(queue)s
+"""
+
+_QPEEK = """
+SELECT queue, id, body, nacks, additional_deliveries FROM pgq.jobs
+WHERE queue = %(queue)s AND state = 'queued' AND expires_at > statement_timestamp()
+ORDER BY ctime {order} LIMIT %(count)s
+"""
+QPEEK_OLDEST = _QPEEK.format(order="ASC")
+QPEEK_NEWEST = _QPEEK.format(order="DESC")
+
+QSTAT = """
+SELECT s.queue, s.length, s.created_at, s.last_activity, s.blocked, s.jobs_in, s.jobs_out,
+       s.paused,
+       greatest(0, extract(epoch FROM statement_timestamp() - s.created_at))::float8 AS age,
+       greatest(0, extract(epoch FROM statement_timestamp() - s.last_activity))::float8 AS idle
+FROM pgq.queue_stats s WHERE s.queue = %(queue)s
+"""
+
+QSCAN = """
+SELECT queue, length FROM pgq.queue_stats
+WHERE queue > %(after)s ORDER BY queue LIMIT %(count)s
+"""
+
+_JSCAN_FILTERS = """
+      AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+"""
+
+JSCAN_JOBS = f"""
+SELECT * FROM (
+    SELECT {_SHOW_COLUMNS}
+    FROM pgq.jobs
+    WHERE id > %(after)s AND expires_at > statement_timestamp()
+    {_JSCAN_FILTERS}
+    ORDER BY id LIMIT %(count)s) AS page
+WHERE %(states)s::text[] IS NULL OR page.state = ANY (%(states)s::text[])
+"""
+
+JSCAN_ACKS = f"""
+SELECT id, queue, acked_at, dummy,
+       greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8 AS ttl
+FROM pgq.acks
+WHERE id > %(after)s AND expires_at > statement_timestamp()
+{_JSCAN_FILTERS}
+ORDER BY id LIMIT %(count)s
+"""
+
+# --------------------------------------------------------------------- pause
+
+PAUSE_STATE = "SELECT coalesce((SELECT paused FROM pgq.queues WHERE name = %(queue)s), 'none')"
+
+# Setting a pause creates the queue's row; clearing it removes the row.
+# Consumers blocked on the queue are woken when output resumes.
+SET_PAUSE = """
+WITH cleared AS (
+    DELETE FROM pgq.queues WHERE name = %(queue)s AND %(state)s = 'none' RETURNING 1
+), stored AS (
+    INSERT INTO pgq.queues AS p (name, paused)
+    SELECT %(queue)s, %(state)s WHERE %(state)s <> 'none'
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = statement_timestamp()
+    RETURNING paused
+), woken AS (
+    SELECT pg_notify('pgq', %(queue)s) WHERE %(state)s IN ('none', 'in')
+)
+SELECT %(state)s::text AS paused,
+       (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
+"""
+
+# ---------------------------------------------------------------------- info
+
+INFO = """
+SELECT current_setting('server_version') AS server_version,
+       current_database() AS database,
+       extract(epoch FROM statement_timestamp() - pg_postmaster_start_time())::float8 AS uptime,
+       (SELECT count(DISTINCT queue) FROM pgq.queue_stats) AS queues,
+       (SELECT count(DISTINCT pid) FROM pgq.waiters) AS blocked_clients,
+       current_setting('synchronous_commit') AS synchronous_commit,
+       current_setting('fsync') AS fsync
+"""
+
+JOB_COUNTS = "SELECT state, jobs FROM pgq.job_counts"
