@@ -202,6 +202,9 @@ def _write_instance(home: Path, instance: Instance) -> None:
 def _free_port(preferred: int | None) -> int:
     for port in ([preferred] if preferred else []) + [0]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # PostgreSQL binds with SO_REUSEADDR, so must the probe: a port
+            # with connections in TIME_WAIT after a stop is free for it.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:

@@ -9,6 +9,7 @@ database with one cheap query instead of importing alembic.
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import psycopg
@@ -18,6 +19,10 @@ from .errors import SchemaNotReadyError
 __all__ = ["SCHEMA_VERSION", "migrate", "schema_version", "check_schema"]
 
 SCHEMA_VERSION = "0001"
+
+# Alembic keeps its migration context in module globals: two migrations in
+# one process must not overlap (processes are serialised by an advisory lock).
+_in_process = threading.Lock()
 
 
 def _alembic_config():  # type: ignore[no-untyped-def]
@@ -54,7 +59,7 @@ def migrate(dsn: str, revision: str = "head") -> str:
     )
     config = _alembic_config()
     try:
-        with engine.connect() as connection:
+        with _in_process, engine.connect() as connection:
             config.attributes["connection"] = connection
             command.upgrade(config, revision)
     finally:

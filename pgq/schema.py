@@ -50,8 +50,8 @@ metadata = MetaData(schema=SCHEMA)
 # Disque's ctime: milliseconds * 10^6 + a per-millisecond sequence, so jobs
 # created in the same millisecond keep their creation order.
 CTIME_DEFAULT = (
-    "((floor((date_part('epoch'::text, clock_timestamp()) * (1000)::double precision)))"
-    "::bigint * 1000000) + (nextval('pgq.ctime_seq'::regclass) % (1000000)::bigint)"
+    "(((floor((date_part('epoch'::text, clock_timestamp()) * (1000)::double precision)))"
+    "::bigint * 1000000) + (nextval('pgq.ctime_seq'::regclass) % (1000000)::bigint))"
 )
 
 C = "C"  # byte-order collation: cheapest comparisons, deterministic cursors

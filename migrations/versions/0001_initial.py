@@ -22,8 +22,8 @@ depends_on = None
 C = "C"
 TS = sa.DateTime(timezone=True)
 CTIME_DEFAULT = (
-    "((floor((date_part('epoch'::text, clock_timestamp()) * (1000)::double precision)))"
-    "::bigint * 1000000) + (nextval('pgq.ctime_seq'::regclass) % (1000000)::bigint)"
+    "(((floor((date_part('epoch'::text, clock_timestamp()) * (1000)::double precision)))"
+    "::bigint * 1000000) + (nextval('pgq.ctime_seq'::regclass) % (1000000)::bigint))"
 )
 
 
@@ -34,7 +34,9 @@ def _tables() -> None:
         sa.Column("value", sa.Text, nullable=False),
         schema="pgq",
     )
-    op.execute("CREATE SEQUENCE pgq.ctime_seq CACHE 64")
+    # No per-backend CACHE: pooled connections take turns, and cached blocks
+    # would let two adds in the same millisecond come out of order.
+    op.execute("CREATE SEQUENCE pgq.ctime_seq")
     op.create_table(
         "jobs",
         sa.Column("id", sa.Text(collation=C), nullable=False),
@@ -396,8 +398,9 @@ WITH counts AS (
            sum(jobs_in) AS jobs_in, sum(jobs_out) AS jobs_out,
            min(created_at) AS created_at, max(touched_at) AS last_activity
     FROM pgq.queue_counters GROUP BY queue),
-names AS (
-    SELECT queue FROM counts UNION SELECT name FROM pgq.queues)
+names AS (  -- like Disque, a queue exists once used, paused, or waited on
+    SELECT queue FROM counts UNION SELECT name FROM pgq.queues
+    UNION SELECT queue FROM pgq.waiters)
 SELECT n.queue,
        coalesce(c.queued, 0)::bigint AS length,
        coalesce(c.active, 0)::bigint AS active,

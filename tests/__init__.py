@@ -1,0 +1,1 @@
+"""pgq test suite (a package so tests can share helpers from conftest)."""

@@ -1,0 +1,135 @@
+"""Test fixtures: real PostgreSQL servers, one fresh database per test.
+
+The default backend is pgq's own embedded launcher: the suite starts one
+PostgreSQL instance under a temporary ``PGQ_HOME`` (as the ``postgres`` user
+when the suite runs as root), migrates a template database once, and gives
+every test its own database cloned from it (about 20 ms). The server is
+stopped and its directory removed at the end of the session.
+
+``PGQ_TEST_DOCKER=1`` (with a Docker engine) uses a testcontainers PostgreSQL
+instead; tests that need to stop and restart the server itself are skipped
+there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import pgq
+from pgq import embedded
+
+TEMPLATE = "pgq_template"
+_numbers = itertools.count()
+
+
+@dataclass
+class Server:
+    """A PostgreSQL server the tests may use (and, if embedded, restart)."""
+
+    admin_dsn: str  # superuser DSN on database 'postgres'
+    url_for: object  # callable: database name -> DSN
+    home: Path | None  # embedded server directory, None for docker
+
+    def dsn(self, database: str) -> str:
+        return self.url_for(database)  # type: ignore[operator,no-any-return]
+
+    @property
+    def restartable(self) -> bool:
+        return self.home is not None
+
+    def stop(self) -> None:
+        assert self.home is not None
+        embedded.stop(self.home)
+
+    def start(self) -> None:
+        assert self.home is not None
+        embedded.ensure_running(self.home)
+
+
+def _docker_server() -> Iterator[Server]:
+    from testcontainers.postgres import PostgresContainer
+
+    with PostgresContainer("postgres:16", driver=None) as container:
+        base = container.get_connection_url()
+
+        def url_for(database: str) -> str:
+            return base.rsplit("/", 1)[0] + "/" + database
+
+        yield Server(url_for("postgres"), url_for, None)
+
+
+def _embedded_server() -> Iterator[Server]:
+    home = Path(tempfile.mkdtemp(prefix="pgq-test-"))
+    try:
+        instance = embedded.ensure_running(home)
+        yield Server(instance.dsn_for("postgres"), instance.dsn_for, home)
+    finally:
+        try:
+            embedded.stop(home)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    """One real PostgreSQL server for the whole session, with a migrated template."""
+    use_docker = os.environ.get("PGQ_TEST_DOCKER") == "1"
+    servers = _docker_server() if use_docker else _embedded_server()
+    srv = next(servers)
+    try:
+        with psycopg.connect(srv.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
+            conn.execute(f"CREATE DATABASE {TEMPLATE}")
+        pgq.migrate(srv.dsn(TEMPLATE))
+        yield srv
+    finally:
+        servers.close()
+
+
+@pytest.fixture
+def dsn(server: Server) -> Iterator[str]:
+    """A fresh, migrated database for this test only."""
+    name = f"pgq_test_{os.getpid()}_{next(_numbers)}"
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    try:
+        yield server.dsn(name)
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def client(dsn: str) -> Iterator[pgq.Client]:
+    with pgq.Client(dsn) as c:
+        yield c
+
+
+@pytest.fixture
+def db(dsn: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection to the test database, for assertions in SQL."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        yield conn
+
+
+def counters_match_jobs(conn: psycopg.Connection) -> bool:
+    """The trigger-maintained counters equal a full count of the jobs table."""
+    kept = conn.execute("""
+        SELECT queue, sum(queued), sum(active), sum(waiting) FROM pgq.queue_counters
+        GROUP BY queue HAVING sum(queued) <> 0 OR sum(active) <> 0 OR sum(waiting) <> 0
+        ORDER BY queue""").fetchall()
+    counted = conn.execute("""
+        SELECT queue, count(*) FILTER (WHERE state = 'queued'),
+               count(*) FILTER (WHERE state = 'active'), count(*) FILTER (WHERE state = 'wait-repl')
+        FROM pgq.jobs GROUP BY queue ORDER BY queue""").fetchall()
+    return [tuple(int(x) if not isinstance(x, str) else x for x in r) for r in kept] == \
+           [tuple(int(x) if not isinstance(x, str) else x for x in r) for r in counted]

@@ -1,0 +1,140 @@
+"""ADDJOB: IDs, defaults, delay, TTL, MAXLEN, PAUSED, NOREPL, bulk adds, ordering."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pgq.errors import MaxLenError, NoReplError, PausedError
+from pgq.ids import is_at_least_once_id, validate_job_id
+
+from .conftest import counters_match_jobs
+
+
+def test_add_returns_a_disque_id_of_this_node(client):
+    job_id = client.add_job("q", b"body")
+    assert validate_job_id(job_id) == job_id
+    assert job_id[2:10] == client.node_id[:8]
+    assert is_at_least_once_id(job_id)
+    assert not is_at_least_once_id(client.add_job("q", b"once", retry=0))
+
+
+def test_defaults_are_disques(client):
+    info = client.show(client.add_job("q", "text body"))
+    assert info["body"] == b"text body"
+    assert info["state"] == "queued"
+    assert info["repl"] == 1 and info["delay"] == 0 and info["retry"] == 300
+    assert 86399 <= info["ttl"] <= 86400
+    assert info["next_requeue_within"] is None  # queued: no lease yet
+
+
+def test_explicit_parameters_are_stored(client):
+    info = client.show(client.add_job("q", b"x", ttl=600, retry=7, replicate=1))
+    assert info["retry"] == 7 and 599 <= info["ttl"] <= 600
+
+
+def test_delayed_job_is_active_until_its_time(client):
+    job_id = client.add_job("delayed", b"later", delay=1)
+    assert client.show(job_id)["state"] == "active"
+    assert client.qlen("delayed") == 0
+    assert client.get_job("delayed", nohang=True) == []
+    start = time.monotonic()
+    jobs = client.get_job("delayed", timeout=5)
+    waited = time.monotonic() - start
+    assert [j.id for j in jobs] == [job_id]
+    assert 0.7 <= waited <= 2.5  # woken by the due time, not by a long poll
+
+
+def test_jobs_come_out_in_creation_order(client):
+    ids = [client.add_job("fifo", b"%d" % i) for i in range(20)]
+    ids += client.add_jobs("fifo", [b"bulk%d" % i for i in range(30)])
+    got = [j.id for j in client.get_job("fifo", count=100)]
+    assert got == ids
+
+
+def test_bulk_add_small_and_copy_paths(client, db):
+    small = client.add_jobs("bulk", [b"a", b"b", b"c"], ttl=100, retry=5)
+    large = client.add_jobs("bulk", (b"%d" % i for i in range(5000)), delay=0)
+    assert len(small) == 3 and len(large) == 5000 and len(set(small + large)) == 5003
+    assert client.qlen("bulk") == 5003
+    retry, ttl = db.execute(
+        "SELECT retry, extract(epoch FROM expires_at - now()) FROM pgq.jobs WHERE id = %s",
+        (small[0],)).fetchone()
+    assert retry == 5 and 95 < ttl <= 100
+    assert client.add_jobs("bulk", []) == []
+    assert counters_match_jobs(db)
+
+
+def test_bulk_add_with_delay_through_copy(client):
+    ids = client.add_jobs("bulk-delay", [b"x"] * 2500, delay=30)
+    assert client.qlen("bulk-delay") == 0
+    assert client.show(ids[-1])["state"] == "active"
+
+
+def test_maxlen_refuses_when_the_queue_is_full(client):
+    for _ in range(3):
+        client.add_job("capped", b"x", maxlen=3)
+    with pytest.raises(MaxLenError):
+        client.add_job("capped", b"x", maxlen=3)
+    assert client.qlen("capped") == 3
+    client.add_job("capped", b"no limit given")  # maxlen is per add
+    with pytest.raises(MaxLenError):
+        client.add_jobs("capped", [b"1", b"2"], maxlen=5)
+    assert client.qlen("capped") == 4
+    with pytest.raises(MaxLenError):  # the COPY path checks too
+        client.add_jobs("capped", [b"x"] * 3000, maxlen=3000)
+    assert client.qlen("capped") == 4
+
+
+def test_maxlen_is_exact_under_concurrent_producers(client):
+    added, refused = [], []
+
+    def produce():
+        for _ in range(10):
+            try:
+                added.append(client.add_job("race", b"x", maxlen=25))
+            except MaxLenError:
+                refused.append(1)
+
+    threads = [threading.Thread(target=produce) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(added) == 25 and len(refused) == 25
+    assert client.qlen("race") == 25
+
+
+def test_paused_queue_refuses_input(client):
+    assert client.pause("p", "in") == "in"
+    with pytest.raises(PausedError, match="paused"):
+        client.add_job("p", b"x")
+    with pytest.raises(PausedError):
+        client.add_jobs("p", [b"x"] * 3000)
+    assert client.pause("p", "all") == "all"
+    with pytest.raises(PausedError):
+        client.add_job("p", b"x")
+    assert client.pause("p", "out") == "out"  # output paused only: adds are fine
+    client.add_job("p", b"x")
+    assert client.qlen("p") == 1
+
+
+def test_replication_beyond_reachable_nodes_is_norepl(client):
+    with pytest.raises(NoReplError, match="reachable"):
+        client.add_job("q", b"x", replicate=2)
+    assert client.qlen("q") == 0
+    client.add_job("q", b"x", replicate=1, asynchronous=True, timeout=1)  # accepted on one node
+
+
+def test_retry_zero_with_replication_is_refused(client):
+    with pytest.raises(ValueError, match="at-most-once"):
+        client.add_job("q", b"x", retry=0, replicate=2)
+
+
+def test_big_body_within_the_limit_round_trips(client):
+    body = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    job_id = client.add_job("big", body)
+    assert client.get_job("big")[0].body == body
+    assert client.ack_job(job_id) == 1

@@ -1,0 +1,100 @@
+"""Argument validation: Disque's defaults, limits and error types (no database)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from pgq import arguments as args
+from pgq.errors import InvalidArgumentError, InvalidTypeError, PgqError
+
+
+def params(**overrides):
+    values = dict(replicate=None, delay=0, retry=None, ttl=None, maxlen=None,
+                  asynchronous=False, timeout=None, default_replicate=1)
+    values.update(overrides)
+    return args.job_params(**values)
+
+
+def test_defaults_follow_disque():
+    p = params()
+    assert p.ttl == 86400
+    assert p.retry == 300  # min(ttl/10, 300)
+    assert p.replicate == 1 and p.delay == 0 and p.maxlen is None
+
+
+@pytest.mark.parametrize(("ttl", "retry"), [(100, 10), (5, 1), (3000, 300), (1, 1)])
+def test_default_retry_is_a_tenth_of_ttl_between_1_and_300(ttl, retry):
+    assert params(ttl=ttl).retry == retry
+
+
+def test_delay_must_be_shorter_than_ttl():
+    with pytest.raises(InvalidArgumentError, match="delay"):
+        params(delay=10, ttl=10)
+    assert params(delay=9.5, ttl=10).delay == 9.5
+
+
+def test_retry_zero_requires_replicate_one():
+    with pytest.raises(InvalidArgumentError, match="at-most-once"):
+        params(retry=0, replicate=2)
+    assert params(retry=0, replicate=1).retry == 0
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("ttl", 0), ("ttl", -1), ("ttl", math.inf), ("ttl", math.nan), ("ttl", 10 * 365 * 86400 + 1),
+    ("delay", -1), ("retry", -0.5), ("replicate", 0), ("replicate", 65536), ("maxlen", 0),
+    ("timeout", -1),
+])
+def test_out_of_range_values_are_value_errors(name, value):
+    with pytest.raises(InvalidArgumentError) as info:
+        params(**{name: value})
+    assert isinstance(info.value, ValueError) and isinstance(info.value, PgqError)
+    assert name in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("ttl", "10"), ("delay", True), ("retry", [1]), ("replicate", 1.5), ("maxlen", "3"),
+    ("asynchronous", 1),
+])
+def test_wrong_types_are_type_errors(name, value):
+    with pytest.raises(InvalidTypeError) as info:
+        params(**{name: value})
+    assert isinstance(info.value, TypeError)
+
+
+def test_queue_names():
+    assert args.queue_name("a queue; DROP TABLE x; --'\"") == "a queue; DROP TABLE x; --'\""
+    assert args.queue_name("é" * 256) == "é" * 256  # 512 bytes
+    for bad in ("", "a\x00b", "é" * 257, "\udc80"):
+        with pytest.raises(InvalidArgumentError):
+            args.queue_name(bad)
+    with pytest.raises(InvalidTypeError):
+        args.queue_name(b"bytes")
+    assert args.queue_names(["b", "a", "b"]) == ["b", "a"]
+    with pytest.raises(InvalidArgumentError):
+        args.queue_names([])
+
+
+def test_bodies():
+    assert args.body_bytes("héllo", 100) == "héllo".encode()
+    assert args.body_bytes(bytearray(b"x"), 100) == b"x"
+    assert args.body_bytes(memoryview(b"xy"), 100) == b"xy"
+    with pytest.raises(InvalidArgumentError, match="over the limit"):
+        args.body_bytes(b"x" * 101, 100)
+    with pytest.raises(InvalidTypeError):
+        args.body_bytes(12, 100)
+    with pytest.raises(InvalidTypeError):
+        args.body_bytes(None, 100)
+
+
+def test_counts_and_timeouts():
+    assert args.count(1) == 1 and args.count(args.MAX_COUNT) == args.MAX_COUNT
+    for bad in (0, -1, args.MAX_COUNT + 1, 10**12):
+        with pytest.raises(InvalidArgumentError):
+            args.count(bad)
+    with pytest.raises(InvalidTypeError):
+        args.count(2.0)
+    assert args.timeout(None) is None
+    assert args.timeout(0) is None  # Disque: TIMEOUT 0 blocks forever
+    assert args.timeout(1.5) == 1.5

@@ -1,0 +1,159 @@
+"""GETJOB: priority across queues, COUNT, blocking, NOTIFY wake-up, polling
+fallback, NOHANG, WITHCOUNTERS, paused output."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pgq
+
+
+def add_later(dsn, queue, delay, body=b"late", **options):
+    """Add a job from another client after ``delay`` seconds; returns the thread."""
+    result = {}
+
+    def run():
+        time.sleep(delay)
+        with pgq.Client(dsn, **options) as producer:
+            result["id"] = producer.add_job(queue, body)
+            result["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, result
+
+
+def test_queues_are_served_left_to_right(client):
+    low = client.add_jobs("low", [b"l1", b"l2"])
+    high = client.add_jobs("high", [b"h1", b"h2"])
+    assert [j.id for j in client.get_job("high", "low", count=1)] == high[:1]
+    assert [j.id for j in client.get_job("low", "high", count=1)] == low[:1]
+    # COUNT is filled by priority: all of 'high' first, then 'low'
+    got = client.get_job("high", "low", count=10)
+    assert [j.id for j in got] == high[1:] + low[1:]
+    assert [j.queue for j in got] == ["high", "low"]
+
+
+def test_count_returns_what_is_ready_up_to_count(client):
+    ids = client.add_jobs("c", [b"%d" % i for i in range(5)])
+    assert [j.id for j in client.get_job("c", count=3)] == ids[:3]
+    assert [j.id for j in client.get_job("c", count=100)] == ids[3:]
+    assert client.get_job("c", nohang=True) == []
+
+
+def test_a_job_is_delivered_to_one_consumer_only(dsn, client):
+    ids = set(client.add_jobs("shared", [b"%d" % i for i in range(400)]))
+    seen: list[str] = []
+    lock = threading.Lock()
+
+    def consume():
+        with pgq.Client(dsn) as c:
+            while True:
+                jobs = c.get_job("shared", count=7, nohang=True)
+                if not jobs:
+                    return
+                with lock:
+                    seen.extend(j.id for j in jobs)
+
+    threads = [threading.Thread(target=consume) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(seen) == sorted(ids)
+
+
+def test_nohang_and_timeout_return_empty(client):
+    assert client.get_job("empty", nohang=True) == []
+    start = time.monotonic()
+    assert client.get_job("empty", timeout=0.4) == []
+    assert 0.35 <= time.monotonic() - start < 2
+
+
+def test_blocked_consumer_is_woken_by_notify(dsn, client):
+    thread, produced = add_later(dsn, "wake", 0.6)
+    start = time.monotonic()
+    jobs = client.get_job("wake", timeout=10)
+    woke = time.monotonic()
+    thread.join()
+    assert [j.id for j in jobs] == [produced["id"]]
+    assert woke - produced["at"] < 0.3  # NOTIFY, not the 0.5 s poll interval
+    assert woke - start < 5
+
+
+def test_blocking_forever_returns_when_a_job_arrives(dsn, client):
+    thread, produced = add_later(dsn, "forever", 0.3)
+    jobs = client.get_job("forever")  # timeout=None: block forever
+    thread.join()
+    assert jobs[0].id == produced["id"]
+    thread, produced = add_later(dsn, "forever", 0.3)
+    assert client.get_job("forever", timeout=0)[0].id == produced["id"]  # 0 = forever too
+    thread.join()
+
+
+def test_polling_fallback_without_listen(dsn):
+    # As behind PgBouncer in transaction mode: no LISTEN, no prepared statements.
+    with pgq.Client(dsn, pgbouncer=True, poll_interval=0.2) as consumer:
+        thread, produced = add_later(dsn, "poll", 0.5)
+        jobs = consumer.get_job("poll", timeout=10)
+        woke = time.monotonic()
+        thread.join()
+    assert jobs[0].id == produced["id"]
+    assert woke - produced["at"] < 0.5
+
+
+def test_blocked_consumers_are_visible_and_cleaned_up(dsn, client, db):
+    thread = threading.Thread(target=lambda: client.get_job("watched", "other", timeout=1.5))
+    thread.start()
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and not db.execute(
+            "SELECT count(*) FROM pgq.waiters").fetchone()[0]:
+        time.sleep(0.05)
+    assert client.qstat("watched")["blocked"] == 1
+    assert sorted(r[0] for r in db.execute("SELECT queue FROM pgq.waiters")) == ["other", "watched"]
+    thread.join()
+    assert db.execute("SELECT count(*) FROM pgq.waiters").fetchone()[0] == 0
+    # Nothing keeps the queue alive any more (no jobs, waiter or pause).
+    assert client.qstat("watched") is None
+
+
+def test_producer_does_not_notify_when_nobody_waits(client, db):
+    db.execute("LISTEN pgq")
+    client.add_job("quiet", b"x")
+    assert list(db.notifies(timeout=0.3)) == []
+
+
+def test_withcounters(client):
+    job_id = client.add_job("wc", b"x")
+    plain = client.get_job("wc")[0]
+    assert plain.nacks is None and plain.additional_deliveries is None
+    client.nack_job(job_id)
+    counted = client.get_job("wc", withcounters=True)[0]
+    assert (counted.nacks, counted.additional_deliveries) == (1, 0)
+
+
+def test_paused_output_is_skipped_and_resumed(dsn, client):
+    job_id = client.add_job("po", b"x")
+    client.pause("po", "out")
+    assert client.get_job("po", nohang=True) == []
+    other = client.add_job("po2", b"y")
+    assert [j.id for j in client.get_job("po", "po2", count=5)] == [other]
+
+    def resume():
+        time.sleep(0.5)
+        with pgq.Client(dsn) as c:
+            c.pause("po", "none")
+
+    thread = threading.Thread(target=resume)
+    thread.start()
+    start = time.monotonic()
+    jobs = client.get_job("po", timeout=10)
+    thread.join()
+    assert [j.id for j in jobs] == [job_id]
+    assert time.monotonic() - start < 1.5
+
+
+def test_duplicate_queue_names_count_once(client):
+    ids = client.add_jobs("dup", [b"1", b"2"])
+    assert [j.id for j in client.get_job("dup", "dup", count=5)] == ids

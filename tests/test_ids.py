@@ -1,0 +1,88 @@
+"""Job and node IDs: Disque's format, parity rule and validation."""
+
+from __future__ import annotations
+
+import base64
+import re
+
+import pytest
+
+from pgq.errors import BadIdError, InvalidTypeError
+from pgq.ids import (
+    is_at_least_once_id,
+    new_job_id,
+    new_node_id,
+    ttl_minutes_field,
+    ttl_seconds_from_id,
+    validate_job_id,
+    validate_job_ids,
+)
+
+NODE = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_job_id_has_disque_layout():
+    job_id = new_job_id(NODE, 86400, 300)
+    assert len(job_id) == 40
+    assert job_id[:2] == "D-" and job_id[10] == "-" and job_id[35] == "-"
+    assert job_id[2:10] == NODE[:8]
+    assert re.fullmatch(r"[A-Za-z0-9+/]{24}", job_id[11:35])
+    assert validate_job_id(job_id) == job_id
+
+
+def test_random_part_carries_144_bits():
+    raw = base64.b64decode(new_job_id(NODE, 60, 1)[11:35])
+    assert len(raw) == 18
+    ids = {new_job_id(NODE, 60, 1) for _ in range(5000)}
+    assert len(ids) == 5000
+
+
+@pytest.mark.parametrize(("ttl", "retry", "minutes"), [
+    (86400, 300, 1441),  # 1440 minutes, forced odd for at-least-once
+    (86400, 0, 1440),    # even for at-most-once
+    (60, 1, 1),
+    (59, 0, 0),
+    (59, 5, 1),
+    (10**9, 1, 65535),   # capped, already odd
+    (10**9, 0, 65534),   # capped and forced even
+])
+def test_ttl_field_encodes_minutes_and_delivery_mode(ttl, retry, minutes):
+    assert int(ttl_minutes_field(ttl, retry), 16) == minutes
+    job_id = new_job_id(NODE, ttl, retry)
+    assert is_at_least_once_id(job_id) == (retry > 0)
+    assert ttl_seconds_from_id(job_id) == minutes * 60
+
+
+@pytest.mark.parametrize("bad", [
+    "",
+    "D-0123456-abcdefghijklmnopqrstuvwx-05a1",      # 39 chars
+    "X-01234567-abcdefghijklmnopqrstuvwx-05a1",     # wrong prefix
+    "D-01234567_abcdefghijklmnopqrstuvwx-05a1",     # no dash at 10
+    "D-01234567-abcdefghijklmnopqrstuvwx_05a1",     # no dash at 35
+    "D-0123456z-abcdefghijklmnopqrstuvwx-05a1",     # non-hex node prefix
+    "D-01234567-abcdefghijklmnopqrstuv;x-05a1",     # not base64
+    "D-01234567-abcdefghijklmnopqrstuvwx-05g1",     # non-hex TTL
+    "D-01234567-abcdefghijklmnopqrstuvwx-05a1'; DROP TABLE pgq.jobs; --",
+])
+def test_malformed_ids_are_rejected(bad):
+    with pytest.raises(BadIdError):
+        validate_job_id(bad)
+
+
+def test_one_bad_id_rejects_all():
+    good = new_job_id(NODE, 60, 1)
+    with pytest.raises(BadIdError):
+        validate_job_ids([good, "nope"])
+    with pytest.raises(BadIdError):
+        validate_job_ids([])
+
+
+def test_non_string_id_is_a_type_error():
+    with pytest.raises(InvalidTypeError):
+        validate_job_id(12345)
+    assert issubclass(BadIdError, ValueError)
+
+
+def test_node_ids_are_40_hex():
+    node = new_node_id()
+    assert re.fullmatch(r"[0-9a-f]{40}", node)

@@ -1,0 +1,160 @@
+"""Schema pgq: made only by migrations, equal to the SQLAlchemy metadata, with
+the functions, triggers and views the library and users rely on."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
+
+import pgq
+from pgq.migrate import SCHEMA_VERSION, head_revision
+from pgq.schema import metadata
+
+
+def test_migrated_schema_equals_metadata(dsn):
+    # Reflect with schema pgq off the search path, so PostgreSQL prints
+    # defaults fully qualified, as the metadata writes them.
+    engine = create_engine(
+        "postgresql+psycopg://", poolclass=NullPool,
+        creator=lambda: psycopg.connect(dsn, options="-c search_path=public"))
+    with engine.connect() as conn:
+        context = MigrationContext.configure(conn, opts={
+            "include_schemas": True,
+            "version_table_schema": "pgq",
+            "compare_type": True,
+            "compare_server_default": True,
+            "include_object": lambda obj, name, type_, reflected, compare_to:
+                not (type_ == "table" and name == "alembic_version"),
+        })
+        diff = compare_metadata(context, metadata)
+    engine.dispose()
+    assert [d for d in diff if not _same_volatile_default(d)] == []
+
+
+def _same_volatile_default(change) -> bool:
+    """Alembic compares defaults by evaluating both in SELECT a = b; a volatile
+    default (clock_timestamp(), nextval()) never equals itself that way, so an
+    identical text is accepted as no change."""
+    if not isinstance(change, list) or len(change) != 1 or change[0][0] != "modify_default":
+        return False
+    *_, reflected, declared = change[0]
+    return reflected is not None and declared is not None and \
+        str(reflected.arg.text) == str(declared.arg.text)
+
+
+def test_library_schema_version_is_the_newest_migration():
+    assert SCHEMA_VERSION == head_revision()
+
+
+def test_storage_settings_of_the_hot_table(db):
+    options = db.execute(
+        "SELECT reloptions FROM pg_class WHERE oid = 'pgq.jobs'::regclass").fetchone()[0]
+    assert "fillfactor=70" in options
+    assert any(o.startswith("autovacuum_vacuum_scale_factor=") for o in options)
+    indexes = dict(db.execute(
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = 'pgq' AND tablename = 'jobs'"
+    ).fetchall())
+    assert "WHERE (state = 'queued'::text)" in indexes["jobs_queued_idx"]
+    assert "requeue_at IS NOT NULL" in indexes["jobs_timer_idx"]
+    persistence = db.execute(
+        "SELECT relpersistence FROM pg_class WHERE oid = 'pgq.waiters'::regclass").fetchone()[0]
+    assert persistence == "u"
+
+
+def test_no_row_triggers_on_the_hot_table(db):
+    triggers = db.execute("""
+        SELECT tgname, (tgtype & 1) = 1 AS per_row FROM pg_trigger
+        WHERE tgrelid = 'pgq.jobs'::regclass AND NOT tgisinternal""").fetchall()
+    assert {name for name, _ in triggers} == {
+        "count_inserted_jobs", "count_updated_jobs", "count_deleted_jobs", "count_truncated_jobs"}
+    assert not any(per_row for _, per_row in triggers)
+
+
+def test_views_and_functions_exist(db):
+    views = {r[0] for r in db.execute(
+        "SELECT viewname FROM pg_views WHERE schemaname = 'pgq'").fetchall()}
+    assert views == {"queue_stats", "job_counts", "job_history"}
+    functions = {r[0] for r in db.execute(
+        "SELECT proname FROM pg_proc WHERE pronamespace = 'pgq'::regnamespace").fetchall()}
+    assert {"sweep", "expire_jobs", "requeue_due", "expire_acks", "compact_counters",
+            "recount"} <= functions
+
+
+def test_migrate_is_idempotent_and_serialised(server):
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS pgq_migrate_race")
+        conn.execute("CREATE DATABASE pgq_migrate_race")
+    target = server.dsn("pgq_migrate_race")
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(pgq.migrate(target))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert errors == []
+        assert results == [SCHEMA_VERSION] * 4
+        assert pgq.migrate(target) == SCHEMA_VERSION
+        with psycopg.connect(target) as conn:
+            nodes = conn.execute("SELECT count(*) FROM pgq.meta WHERE key = 'node_id'").fetchone()
+        assert nodes == (1,)
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP DATABASE pgq_migrate_race WITH (FORCE)")
+
+
+def test_client_refuses_an_unmigrated_database_with_the_fix(server):
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS pgq_bare")
+        conn.execute("CREATE DATABASE pgq_bare")
+    try:
+        with pytest.raises(pgq.errors.SchemaNotReadyError, match="pgq migrate"):
+            pgq.Client(server.dsn("pgq_bare"), reconnect_timeout=2)
+        with pgq.Client(server.dsn("pgq_bare"), migrate=True) as client:
+            assert client.qlen("q") == 0
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP DATABASE pgq_bare WITH (FORCE)")
+
+
+def test_downgrade_removes_everything_but_the_version_table(server):
+    from alembic import command
+
+    from pgq.migrate import _alembic_config
+
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS pgq_down")
+        conn.execute("CREATE DATABASE pgq_down")
+    target = server.dsn("pgq_down")
+    try:
+        pgq.migrate(target)
+        engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(target),
+                               poolclass=NullPool)
+        with engine.connect() as connection:
+            config = _alembic_config()
+            config.attributes["connection"] = connection
+            command.downgrade(config, "base")
+        engine.dispose()
+        with psycopg.connect(target) as conn:
+            left = conn.execute("""
+                SELECT count(*) FROM pg_class
+                WHERE relnamespace = 'pgq'::regnamespace AND relname <> 'alembic_version'
+                  AND relkind IN ('r', 'v', 'S')""").fetchone()[0]
+        assert left == 0
+        assert pgq.migrate(target) == SCHEMA_VERSION  # and up again
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP DATABASE pgq_down WITH (FORCE)")
