@@ -1,0 +1,116 @@
+"""AsyncClient: the same commands, on asyncio through anyio."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import psycopg
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+import pgq
+from pgq.errors import InvalidTypeError, MaxLenError
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def test_add_get_ack_round_trip(dsn):
+    async with pgq.AsyncClient(dsn) as client:
+        job_id = await client.add_job("aq", b"hello", retry=30)
+        ids = await client.add_jobs("aq", [b"1", b"2"])
+        assert await client.qlen("aq") == 3
+        jobs = await client.get_job("aq", count=5, withcounters=True)
+        assert [j.id for j in jobs] == [job_id, *ids]
+        assert await client.working(job_id) == 30
+        assert await client.nack_job(job_id) == 1
+        assert (await client.get_job("aq"))[0].id == job_id
+        assert await client.ack_job(job_id, *ids) == 3
+        assert await client.show(job_id) is None  # done and garbage-collected at once
+        assert await client.qstat("aq") is not None
+        assert (await client.hello())["id"] == client.node_id
+        assert (await client.info())["jobs"]["active"] == 0
+
+
+async def test_blocking_get_is_woken_and_cancellable(dsn):
+    async with pgq.AsyncClient(dsn) as consumer, pgq.AsyncClient(dsn) as producer:
+        got = []
+
+        async def consume():
+            got.extend(await consumer.get_job("aw", timeout=10))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(consume)
+            await anyio.sleep(0.4)
+            start = time.monotonic()
+            job_id = await producer.add_job("aw", b"x")
+        assert [j.id for j in got] == [job_id]
+        assert time.monotonic() - start < 0.3
+        # cancelling a blocked get leaves no waiter behind
+        with anyio.move_on_after(0.3):
+            await consumer.get_job("never")
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            await anyio.sleep(0.2)
+            left = await (await conn.execute("SELECT count(*) FROM pgq.waiters")).fetchone()
+        assert left == (0,)
+
+
+async def test_concurrent_consumers_share_without_duplicates(dsn):
+    async with pgq.AsyncClient(dsn, pool_size=8) as client:
+        ids = set(await client.add_jobs("many", [b"%d" % i for i in range(300)]))
+        seen: list[str] = []
+
+        async def consume():
+            while jobs := await client.get_job("many", count=9, nohang=True):
+                seen.extend(j.id for j in jobs)
+                await client.ack_job(*(j.id for j in jobs))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(consume)
+        assert sorted(seen) == sorted(ids)
+        assert await client.qlen("many") == 0
+
+
+async def test_transactions_with_async_psycopg_and_sqlalchemy(dsn):
+    async with pgq.AsyncClient(dsn) as client:
+        async with await psycopg.AsyncConnection.connect(dsn) as conn:
+            job_id = await client.add_job("atx", b"x", conn=conn)
+            await conn.rollback()
+        assert await client.show(job_id) is None
+        engine = create_async_engine(dsn.replace("postgresql://", "postgresql+psycopg://"))
+        try:
+            async with AsyncSession(engine) as session:
+                await session.execute(text("SELECT 1"))
+                job_id = await client.add_job("atx", b"y", conn=session)
+                await session.commit()
+            assert (await client.show(job_id))["state"] == "queued"
+        finally:
+            await engine.dispose()
+        with pytest.raises(InvalidTypeError, match="pgq.Client"):
+            with psycopg.connect(dsn) as sync_conn:
+                await client.add_job("atx", b"z", conn=sync_conn)
+
+
+async def test_errors_are_the_same_as_the_sync_clients(dsn):
+    async with pgq.AsyncClient(dsn) as client:
+        await client.add_job("cap", b"x", maxlen=1)
+        with pytest.raises(MaxLenError):
+            await client.add_job("cap", b"x", maxlen=1)
+        with pytest.raises(pgq.errors.BadIdError):
+            await client.ack_job("bad")
+
+
+async def test_client_can_be_created_outside_a_loop_and_opened_lazily(dsn):
+    client = pgq.AsyncClient(dsn)
+    try:
+        assert await client.qlen("lazy") == 0
+        assert client.node_id
+    finally:
+        await client.close()

@@ -1,0 +1,176 @@
+"""Transactional use: pgq calls inside the caller's own transaction (psycopg
+connection, SQLAlchemy Connection or Session) commit or roll back with it."""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session
+
+import pgq
+from pgq.errors import InvalidTypeError, TransactionAbortedError
+
+
+@pytest.fixture
+def orders(db):
+    db.execute("CREATE TABLE orders (id serial PRIMARY KEY, status text NOT NULL)")
+    return db
+
+
+@pytest.fixture
+def engine(dsn):
+    eng = create_engine(dsn.replace("postgresql://", "postgresql+psycopg://"))
+    yield eng
+    eng.dispose()
+
+
+def test_add_then_rollback_is_never_visible(dsn, client):
+    with psycopg.connect(dsn) as conn:
+        job_id = client.add_job("tx", b"x", conn=conn)
+        other = client.add_jobs("tx", [b"y"] * 3, conn=conn)
+        assert client.show(job_id) is None  # not visible outside before commit
+        conn.rollback()
+    assert client.show(job_id) is None and client.show(other[0]) is None
+    assert client.qlen("tx") == 0 and client.get_job("tx", nohang=True) == []
+
+
+def test_add_then_commit_is_visible_and_wakes_consumers(dsn, client):
+    with psycopg.connect(dsn) as conn:
+        job_id = client.add_job("tx", b"x", conn=conn)
+        conn.commit()
+    assert client.get_job("tx", nohang=True)[0].id == job_id
+
+
+def test_get_then_rollback_makes_the_job_available_at_once(dsn, client):
+    job_id = client.add_job("tx", b"x", retry=300)
+    with psycopg.connect(dsn) as conn:
+        got = client.get_job("tx", conn=conn)
+        assert [j.id for j in got] == [job_id]
+        assert client.get_job("tx", nohang=True) == []  # locked by the open transaction
+        conn.rollback()
+    start = time.monotonic()
+    assert [j.id for j in client.get_job("tx", nohang=True)] == [job_id]
+    assert time.monotonic() - start < 1  # no waiting for the retry lease
+
+
+def test_business_write_and_ack_commit_together(dsn, client, orders):
+    job_id = client.add_job("orders", b"ship order 1")
+    client.get_job("orders")
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO orders (status) VALUES ('shipped')")
+        assert client.ack_job(job_id, conn=conn) == 1
+        conn.rollback()  # both undone
+    assert orders.execute("SELECT count(*) FROM orders").fetchone()[0] == 0
+    assert client.show(job_id)["state"] == "active"
+    with psycopg.connect(dsn) as conn:
+        conn.execute("INSERT INTO orders (status) VALUES ('shipped')")
+        assert client.ack_job(job_id, conn=conn) == 1
+        conn.commit()  # both done
+    assert orders.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+    assert client.show(job_id) is None
+
+
+def test_a_failed_business_write_undoes_the_ack(dsn, client, orders):
+    job_id = client.add_job("orders", b"x")
+    client.get_job("orders")
+    with psycopg.connect(dsn) as conn:
+        client.ack_job(job_id, conn=conn)
+        with pytest.raises(psycopg.errors.NotNullViolation):
+            conn.execute("INSERT INTO orders (status) VALUES (NULL)")
+        with pytest.raises(TransactionAbortedError, match="roll it back"):
+            client.nack_job(job_id, conn=conn)
+        conn.rollback()
+    assert client.show(job_id)["state"] == "active"
+
+
+def test_caller_transaction_settings_are_untouched(dsn, client):
+    client.add_job("tx", b"x")
+    with psycopg.connect(dsn) as conn:
+        client.get_job("tx", conn=conn)
+        setting = conn.execute("SHOW synchronous_commit").fetchone()[0]
+        assert setting == "on"  # the relaxed-commit claim is only for pgq's own connections
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        conn.commit()
+
+
+def test_autocommit_caller_connection_and_maxlen_group(dsn, client):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        job_id = client.add_job("auto", b"x", maxlen=5, conn=conn)
+        ids = client.add_jobs("auto", [b"y"] * 2500, conn=conn)  # COPY path, own transaction
+    assert client.qlen("auto") == 2501 and client.show(job_id) and client.show(ids[-1])
+
+
+def test_copy_path_rolls_back_with_the_caller(dsn, client):
+    with psycopg.connect(dsn) as conn:
+        client.add_jobs("bulk-tx", [b"y"] * 2500, conn=conn)
+        conn.rollback()
+    assert client.qlen("bulk-tx") == 0
+
+
+def test_blocking_get_inside_a_transaction_polls(dsn, client):
+    with psycopg.connect(dsn) as conn:
+        start = time.monotonic()
+        assert client.get_job("tx-poll", timeout=0.3, conn=conn) == []
+        assert time.monotonic() - start >= 0.3
+        conn.rollback()
+
+
+def test_sqlalchemy_session(client, engine, orders):
+    job_id = client.add_job("sa", b"x")
+    client.get_job("sa")
+    with Session(engine) as session:
+        session.execute(text("INSERT INTO orders (status) VALUES ('paid')"))
+        new_id = client.add_job("sa-next", b"follow-up", conn=session)
+        assert client.ack_job(job_id, conn=session) == 1
+        session.rollback()
+    assert client.show(job_id)["state"] == "active" and client.show(new_id) is None
+    with Session(engine) as session:
+        session.execute(text("INSERT INTO orders (status) VALUES ('paid')"))
+        new_id = client.add_job("sa-next", b"follow-up", conn=session)
+        client.ack_job(job_id, conn=session)
+        session.commit()
+    assert client.show(job_id) is None and client.show(new_id)["state"] == "queued"
+    assert orders.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+
+
+def test_sqlalchemy_connection(client, engine):
+    with engine.connect() as conn:
+        job_id = client.add_job("sa", b"x", conn=conn)
+        conn.rollback()
+    assert client.show(job_id) is None
+    with engine.begin() as conn:
+        job_id = client.add_job("sa", b"x", conn=conn)
+    assert client.show(job_id)["state"] == "queued"
+
+
+def test_unsupported_connections_are_type_errors(client):
+    with pytest.raises(InvalidTypeError, match="psycopg.Connection"):
+        client.add_job("q", b"x", conn="postgresql://localhost/db")
+    sqlite = create_engine("sqlite://")
+    with sqlite.connect() as conn, pytest.raises(InvalidTypeError, match="postgresql\\+psycopg"):
+        client.add_job("q", b"x", conn=conn)
+    sqlite.dispose()
+
+
+def test_async_connection_is_refused_by_the_sync_client(dsn, client):
+    import asyncio
+
+    async def check():
+        aconn = await psycopg.AsyncConnection.connect(dsn)
+        try:
+            with pytest.raises(InvalidTypeError, match="AsyncClient"):
+                client.add_job("q", b"x", conn=aconn)
+        finally:
+            await aconn.close()
+
+    asyncio.run(check())
+
+
+def test_turbo_client_commits_asynchronously(dsn):
+    with pgq.Client(dsn, turbo=True) as turbo:
+        assert turbo.info()["synchronous_commit"] == "off"
+        job_id = turbo.add_job("turbo", b"x")
+        assert turbo.get_job("turbo")[0].id == job_id
