@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 
-def stop_embedded(home: str | None = None) -> bool:
+def stop_embedded(home: str | None = None, mode: str = "fast") -> bool:
     """Stop the embedded PostgreSQL server under ``home`` (default ``$PGQ_HOME``).
 
     Returns False if it was not running. Clients using it will fail until it is
@@ -39,4 +39,4 @@ def stop_embedded(home: str | None = None) -> bool:
     """
     from . import embedded
 
-    return embedded.stop(home)
+    return embedded.stop(home, mode)

@@ -147,7 +147,7 @@ class AsyncClient(ClientCore):
         async def work(pooled: psycopg.AsyncConnection[Any]) -> T:
             await self._housekeeping(pooled)
             driver = AsyncDriver(pooled, prepare=self.options.prepare,
-                                 housekeeping=self._housekeeping)
+                                 housekeeping=self._housekeeping, shield=True)
             return await driver.run(make(self.session(owned=True)))
 
         return await self._run_on_pool(work)  # type: ignore[no-any-return]

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import psycopg
 
 from . import statements as sql
@@ -144,16 +145,25 @@ class SyncDriver:
 
 
 class AsyncDriver:
-    """Runs commands on a :class:`psycopg.AsyncConnection` (mirror of :class:`SyncDriver`)."""
+    """Runs commands on a :class:`psycopg.AsyncConnection` (mirror of :class:`SyncDriver`).
+
+    With ``shield=True`` (pgq's own connections) each request finishes even
+    if the calling task is cancelled meanwhile; the cancellation takes effect
+    between requests. A statement cancelled half-way would make psycopg close
+    the connection and leave our waiter registration behind; statements are
+    short, so the delay is milliseconds. Blocking waits are not shielded.
+    """
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], *, prepare: bool = True,
                  housekeeping: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
-                 ) -> None:
+                 shield: bool = False) -> None:
         self.conn = conn
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
+        self.shield = shield
         self._transaction: psycopg.AsyncTransaction | None = None
         self._listening = False
+        self._received: list[psycopg.Notify] = []
 
     async def run(self, command: Command[T]) -> T:
         reply: Any = None
@@ -163,7 +173,12 @@ class AsyncDriver:
                     request = command.send(reply)
                 except StopIteration as done:
                     return done.value  # type: ignore[no-any-return]
-                reply = await self._handle(request)
+                if isinstance(request, Wait) or not self.shield:
+                    reply = await self._handle(request)
+                else:
+                    with anyio.CancelScope(shield=True):
+                        reply = await self._handle(request)
+                    await anyio.lowlevel.checkpoint_if_cancelled()
         except BaseException as exc:
             await self._abandon_transaction(exc)
             raise
@@ -196,12 +211,12 @@ class AsyncDriver:
         if isinstance(request, Listen):
             await conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})
             await conn.execute(f"LISTEN {CHANNEL}")
+            conn.add_notify_handler(self._received.append)
             self._listening = True
             return None
         if isinstance(request, Wait):
             if self._listening:
-                return [n.payload async for n in
-                        conn.notifies(timeout=request.seconds, stop_after=1)]
+                return await self._wait_for_notification(request.seconds)
             await anyio.sleep(request.seconds)
             return []
         if isinstance(request, Housekeeping):
@@ -209,6 +224,22 @@ class AsyncDriver:
                 await self.housekeeping(conn)
             return None
         raise TypeError(f"unknown request {request!r}")
+
+    async def _wait_for_notification(self, seconds: float) -> list[str]:
+        # Wait on the socket with nothing in flight, so that a cancelled wait
+        # (a timeout in the caller's task) leaves the connection usable;
+        # psycopg's notifies() would have to abort a query and close it.
+        if not self._received:
+            readable = False
+            with anyio.move_on_after(seconds):
+                await anyio.wait_readable(self.conn.fileno())
+                readable = True
+            if readable:
+                with anyio.CancelScope(shield=True):
+                    await self.conn.execute("SELECT 1")  # reads what arrived, runs the handler
+        payloads = [n.payload for n in self._received]
+        self._received.clear()
+        return payloads
 
     async def _abandon_transaction(self, exc: BaseException) -> None:
         transaction, self._transaction = self._transaction, None
@@ -221,6 +252,7 @@ class AsyncDriver:
         if not self._listening:
             return
         self._listening = False
+        self.conn.remove_notify_handler(self._received.append)
         if self.conn.closed or self.conn.broken:
             return
         with contextlib.suppress(psycopg.Error), anyio.CancelScope(shield=True):

@@ -348,8 +348,15 @@ def ensure_running(home: str | os.PathLike[str] | None = None) -> Instance:
         return instance
 
 
-def stop(home: str | os.PathLike[str] | None = None) -> bool:
-    """Stop the embedded server under ``home``. Returns False if it was not running."""
+def stop(home: str | os.PathLike[str] | None = None, mode: str = "fast") -> bool:
+    """Stop the embedded server under ``home``. Returns False if it was not running.
+
+    ``mode`` is pg_ctl's shutdown mode: ``fast`` (default: disconnect clients,
+    checkpoint), ``smart`` (wait for clients) or ``immediate`` (like a crash:
+    the next start runs crash recovery).
+    """
+    if mode not in ("smart", "fast", "immediate"):
+        raise ValueError(f"mode must be smart, fast or immediate, not {mode!r}")
     directory = home_directory(home)
     data = directory / "data"
     if not (data / "PG_VERSION").exists():
@@ -358,7 +365,7 @@ def stop(home: str | os.PathLike[str] | None = None) -> bool:
         if _running_port(data) is None:
             return False
         runner = _Runner(find_server_binaries(), _server_user())
-        done = runner.run("pg_ctl", "stop", "-D", str(data), "-m", "fast", "-w",
+        done = runner.run("pg_ctl", "stop", "-D", str(data), "-m", mode, "-w",
                           "-t", str(START_TIMEOUT))
         if done.returncode != 0:
             raise EmbeddedServerError(f"pg_ctl stop failed:\n{(done.stdout + done.stderr).strip()}")

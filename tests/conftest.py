@@ -46,9 +46,9 @@ class Server:
     def restartable(self) -> bool:
         return self.home is not None
 
-    def stop(self) -> None:
+    def stop(self, mode: str = "fast") -> None:
         assert self.home is not None
-        embedded.stop(self.home)
+        embedded.stop(self.home, mode)
 
     def start(self) -> None:
         assert self.home is not None

@@ -411,7 +411,9 @@ SELECT n.queue,
        coalesce(c.jobs_in, 0)::bigint AS jobs_in,
        coalesce(c.jobs_out, 0)::bigint AS jobs_out,
        coalesce(p.paused, 'none') AS paused,
-       (SELECT count(*) FROM pgq.waiters w WHERE w.queue = n.queue) AS blocked,
+       (SELECT count(*) FROM pgq.waiters w
+        WHERE w.queue = n.queue  -- a crashed consumer's row is ignored until swept
+          AND EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = w.pid)) AS blocked,
        coalesce(c.created_at, p.created_at) AS created_at,
        coalesce(c.last_activity, p.updated_at) AS last_activity
 FROM names n

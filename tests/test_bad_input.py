@@ -1,0 +1,111 @@
+"""Bad input gets a clear, typed error before anything is stored, and hostile
+queue names or bodies are stored and returned byte for byte."""
+
+from __future__ import annotations
+
+import pytest
+
+import pgq
+from pgq.errors import BadIdError, InvalidArgumentError, InvalidTypeError, PgqError
+
+
+HOSTILE_NAMES = [
+    "q'; DROP TABLE pgq.jobs; --",
+    'q" OR 1=1 --',
+    "q\\x00\\'%s%(x)s$1",
+    "очередь/队列 🚀",
+    "name with\nnewline\tand tab",
+    "x" * 512,
+]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_sql_meta_characters_in_queue_names_are_just_names(client, db, name):
+    job_id = client.add_job(name, b"payload")
+    assert client.qlen(name) == 1
+    assert client.qstat(name)["name"] == name
+    job = client.get_job(name, nohang=True)[0]
+    assert (job.id, job.queue, job.body) == (job_id, name, b"payload")
+    assert client.ack_job(job_id) == 1
+    assert db.execute("SELECT to_regclass('pgq.jobs') IS NOT NULL").fetchone() == (True,)
+
+
+def test_bodies_keep_every_byte(client):
+    body = bytes(range(256)) + b"\x00" * 10 + "é'\"%s".encode()
+    client.add_job("bytes", body)
+    assert client.get_job("bytes")[0].body == body
+
+
+def test_oversize_body_is_refused_before_anything_is_stored(dsn, client):
+    with pgq.Client(dsn, max_body_size=1024) as small:
+        with pytest.raises(InvalidArgumentError, match="over the limit of 1024"):
+            small.add_job("big", b"x" * 1025)
+        with pytest.raises(InvalidArgumentError):
+            small.add_jobs("big", [b"ok", b"x" * 2000])
+        small.add_job("big", b"x" * 1024)
+    assert client.qlen("big") == 1
+    with pytest.raises(InvalidArgumentError):
+        pgq.Client(dsn, max_body_size=2**40)
+
+
+@pytest.mark.parametrize("call", [
+    lambda c: c.ack_job("D-123"),
+    lambda c: c.nack_job("not-an-id"),
+    lambda c: c.show("D-xxxxxxxx-aaaaaaaaaaaaaaaaaaaaaaaa-0001"),
+    lambda c: c.working("D-01234567-aaaaaaaaaaaaaaaaaaaaaaa!-0001"),
+    lambda c: c.del_job(),
+    lambda c: c.fast_ack(""),
+])
+def test_malformed_ids_are_bad_id_errors(client, call):
+    with pytest.raises(BadIdError) as info:
+        call(client)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(("call", "error"), [
+    (lambda c: c.add_job(42, b"x"), InvalidTypeError),
+    (lambda c: c.add_job("q", 42), InvalidTypeError),
+    (lambda c: c.add_job("q", None), InvalidTypeError),
+    (lambda c: c.add_job("q", b"x", ttl="1h"), InvalidTypeError),
+    (lambda c: c.add_job("q", b"x", delay=-1), InvalidArgumentError),
+    (lambda c: c.add_jobs("q", b"not a list"), InvalidTypeError),
+    (lambda c: c.get_job(), InvalidArgumentError),
+    (lambda c: c.get_job("q", count=0), InvalidArgumentError),
+    (lambda c: c.get_job("q", count=10**12), InvalidArgumentError),
+    (lambda c: c.get_job("q", count="10"), InvalidTypeError),
+    (lambda c: c.get_job("q", timeout=-1), InvalidArgumentError),
+    (lambda c: c.get_job("q", nohang="yes"), InvalidTypeError),
+    (lambda c: c.qpeek("q", 10**9), InvalidArgumentError),
+    (lambda c: c.qscan(count=0), InvalidArgumentError),
+    (lambda c: c.qscan("0"), InvalidArgumentError),
+    (lambda c: c.jscan(states="bogus"), InvalidArgumentError),
+    (lambda c: c.ack_job(*(["D-01234567-aaaaaaaaaaaaaaaaaaaaaaaa-0001"] * 100_001)),
+     InvalidArgumentError),
+])
+def test_bad_arguments_are_typed_and_explained(client, call, error):
+    with pytest.raises(error) as info:
+        call(client)
+    assert isinstance(info.value, PgqError) and str(info.value)
+
+
+def test_unknown_client_options_and_dsn_types(dsn):
+    with pytest.raises(InvalidTypeError, match="allowed"):
+        pgq.Client(dsn, poolsize=3)
+    with pytest.raises(InvalidTypeError):
+        pgq.Client(12345)
+    with pytest.raises(InvalidArgumentError):
+        pgq.Client("this is = not a valid === dsn")
+
+
+def test_key_value_dsn_is_turned_into_a_url(dsn):
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    kv = make_conninfo(**conninfo_to_dict(dsn))
+    with pgq.Client(kv) as client:
+        assert client.dsn.startswith("postgresql://")
+        assert conninfo_to_dict(client.dsn) == conninfo_to_dict(dsn)
+
+
+def test_unreachable_database_is_a_typed_error():
+    with pytest.raises(pgq.errors.DatabaseUnavailableError, match="cannot reach"):
+        pgq.Client("postgresql://pgq:x@127.0.0.1:1/pgq", reconnect_timeout=1)

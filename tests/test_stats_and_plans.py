@@ -1,0 +1,125 @@
+"""The SQL interface (stats views) and the plans of the hot statements.
+
+The claim must walk the partial ready index however big the table is, and
+the stats views must never count the hot table (lessons 5 and 6 of the Postgres
+queues: claims that slow down as the table grows, and count(*) monitoring)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pgq import statements as sql
+
+from .conftest import counters_match_jobs
+
+
+def plan_of(db, statement, params):
+    rows = db.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()[0]
+    return json.dumps(rows)
+
+
+@pytest.fixture
+def big_table(client, db):
+    """100k queued jobs in 'big' (bulk COPY path) plus traffic in other queues."""
+    for start in range(0, 100_000, 20_000):
+        client.add_jobs("big", [b"%016d" % i for i in range(start, start + 20_000)])
+    client.add_jobs("small", [b"x"] * 50)
+    client.get_job("small", count=20)
+    db.execute("ANALYZE pgq.jobs")
+    return db
+
+
+def test_claim_walks_the_partial_index_on_a_100k_table(big_table):
+    for statement in (sql.CLAIM, sql.CLAIM_RELAXED):
+        plan = plan_of(big_table, statement, {"queues": ["big", "small"], "count": 100})
+        assert "jobs_queued_idx" in plan and "jobs_timer_idx" in plan
+        assert '"Node Type": "Seq Scan"' not in plan
+
+
+def test_claim_is_fast_on_a_100k_table(client, big_table):
+    import time
+
+    start = time.perf_counter()
+    for _ in range(20):
+        jobs = client.get_job("big", count=100)
+        client.ack_job(*(j.id for j in jobs))
+    per_batch = (time.perf_counter() - start) / 20
+    assert per_batch < 0.25  # a seq scan of 100k rows per claim would be far slower
+
+
+def test_stats_views_do_not_scan_the_hot_table(big_table):
+    for view in ("pgq.queue_stats", "pgq.job_counts"):
+        plan = json.loads(plan_of(big_table, f"SELECT * FROM {view}", None))
+        scanned = list(_seq_scans(plan))
+        assert "jobs" not in scanned, scanned
+
+
+def _seq_scans(plan):
+    if isinstance(plan, dict):
+        if plan.get("Node Type") == "Seq Scan":
+            yield plan.get("Relation Name")
+        for value in plan.values():
+            yield from _seq_scans(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            yield from _seq_scans(value)
+
+
+def test_queue_stats_view(client, db):
+    client.add_jobs("v1", [b"a", b"b", b"c"])
+    client.add_job("v1", b"later", delay=60)
+    client.get_job("v1")
+    client.pause("v2", "in")
+    rows = {r[0]: r for r in db.execute(
+        "SELECT queue, length, active, waiting_repl, jobs_in, jobs_out, paused, blocked,"
+        " oldest_age_seconds FROM pgq.queue_stats").fetchall()}
+    assert rows["v1"][1:8] == (2, 2, 0, 3, 1, "none", 0)
+    assert 0 <= rows["v1"][8] < 60
+    assert rows["v2"][1:8] == (0, 0, 0, 0, 0, "in", 0) and rows["v2"][8] is None
+    counts = dict(db.execute("SELECT state, jobs FROM pgq.job_counts").fetchall())
+    assert counts == {"wait-repl": 0, "active": 2, "queued": 2, "acked": 0}
+
+
+def test_job_history_view(client, db):
+    job_id = client.add_job("h", b"12345")
+    client.get_job("h")
+    client.ack_job(job_id)
+    row = db.execute("SELECT id, queue, outcome, deliveries, body_size, lifetime_seconds >= 0,"
+                     " seq > 0 FROM pgq.job_history").fetchone()
+    assert row == (job_id, "h", "acked", 1, 5, True, True)
+
+
+def test_counters_survive_many_sessions_and_compaction(dsn, client, db):
+    import pgq
+
+    for _ in range(4):  # sessions that come and go leave per-pid counter rows
+        with pgq.Client(dsn) as other:
+            ids = other.add_jobs("churn", [b"x"] * 30)
+            other.get_job("churn", count=10)
+            other.ack_job(*ids[:5])
+    before = db.execute("SELECT count(*) FROM pgq.queue_counters").fetchone()[0]
+    db.execute("SELECT pgq.compact_counters()")
+    after = db.execute("SELECT count(*) FROM pgq.queue_counters").fetchone()[0]
+    assert after < before
+    assert counters_match_jobs(db)
+    queued = db.execute("SELECT count(*) FROM pgq.jobs WHERE state = 'queued'").fetchone()[0]
+    assert client.qlen("churn") == queued and client.qstat("churn")["jobs_in"] == 120
+
+
+def test_recount_repairs_counters_after_manual_edits(client, db):
+    client.add_jobs("manual", [b"x"] * 10)
+    db.execute("ALTER TABLE pgq.jobs DISABLE TRIGGER count_deleted_jobs")
+    db.execute("DELETE FROM pgq.jobs WHERE ctid IN (SELECT ctid FROM pgq.jobs LIMIT 4)")
+    db.execute("ALTER TABLE pgq.jobs ENABLE TRIGGER count_deleted_jobs")
+    assert not counters_match_jobs(db)
+    db.execute("SELECT pgq.recount()")
+    assert counters_match_jobs(db) and client.qlen("manual") == 6
+    assert client.qstat("manual")["jobs_in"] == 10  # totals are kept
+
+
+def test_truncate_resets_state_counts(client, db):
+    client.add_jobs("t", [b"x"] * 10)
+    db.execute("TRUNCATE pgq.jobs")
+    assert client.qlen("t") == 0 and counters_match_jobs(db)
