@@ -114,10 +114,7 @@ class AsyncClient(ClientCore):
             except (_Reconnect, PoolTimeout) as exc:
                 cause = exc.__cause__ or exc
                 if time.monotonic() >= deadline:
-                    raise DatabaseUnavailableError(
-                        f"cannot reach the pgq database at {self._host}:{self._port} "
-                        f"after {self.options.reconnect_timeout:g} s: {cause}"
-                    ) from cause
+                    raise self.unavailable(cause, self._pool.get_stats()) from cause
                 await self._pool.check()
                 await anyio.sleep(min(0.05 * 2**attempt, 1.0))
                 attempt += 1

@@ -111,10 +111,7 @@ class Client(ClientCore):
             except (_Reconnect, PoolTimeout) as exc:
                 cause = exc.__cause__ or exc
                 if time.monotonic() >= deadline:
-                    raise DatabaseUnavailableError(
-                        f"cannot reach the pgq database at {self._host}:{self._port} "
-                        f"after {self.options.reconnect_timeout:g} s: {cause}"
-                    ) from cause
+                    raise self.unavailable(cause, self._pool.get_stats()) from cause
                 self._pool.check()
                 time.sleep(min(0.05 * 2**attempt, 1.0))
                 attempt += 1

@@ -197,6 +197,21 @@ class ClientCore:
         self._last_sweep = now
         return True
 
+    def unavailable(self, cause: BaseException, pool_stats: Mapping[str, int]) -> DatabaseUnavailableError:
+        """The error for a call that found no usable connection in time."""
+        busy = pool_stats.get("pool_size", 0) >= self.options.pool_size and \
+            pool_stats.get("pool_available", 0) == 0
+        if busy:
+            return DatabaseUnavailableError(
+                f"all {self.options.pool_size} connections of this client stayed busy for "
+                f"{self.options.reconnect_timeout:g} s (each blocked get_job holds one): "
+                "raise Client(pool_size=...) or run fewer blocking calls at once"
+            )
+        return DatabaseUnavailableError(
+            f"cannot reach the pgq database at {self._host}:{self._port} after "
+            f"{self.options.reconnect_timeout:g} s: {cause}"
+        )
+
     # ------------------------------------------------------------ commands
 
     def add_jobs_command(self, queue: object, bodies: Iterable[object], *, replicate: object,

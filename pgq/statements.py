@@ -155,8 +155,7 @@ WITH wanted AS (
         delivered_at = statement_timestamp()
     WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked))
     RETURNING j.queue, j.id, j.body, j.nacks, j.additional_deliveries, j.ctime, j.retry
-)
-"""
+)"""
 
 # On a caller's connection: plain. The caller's transaction decides durability.
 CLAIM = _CLAIM_BODY + """
@@ -169,13 +168,13 @@ SELECT queue, id, body, nacks, additional_deliveries, ctime FROM claimed
 # holding any retry-0 job commits durably: an at-most-once job must never be
 # delivered twice, even after a crash. set_config(..., true) lasts until the
 # end of this statement's own transaction.
-CLAIM_RELAXED = _CLAIM_BODY + """
-SELECT queue, id, body, nacks, additional_deliveries, ctime,
-       set_config('synchronous_commit',
-                  CASE WHEN EXISTS (SELECT 1 FROM claimed WHERE retry = 0)
-                       THEN current_setting('synchronous_commit') ELSE 'off' END,
-                  true) AS commit_mode
-FROM claimed
+CLAIM_RELAXED = _CLAIM_BODY + """, commit_mode AS (  -- volatile: evaluated once, after the claim
+    SELECT set_config('synchronous_commit',
+                      CASE WHEN EXISTS (SELECT 1 FROM claimed WHERE retry = 0)
+                           THEN current_setting('synchronous_commit') ELSE 'off' END,
+                      true) AS mode
+)
+SELECT queue, id, body, nacks, additional_deliveries, ctime, mode FROM claimed, commit_mode
 """
 
 # How long until a job of these queues becomes due (delayed or leased), so a

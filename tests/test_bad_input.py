@@ -109,3 +109,19 @@ def test_key_value_dsn_is_turned_into_a_url(dsn):
 def test_unreachable_database_is_a_typed_error():
     with pytest.raises(pgq.errors.DatabaseUnavailableError, match="cannot reach"):
         pgq.Client("postgresql://pgq:x@127.0.0.1:1/pgq", reconnect_timeout=1)
+
+
+def test_pool_exhaustion_is_explained(dsn):
+    import threading
+
+    with pgq.Client(dsn, pool_size=1, reconnect_timeout=0.5) as small:
+        holder = threading.Thread(target=lambda: small.get_job("held", timeout=2))
+        holder.start()
+        import time
+
+        time.sleep(0.3)
+        try:
+            with pytest.raises(pgq.errors.DatabaseUnavailableError, match="pool_size"):
+                small.qlen("held")
+        finally:
+            holder.join()
