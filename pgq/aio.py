@@ -208,7 +208,7 @@ class AsyncClient(ClientCore):
         """NACK (see :meth:`pgq.Client.nack_job`)."""
         return await self._run(self.ids_command("nack_jobs", ids), conn)
 
-    async def working(self, id: str, conn: object = None) -> float:
+    async def working(self, id: str, conn: object = None) -> int | float:
         """WORKING (see :meth:`pgq.Client.working`)."""
         return await self._run(self.working_command(id), conn)
 

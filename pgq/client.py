@@ -199,7 +199,7 @@ class Client(ClientCore):
         """NACK: put delivered jobs back in the queue now; returns how many."""
         return self._run(self.ids_command("nack_jobs", ids), conn)
 
-    def working(self, id: str, conn: object = None) -> float:
+    def working(self, id: str, conn: object = None) -> int | float:
         """WORKING: postpone a job's re-queue; returns its retry time in seconds."""
         return self._run(self.working_command(id), conn)
 

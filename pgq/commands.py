@@ -227,8 +227,9 @@ def dequeue_jobs(session: Session, ids: list[str]) -> Command[int]:
     return int(count)
 
 
-def working(session: Session, job_id: str) -> Command[float]:
-    """WORKING: postpone the next re-queue; returns the retry time in seconds."""
+def working(session: Session, job_id: str) -> Command[int | float]:
+    """WORKING: postpone the next re-queue; returns the retry time in seconds
+    (an int for a whole number of seconds, as Disque replies)."""
     state, retry, too_late, acked = yield Query(sql.WORKING, {"id": job_id}, Result.ROW)
     if state is None:
         if acked:
@@ -239,7 +240,8 @@ def working(session: Session, job_id: str) -> Command[float]:
             f"half of job {job_id}'s TTL has elapsed: its delivery can no longer be "
             "postponed (finish it, or NACK it)"
         )
-    return float(retry)
+    seconds = float(retry)
+    return int(seconds) if seconds.is_integer() else seconds
 
 
 # -------------------------------------------------------------- introspection

@@ -249,7 +249,7 @@ class ClientCore:
         run = getattr(commands, name)
         return lambda session: run(session, checked)
 
-    def working_command(self, job_id: object) -> CommandFactory[float]:
+    def working_command(self, job_id: object) -> CommandFactory[int | float]:
         checked = validate_job_id(job_id)
         return lambda session: commands.working(session, checked)
 
