@@ -1,0 +1,436 @@
+"""Cluster bus messages: what nodes say to each other, and their strict decoding.
+
+Payloads are msgpack maps ``{"k": kind, ...}``. Decoding checks every field's
+type and bounds and raises :class:`MessageError` on the first mismatch, so a
+malformed message (even one correctly authenticated) is dropped whole; no
+partial message ever reaches the node's state.
+
+Kinds (Disque's inter-node protocol plus SWIM membership):
+
+* membership: PING, ACK, PINGREQ, PUSHPULL (full state / join), FORGET
+* jobs: REPLJOB / GOTJOB (replication), ENQUEUE, WILLQUEUE / QUEUED /
+  WORKING (one queued copy), SETACK / GOTACK / DELJOB (acks and GC),
+  NEEDJOBS / YOURJOBS (federation), PAUSE
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+
+__all__ = [
+    "MessageError", "Member", "JobCopy", "Message", "encode", "decode",
+    "Ping", "Ack", "PingReq", "PushPull", "Forget",
+    "ReplJob", "GotJob", "Enqueue", "WillQueue", "Queued", "Working",
+    "SetAck", "GotAck", "DelJob", "NeedJobs", "YourJobs", "Pause",
+    "MEMBER_STATES",
+]
+
+_NODE_RE = re.compile(r"[0-9a-f]{40}\Z")
+_JOB_RE = re.compile(r"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}\Z")
+MAX_ITEMS = 100_000
+MEMBER_STATES = ("alive", "suspect", "dead", "left")
+
+
+class MessageError(Exception):
+    """A payload is not a valid message."""
+
+
+# ----------------------------------------------------------------- checks
+
+
+def _need(cond: bool, what: str) -> None:
+    if not cond:
+        raise MessageError(what)
+
+
+def _node(value: Any) -> str:
+    _need(isinstance(value, str) and bool(_NODE_RE.match(value)), "bad node id")
+    return value
+
+
+def _job(value: Any) -> str:
+    _need(isinstance(value, str) and bool(_JOB_RE.match(value)), "bad job id")
+    return value
+
+
+def _int(value: Any, low: int = 0, high: int = 2**63 - 1) -> int:
+    _need(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high, "bad int")
+    return value
+
+
+def _num(value: Any) -> float:
+    _need(isinstance(value, (int, float)) and not isinstance(value, bool), "bad number")
+    return float(value)
+
+
+def _str(value: Any, limit: int = 1024) -> str:
+    _need(isinstance(value, str) and len(value) <= limit, "bad string")
+    return value
+
+
+def _list(value: Any, limit: int = MAX_ITEMS) -> list[Any]:
+    _need(isinstance(value, list) and len(value) <= limit, "bad list")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    _need(isinstance(value, bool), "bad bool")
+    return value
+
+
+# ----------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One node as gossiped: identity, address, SWIM state."""
+
+    id: str
+    host: str
+    port: int
+    incarnation: int
+    status: str = "alive"
+    leaving: bool = False
+    name: str = ""
+
+    def to_wire(self) -> list[Any]:
+        return [self.id, self.host, self.port, self.incarnation, self.status, self.leaving, self.name]
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> Member:
+        r = _list(raw, 7)
+        _need(len(r) == 7, "bad member")
+        status = _str(r[4], 16)
+        _need(status in MEMBER_STATES, "bad member status")
+        return cls(_node(r[0]), _str(r[1], 255), _int(r[2], 1, 65535), _int(r[3]), status,
+                   _bool(r[5]), _str(r[6], 255))
+
+
+@dataclass(frozen=True, slots=True)
+class JobCopy:
+    """Everything a node needs to hold a copy of a job."""
+
+    id: str
+    queue: str
+    body: bytes
+    ctime: int
+    repl: int
+    retry: float
+    delay: float
+    expires_at: float  # unix time
+    nacks: int = 0
+    additional_deliveries: int = 0
+    nodes: tuple[str, ...] = ()
+
+    def to_wire(self) -> list[Any]:
+        return [self.id, self.queue, self.body, self.ctime, self.repl, self.retry, self.delay,
+                self.expires_at, self.nacks, self.additional_deliveries, list(self.nodes)]
+
+    @classmethod
+    def from_wire(cls, raw: Any) -> JobCopy:
+        r = _list(raw, 11)
+        _need(len(r) == 11, "bad job copy")
+        _need(isinstance(r[2], bytes), "bad job body")
+        return cls(_job(r[0]), _str(r[1], 1024), r[2], _int(r[3]), _int(r[4], 1, 65535),
+                   _num(r[5]), _num(r[6]), _num(r[7]), _int(r[8], 0, 2**31 - 1),
+                   _int(r[9], 0, 2**31 - 1), tuple(_node(n) for n in _list(r[10], 1000)))
+
+
+# ----------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """Base: every message carries its kind and may piggyback membership updates."""
+
+    KIND: ClassVar[str] = ""
+
+    def fields(self) -> dict[str, Any]:
+        return {}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Message:
+        return cls()
+
+
+def _updates_to_wire(updates: tuple[Member, ...]) -> list[Any]:
+    return [m.to_wire() for m in updates]
+
+
+def _updates_from_wire(raw: Any) -> tuple[Member, ...]:
+    return tuple(Member.from_wire(m) for m in _list(raw, 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class Ping(Message):
+    KIND: ClassVar[str] = "ping"
+    seq: int = 0
+    updates: tuple[Member, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"s": self.seq, "u": _updates_to_wire(self.updates)}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Ping:
+        return cls(_int(raw.get("s")), _updates_from_wire(raw.get("u", [])))
+
+
+@dataclass(frozen=True, slots=True)
+class Ack(Message):
+    """Reply to PING; ``target`` is the node that was probed (for indirect probes)."""
+
+    KIND: ClassVar[str] = "ack"
+    seq: int = 0
+    target: str = ""
+    updates: tuple[Member, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"s": self.seq, "t": self.target, "u": _updates_to_wire(self.updates)}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Ack:
+        return cls(_int(raw.get("s")), _node(raw.get("t")), _updates_from_wire(raw.get("u", [])))
+
+
+@dataclass(frozen=True, slots=True)
+class PingReq(Message):
+    """Ask the receiver to probe ``target`` for the sender (SWIM's indirect probe)."""
+
+    KIND: ClassVar[str] = "pingreq"
+    seq: int = 0
+    target: str = ""
+    updates: tuple[Member, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"s": self.seq, "t": self.target, "u": _updates_to_wire(self.updates)}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> PingReq:
+        return cls(_int(raw.get("s")), _node(raw.get("t")), _updates_from_wire(raw.get("u", [])))
+
+
+@dataclass(frozen=True, slots=True)
+class PushPull(Message):
+    """Full membership state; ``reply`` asks the receiver to send its own back (join, heal)."""
+
+    KIND: ClassVar[str] = "pushpull"
+    members: tuple[Member, ...] = ()
+    reply: bool = False
+
+    def fields(self) -> dict[str, Any]:
+        return {"m": _updates_to_wire(self.members), "r": self.reply}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> PushPull:
+        return cls(_updates_from_wire(raw.get("m")), _bool(raw.get("r")))
+
+
+@dataclass(frozen=True, slots=True)
+class Forget(Message):
+    """Remove a node from the cluster (and refuse it for a minute)."""
+
+    KIND: ClassVar[str] = "forget"
+    node: str = ""
+
+    def fields(self) -> dict[str, Any]:
+        return {"n": self.node}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Forget:
+        return cls(_node(raw.get("n")))
+
+
+@dataclass(frozen=True, slots=True)
+class _Ids(Message):
+    ids: tuple[str, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"i": list(self.ids)}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Message:
+        return cls(tuple(_job(i) for i in _list(raw.get("i"))))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplJob(Message):
+    """Store these copies durably, then answer GOTJOB."""
+
+    KIND: ClassVar[str] = "repljob"
+    jobs: tuple[JobCopy, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"j": [j.to_wire() for j in self.jobs]}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> ReplJob:
+        return cls(tuple(JobCopy.from_wire(j) for j in _list(raw.get("j"), 10_000)))
+
+
+@dataclass(frozen=True, slots=True)
+class GotJob(_Ids):
+    KIND: ClassVar[str] = "gotjob"
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueue(_Ids):
+    """Queue these jobs now (a leaving node hands its new jobs over)."""
+
+    KIND: ClassVar[str] = "enqueue"
+
+
+@dataclass(frozen=True, slots=True)
+class WillQueue(_Ids):
+    """I am about to re-queue these: tell me if you have them queued or acked."""
+
+    KIND: ClassVar[str] = "willqueue"
+
+
+@dataclass(frozen=True, slots=True)
+class Queued(Message):
+    """I queued these; ``counter`` is the counter the (re-)queue increments."""
+
+    KIND: ClassVar[str] = "queued"
+    ids: tuple[str, ...] = ()
+    counter: str = ""  # "", "nacks" or "additional_deliveries"
+
+    def fields(self) -> dict[str, Any]:
+        return {"i": list(self.ids), "c": self.counter}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Queued:
+        counter = _str(raw.get("c"), 32)
+        _need(counter in ("", "nacks", "additional_deliveries"), "bad counter")
+        return cls(tuple(_job(i) for i in _list(raw.get("i"))), counter)
+
+
+@dataclass(frozen=True, slots=True)
+class Working(_Ids):
+    """A consumer is working on these: postpone your re-queue, take them out of your queue."""
+
+    KIND: ClassVar[str] = "working"
+
+
+@dataclass(frozen=True, slots=True)
+class SetAck(Message):
+    """These jobs are acknowledged; ``nodes`` lists the holders the sender knows."""
+
+    KIND: ClassVar[str] = "setack"
+    items: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"a": [[i, list(nodes)] for i, nodes in self.items]}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> SetAck:
+        items = []
+        for item in _list(raw.get("a")):
+            pair = _list(item, 2)
+            _need(len(pair) == 2, "bad setack item")
+            items.append((_job(pair[0]), tuple(_node(n) for n in _list(pair[1], 1000))))
+        return cls(tuple(items))
+
+
+@dataclass(frozen=True, slots=True)
+class GotAck(Message):
+    """Acknowledgement of SETACK: ``known`` tells whether the job was known here."""
+
+    KIND: ClassVar[str] = "gotack"
+    items: tuple[tuple[str, bool], ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"a": [[i, known] for i, known in self.items]}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> GotAck:
+        items = []
+        for item in _list(raw.get("a")):
+            pair = _list(item, 2)
+            _need(len(pair) == 2, "bad gotack item")
+            items.append((_job(pair[0]), _bool(pair[1])))
+        return cls(tuple(items))
+
+
+@dataclass(frozen=True, slots=True)
+class DelJob(_Ids):
+    KIND: ClassVar[str] = "deljob"
+
+
+@dataclass(frozen=True, slots=True)
+class NeedJobs(Message):
+    """Consumers wait on ``queue`` here: send me up to ``count`` jobs."""
+
+    KIND: ClassVar[str] = "needjobs"
+    queue: str = ""
+    count: int = 1
+
+    def fields(self) -> dict[str, Any]:
+        return {"q": self.queue, "n": self.count}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> NeedJobs:
+        return cls(_str(raw.get("q"), 1024), _int(raw.get("n"), 1, 1000))
+
+
+@dataclass(frozen=True, slots=True)
+class YourJobs(Message):
+    """Jobs for your waiting consumers (federation)."""
+
+    KIND: ClassVar[str] = "yourjobs"
+    jobs: tuple[JobCopy, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"j": [j.to_wire() for j in self.jobs]}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> YourJobs:
+        return cls(tuple(JobCopy.from_wire(j) for j in _list(raw.get("j"), 1000)))
+
+
+@dataclass(frozen=True, slots=True)
+class Pause(Message):
+    KIND: ClassVar[str] = "pause"
+    queue: str = ""
+    state: str = "none"
+
+    def fields(self) -> dict[str, Any]:
+        return {"q": self.queue, "p": self.state}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Pause:
+        state = _str(raw.get("p"), 8)
+        _need(state in ("none", "in", "out", "all"), "bad pause state")
+        return cls(_str(raw.get("q"), 1024), state)
+
+
+KINDS: dict[str, type[Message]] = {
+    cls.KIND: cls for cls in (Ping, Ack, PingReq, PushPull, Forget, ReplJob, GotJob, Enqueue,
+                              WillQueue, Queued, Working, SetAck, GotAck, DelJob, NeedJobs,
+                              YourJobs, Pause)
+}
+
+
+def encode(message: Message) -> bytes:
+    return msgpack.packb({"k": message.KIND, **message.fields()}, use_bin_type=True)
+
+
+def decode(payload: bytes) -> Message:
+    """Decode one message. Raises MessageError for anything that is not exactly valid."""
+    try:
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=2**30,
+                              max_str_len=2**20, max_array_len=MAX_ITEMS, max_map_len=64)
+    except Exception as exc:  # msgpack raises several types for garbage
+        raise MessageError(f"undecodable payload: {type(exc).__name__}") from None
+    _need(isinstance(raw, dict), "payload is not a map")
+    kind = raw.get("k")
+    _need(isinstance(kind, str) and kind in KINDS, "unknown message kind")
+    try:
+        return KINDS[kind].parse(raw)
+    except MessageError:
+        raise
+    except Exception as exc:
+        raise MessageError(f"malformed {kind}: {type(exc).__name__}") from None
