@@ -24,6 +24,7 @@ Design of the hot path (see docs/storage.md):
 from __future__ import annotations
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     Boolean,
     CheckConstraint,
@@ -42,7 +43,7 @@ from sqlalchemy import (
 )
 
 __all__ = ["SCHEMA", "metadata", "jobs", "history", "acks", "queues", "queue_counters",
-           "waiters", "meta", "CTIME_DEFAULT"]
+           "waiters", "meta", "outbox", "nodes", "queue_imports", "CTIME_DEFAULT"]
 
 SCHEMA = "pgq"
 metadata = MetaData(schema=SCHEMA)
@@ -82,6 +83,11 @@ jobs = Table(
     Column("additional_deliveries", Integer, nullable=False, server_default=text("0")),
     Column("deliveries", Integer, nullable=False, server_default=text("0")),
     Column("enqueues", Integer, nullable=False, server_default=text("0")),
+    # Cluster (NULL for jobs that live on this node only):
+    Column("nodes_delivered", ARRAY(Text)),  # nodes that may hold a copy (Disque's)
+    Column("nodes_confirmed", ARRAY(Text)),  # nodes known to have stored it durably
+    Column("cluster_requeue_at", DateTime(timezone=True)),  # re-queue run by the node process
+    Column("repl_waiter", Integer),  # backend pid of a client waiting for its copies
     PrimaryKeyConstraint("id", name="jobs_pkey"),
     CheckConstraint("state = ANY (ARRAY['wait-repl'::text, 'active'::text, 'queued'::text])",
                     name="jobs_state_check"),
@@ -89,6 +95,9 @@ jobs = Table(
     Index("jobs_timer_idx", "queue", "requeue_at",
           postgresql_where=text("state = 'active'::text AND requeue_at IS NOT NULL")),
     Index("jobs_expiry_idx", "expires_at"),
+    Index("jobs_cluster_timer_idx", "cluster_requeue_at",
+          postgresql_where=text("cluster_requeue_at IS NOT NULL")),
+    Index("jobs_wait_repl_idx", "ctime", postgresql_where=text("state = 'wait-repl'::text")),
     postgresql_with={
         "fillfactor": "70",
         "autovacuum_vacuum_scale_factor": "0.01",
@@ -135,6 +144,8 @@ acks = Table(
            server_default=text("statement_timestamp()")),
     Column("expires_at", DateTime(timezone=True), nullable=False),
     Column("dummy", Boolean, nullable=False, server_default=text("false")),
+    Column("nodes", ARRAY(Text)),  # holders to reach (cluster GC); NULL: none known
+    Column("confirmed", ARRAY(Text)),  # holders that answered GOTACK
     PrimaryKeyConstraint("id", name="acks_pkey"),
     Index("acks_expiry_idx", "expires_at"),
 )
@@ -183,4 +194,57 @@ waiters = Table(
     PrimaryKeyConstraint("pid", "queue", name="waiters_pkey"),
     Index("waiters_queue_idx", "queue"),
     prefixes=["UNLOGGED"],
+)
+
+
+# Events the node process must carry to other nodes, written by client
+# statements in the same transaction as the change they describe (the
+# transactional outbox): nothing is announced that did not commit, and
+# nothing that committed is forgotten if the node process is down.
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("seq", BigInteger, Identity(always=True), nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("job_id", Text(collation=C)),
+    Column("queue", Text(collation=C)),
+    Column("arg", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    PrimaryKeyConstraint("seq", name="outbox_pkey"),
+    CheckConstraint(
+        "kind = ANY (ARRAY['replicate'::text, 'abort'::text, 'ack'::text, 'fastack'::text, "
+        "'queued'::text, 'working'::text, 'pause'::text])",
+        name="outbox_kind_check",
+    ),
+)
+
+# The node process's view of the cluster (written by it; read by clients and SQL).
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("id", Text(collation=C), nullable=False),
+    Column("name", Text, nullable=False, server_default=text("''::text")),
+    Column("host", Text, nullable=False),
+    Column("port", Integer, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("incarnation", BigInteger, nullable=False, server_default=text("0")),
+    Column("leaving", Boolean, nullable=False, server_default=text("false")),
+    Column("updated_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    PrimaryKeyConstraint("id", name="nodes_pkey"),
+    CheckConstraint("status = ANY (ARRAY['alive'::text, 'suspect'::text, 'dead'::text, 'left'::text])",
+                    name="nodes_status_check"),
+)
+
+# Federation statistics per queue, written by the node process (QSTAT).
+queue_imports = Table(
+    "queue_imports",
+    metadata,
+    Column("queue", Text(collation=C), nullable=False),
+    Column("import_from", ARRAY(Text), nullable=False),
+    Column("import_rate", Integer, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    PrimaryKeyConstraint("queue", name="queue_imports_pkey"),
 )
