@@ -199,18 +199,18 @@ def _write_instance(home: Path, instance: Instance) -> None:
     os.replace(tmp, path)
 
 
-def _free_port(preferred: int | None) -> int:
+def _free_port(preferred: int | None, host: str = "127.0.0.1") -> int:
     for port in ([preferred] if preferred else []) + [0]:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             # PostgreSQL binds with SO_REUSEADDR, so must the probe: a port
             # with connections in TIME_WAIT after a stop is free for it.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind(("127.0.0.1", port))
+                sock.bind((host, port))
             except OSError:
                 continue
             return int(sock.getsockname()[1])
-    raise EmbeddedServerError("no free TCP port on 127.0.0.1")
+    raise EmbeddedServerError(f"no free TCP port on {host}")
 
 
 def _answers(instance: Instance, database: str = "postgres") -> bool:
@@ -263,13 +263,14 @@ def _initdb(home: Path, data: Path, runner: _Runner) -> str:
     return password
 
 
-def _start(data: Path, log: Path, runner: _Runner, preferred_port: int | None) -> int:
+def _start(data: Path, log: Path, runner: _Runner, preferred_port: int | None,
+           host: str) -> int:
     last_error = ""
     for _attempt in range(3):
-        port = _free_port(preferred_port)
+        port = _free_port(preferred_port, host)
         done = runner.run(
             "pg_ctl", "start", "-D", str(data), "-l", str(log / "postgres.log"),
-            "-w", "-t", str(START_TIMEOUT), "-o", f"-p {port}",
+            "-w", "-t", str(START_TIMEOUT), "-o", f"-p {port} -c listen_addresses={host}",
         )
         if done.returncode == 0:
             return port
@@ -311,15 +312,22 @@ def _ensure_database(instance: Instance) -> None:
             conn.execute(f'CREATE DATABASE "{instance.database}"')
 
 
-def ensure_running(home: str | os.PathLike[str] | None = None) -> Instance:
+def ensure_running(home: str | os.PathLike[str] | None = None,
+                   host: str | None = None) -> Instance:
     """Start the embedded server under ``home`` if needed; return how to reach it.
 
+    ``host`` is the loopback address to listen on (default 127.0.0.1, or the
+    one the instance used before); a cluster node uses its bus address.
     Safe to call from many processes at once. Does not apply migrations: the
     client does that (see :func:`pgq.migrate`).
     """
     directory = home_directory(home)
     with _locked(directory):
         instance = _read_instance(directory)
+        if instance is not None and host is not None and host != instance.host:
+            raise EmbeddedServerError(
+                f"the server in {directory} listens on {instance.host}, not {host}: "
+                "stop it first to move it")
         if instance is not None and _answers(instance):
             _ensure_database(instance)
             return instance
@@ -334,10 +342,11 @@ def ensure_running(home: str | os.PathLike[str] | None = None) -> Instance:
             )
         else:
             password = instance.password
+        address = host or (instance.host if instance else "127.0.0.1")
         port = _running_port(data)
         if port is None:
-            port = _start(data, log, runner, instance.port if instance else None)
-        instance = Instance(port=port, password=password)
+            port = _start(data, log, runner, instance.port if instance else None, address)
+        instance = Instance(port=port, password=password, host=address)
         _write_instance(directory, instance)
         if not _answers(instance):
             raise EmbeddedServerError(

@@ -214,7 +214,8 @@ outbox = Table(
     PrimaryKeyConstraint("seq", name="outbox_pkey"),
     CheckConstraint(
         "kind = ANY (ARRAY['replicate'::text, 'abort'::text, 'ack'::text, 'fastack'::text, "
-        "'queued'::text, 'working'::text, 'pause'::text])",
+        "'queued'::text, 'working'::text, 'pause'::text, 'meet'::text, 'forget'::text, "
+        "'leaving'::text])",
         name="outbox_kind_check",
     ),
 )

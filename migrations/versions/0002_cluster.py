@@ -51,7 +51,8 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("seq", name="outbox_pkey"),
         sa.CheckConstraint(
             "kind = ANY (ARRAY['replicate'::text, 'abort'::text, 'ack'::text, 'fastack'::text, "
-            "'queued'::text, 'working'::text, 'pause'::text])",
+            "'queued'::text, 'working'::text, 'pause'::text, 'meet'::text, 'forget'::text, "
+            "'leaving'::text])",
             name="outbox_kind_check",
         ),
         schema="pgq",

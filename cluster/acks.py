@@ -1,0 +1,123 @@
+"""Acknowledgement propagation and garbage collection across holders (no I/O).
+
+When a job is acknowledged on a node, every node that may hold a copy must
+learn it before the job can be forgotten; otherwise a holder's re-queue timer
+would deliver it again. :class:`AckCollector` decides whom to send SETACK to
+and when the acked tombstone can go.
+
+Rules (Disque's):
+
+* The acking node sends SETACK (with the holders it knows) to every holder;
+  a holder stores the ack durably, then answers GOTACK(known).
+* Unanswered holders get SETACK again, backing off 1 s * 2^n up to 3 min.
+  An ack is kept as long as any holder has not confirmed (unreachable
+  holders included), and at most until the job's TTL.
+* When every holder confirmed, the acking node sends DELJOB to all of them
+  and drops its tombstone.
+* A *dummy* ack (ACK of an ID this node never held) is sent to every known
+  node: a node that knows the job takes over the GC (``known``); if none
+  does, the dummy is dropped once every node answered.
+* A holder that learns of more holders than the sender knew drives the GC
+  for them itself (the node layer calls :meth:`add` on it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["AckCollector", "PendingAck", "Outcome"]
+
+FIRST_RETRY = 1.0
+MAX_RETRY = 180.0
+
+
+@dataclass
+class PendingAck:
+    job_id: str
+    holders: set[str]  # other nodes that may hold a copy
+    dummy: bool
+    confirmed: set[str] = field(default_factory=set)
+    attempt: int = 0
+    next_try: float = 0.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What to do once a GC finished: DELJOB to ``deljob_to`` (possibly
+    nobody), then drop the local tombstone."""
+
+    job_id: str
+    deljob_to: tuple[str, ...]
+
+
+class AckCollector:
+    def __init__(self, myself: str) -> None:
+        self.myself = myself
+        self.pending: dict[str, PendingAck] = {}
+
+    def add(self, job_id: str, holders: set[str] | None, now: float,
+            everyone: set[str] | None = None) -> None:
+        """Start (or widen) the GC of ``job_id``. ``holders`` None means a dummy
+        ack: the copy's whereabouts are unknown, so ``everyone`` is asked."""
+        dummy = holders is None
+        targets = set(everyone or ()) if dummy else set(holders or ())
+        targets.discard(self.myself)
+        entry = self.pending.get(job_id)
+        if entry is None:
+            self.pending[job_id] = PendingAck(job_id, targets, dummy, next_try=now)
+        else:
+            new = targets - entry.holders
+            if new:
+                entry.holders |= new
+                entry.next_try = now
+
+    def sends(self, now: float, reachable: set[str]) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+        """SETACKs due now, grouped by peer: (job id, holders we know)."""
+        out: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        for entry in self.pending.values():
+            if now < entry.next_try:
+                continue
+            entry.next_try = now + min(FIRST_RETRY * 2 ** entry.attempt, MAX_RETRY)
+            entry.attempt += 1
+            known = () if entry.dummy else tuple(sorted(entry.holders | {self.myself}))
+            for peer in entry.holders - entry.confirmed:
+                if peer in reachable:
+                    out.setdefault(peer, []).append((entry.job_id, known))
+        return out
+
+    def got_ack(self, peer: str, job_id: str, known: bool) -> Outcome | None:
+        """Record GOTACK; return the outcome if the GC of the job is complete."""
+        entry = self.pending.get(job_id)
+        if entry is None:
+            return None
+        if entry.dummy:
+            if known:
+                # An authoritative holder was reached: it drives the GC now.
+                del self.pending[job_id]
+                return Outcome(job_id, ())
+            entry.confirmed.add(peer)
+            if entry.confirmed >= entry.holders:
+                del self.pending[job_id]
+                return Outcome(job_id, ())
+            return None
+        if known or peer in entry.holders:
+            entry.holders.add(peer)
+            entry.confirmed.add(peer)
+        if entry.confirmed >= entry.holders:
+            del self.pending[job_id]
+            return Outcome(job_id, tuple(sorted(entry.holders)))
+        return None
+
+    def forget(self, job_id: str) -> None:
+        self.pending.pop(job_id, None)
+
+    def forget_node(self, node_id: str) -> list[Outcome]:
+        """A node was FORGOTTEN (removed for good): stop waiting for it."""
+        done = []
+        for entry in list(self.pending.values()):
+            entry.holders.discard(node_id)
+            entry.confirmed.discard(node_id)
+            if entry.confirmed >= entry.holders:
+                del self.pending[entry.job_id]
+                done.append(Outcome(entry.job_id, () if entry.dummy else tuple(sorted(entry.holders))))
+        return done

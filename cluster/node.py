@@ -1,0 +1,535 @@
+"""The node process: one PostgreSQL database plus the cluster protocols.
+
+:class:`Node` wires the pure protocol state machines (:mod:`.membership`,
+:mod:`.replication`, :mod:`.acks`, :mod:`.federation`) to the bus and to the
+node's own database. Clients never talk to this process directly: they write
+jobs and *outbox events* into the database (same transaction as the change),
+ring a NOTIFY doorbell, and read the node's view of the cluster from SQL
+views. The process carries those events to other nodes and applies what
+other nodes tell it.
+
+Invariants:
+
+* Anything announced to another node was committed here first (outbox), and
+  anything a peer confirms (GOTJOB, GOTACK) it committed before answering.
+* Every periodic activity also works from the database after a restart:
+  unreplicated jobs, pending ACK garbage collection and re-queue timers are
+  reloaded, so a killed node process resumes where it was.
+* A failure in one handler is logged and never stops the node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from . import messages as m
+from . import sql
+from .acks import AckCollector
+from .bus import Bus
+from .federation import Federation, export_count
+from .membership import Changed, Config, Membership, Send
+from .replication import Replicator
+
+__all__ = ["Node", "NodeSettings"]
+
+log = logging.getLogger("pgq.cluster.node")
+DOORBELL = "pgq_node"
+REPLJOB_BATCH = 500
+
+
+@dataclass
+class NodeSettings:
+    name: str
+    dsn: str
+    bus_host: str
+    bus_port: int
+    secret: bytes
+    joins: list[tuple[str, int]] = field(default_factory=list)
+    membership: Config = field(default_factory=Config)
+    pool_size: int = 8
+
+
+def _csv(nodes: Iterable[str]) -> str:
+    return ",".join(sorted(set(nodes)))
+
+
+def _copy(row: Any) -> m.JobCopy:
+    return m.JobCopy(row[0], row[1], bytes(row[2]), int(row[3]), int(row[4]), float(row[5]),
+                     float(row[6]), float(row[7]), int(row[8]), int(row[9]), tuple(row[10] or ()))
+
+
+def _copies_params(copies: list[m.JobCopy]) -> dict[str, Any]:
+    return {
+        "ids": [c.id for c in copies], "queues": [c.queue for c in copies],
+        "bodies": [c.body for c in copies], "ctimes": [c.ctime for c in copies],
+        "repls": [c.repl for c in copies], "retries": [c.retry for c in copies],
+        "delays": [c.delay for c in copies], "expires": [c.expires_at for c in copies],
+        "nacks": [c.nacks for c in copies], "adds": [c.additional_deliveries for c in copies],
+        "nodes": [_csv(c.nodes) for c in copies],
+    }
+
+
+class Node:
+    def __init__(self, settings: NodeSettings, clock: Any = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.pool: AsyncConnectionPool | None = None
+        self.node_id = ""
+        self.membership: Membership | None = None
+        self.replicator: Replicator | None = None
+        self.acks: AckCollector | None = None
+        self.federation = Federation()
+        self.bus: Bus | None = None
+        self.leaving = False
+        self._members_dirty = True
+        self._forgotten: list[str] = []
+        self._announced: dict[str, float] = {}
+        self._doorbell = anyio.Event()
+        self._repl_wakeup = anyio.Event()
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        pool = AsyncConnectionPool(self.settings.dsn, min_size=2, max_size=self.settings.pool_size,
+                                   kwargs={"autocommit": True, "application_name": "pgq-node"},
+                                   open=False, name=f"pgq-node-{self.settings.name}")
+        await pool.open(wait=True, timeout=30)
+        self.pool = pool
+        try:
+            await self._load()
+            self.bus = Bus(self.node_id, self.settings.secret, self.settings.bus_host,
+                           self.settings.bus_port, self._on_message)
+            async with anyio.create_task_group() as tasks:
+                await tasks.start(self.bus.serve)
+                now = self.clock()
+                for host, port in self.settings.joins:
+                    self._act(self.membership.join(host, port, now))
+                for loop in (self._membership_loop, self._doorbell_loop, self._outbox_loop,
+                             self._replication_loop, self._acks_loop, self._timers_loop,
+                             self._federation_loop, self._persist_loop):
+                    tasks.start_soon(self._forever, loop)
+                log.info("node %s (%s) up on bus %s:%s", self.settings.name, self.node_id[:8],
+                         self.settings.bus_host, self.settings.bus_port)
+                task_status.started()
+        finally:
+            with anyio.CancelScope(shield=True):
+                with contextlib.suppress(Exception):
+                    await self._set_meta(process_state="stopped", heartbeat_at="-infinity")
+                await pool.close()
+
+    async def _forever(self, loop: Any) -> None:
+        while True:
+            try:
+                await loop()
+                return
+            except (psycopg.OperationalError, OSError) as exc:
+                log.warning("%s: database or network error, retrying: %s", loop.__name__, exc)
+                await anyio.sleep(0.5)
+            except Exception:
+                log.exception("%s failed; restarting it", loop.__name__)
+                await anyio.sleep(0.5)
+
+    async def _load(self) -> None:
+        node_id, incarnation, leaving = await self._one(sql.IDENTITY)
+        self.node_id = node_id
+        self.leaving = bool(leaving)
+        me = m.Member(node_id, self.settings.bus_host, self.settings.bus_port,
+                      int(incarnation) + 1, "alive", self.leaving, self.settings.name)
+        self.membership = Membership(me, self.settings.membership, self.rng)
+        self.replicator = Replicator(node_id, self.rng)
+        self.acks = AckCollector(node_id)
+        now = self.clock()
+        for row in await self._all(sql.LOAD_MEMBERS):
+            if row[0] == node_id:
+                continue
+            member = m.Member(row[0], row[2], int(row[3]), int(row[5]), "alive", bool(row[6]), row[1])
+            self.membership.members[member.id] = member
+            self.settings.joins.append((member.host, member.port))  # contacted at start
+        await self._set_meta(node_name=self.settings.name, bus_host=self.settings.bus_host,
+                             bus_port=str(self.settings.bus_port), incarnation=str(me.incarnation),
+                             process_pid=str(os.getpid()), process_state="running",
+                             leaving="true" if self.leaving else "false")
+        await self._all(sql.HEARTBEAT)
+        # Resume what a previous run left: copies still missing, acks still to collect.
+        await self._start_replication(await self._all(sql.UNREPLICATED, {"myself": node_id}))
+        for job_id, nodes, dummy in await self._all(sql.PENDING_ACK_GC):
+            self.acks.add(job_id, None if dummy and not nodes else set(nodes or ()), now,
+                          everyone=self._everyone())
+
+    # ------------------------------------------------------------ database
+
+    async def _all(self, statement: str, params: dict[str, Any] | None = None) -> list[Any]:
+        assert self.pool is not None
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(statement, params)
+            return await cursor.fetchall() if cursor.description else []
+
+    async def _one(self, statement: str, params: dict[str, Any] | None = None) -> Any:
+        rows = await self._all(statement, params)
+        return rows[0] if rows else None
+
+    async def _set_meta(self, **values: str) -> None:
+        await self._all(sql.SET_META, {"keys": list(values), "values": list(values.values())})
+
+    # ------------------------------------------------------------ peers
+
+    def _everyone(self) -> set[str]:
+        return {p.id for p in self.membership.live_peers()} if self.membership else set()
+
+    def _reachable(self) -> list[str]:
+        return sorted(p.id for p in self.membership.reachable())
+
+    def _send(self, node_id: str, message: m.Message) -> None:
+        peer = self.membership.get(node_id)
+        if peer is not None and node_id != self.node_id and self.bus is not None:
+            self.bus.send(peer.host, peer.port, message)
+
+    def _act(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                if self.bus is not None:
+                    self.bus.send(action.host, action.port, action.message)
+            elif isinstance(action, Changed):
+                self._members_dirty = True
+                if action.member.id != self.node_id and action.member.status != (
+                        action.previous.status if action.previous else None):
+                    log.info("node %s (%s) is now %s", action.member.name or "?",
+                             action.member.id[:8], action.member.status)
+                if action.member.status == "left" and action.member.id != self.node_id:
+                    self._forgotten.append(action.member.id)
+
+    # ------------------------------------------------------------ loops
+
+    async def _membership_loop(self) -> None:
+        while True:
+            self._act(self.membership.tick(self.clock()))
+            await anyio.sleep(0.05)
+
+    async def _persist_loop(self) -> None:
+        beat = 0.0
+        while True:
+            now = self.clock()
+            if self._members_dirty or self._forgotten:
+                self._members_dirty = False
+                members = list(self.membership.members.values())
+                forgotten, self._forgotten = self._forgotten, []
+                await self._all(sql.SAVE_MEMBERS, {
+                    "ids": [x.id for x in members], "names": [x.name for x in members],
+                    "hosts": [x.host for x in members], "ports": [x.port for x in members],
+                    "statuses": [x.status for x in members],
+                    "incarnations": [x.incarnation for x in members],
+                    "leavings": [x.leaving for x in members], "forgotten": forgotten,
+                })
+                me = self.membership.me
+                await self._set_meta(incarnation=str(me.incarnation),
+                                     leaving="true" if me.leaving else "false")
+            if now - beat >= 1.0:
+                beat = now
+                await self._all(sql.HEARTBEAT)
+                await self._all(sql.DROP_HANDED_OVER, {"myself": self.node_id})
+            await anyio.sleep(0.25)
+
+    async def _doorbell_loop(self) -> None:
+        """LISTEN for clients' doorbell; polling covers a missed one."""
+        async with await psycopg.AsyncConnection.connect(self.settings.dsn, autocommit=True) as conn:
+            conn.add_notify_handler(lambda _n: self._doorbell.set())
+            await conn.execute(f"LISTEN {DOORBELL}")
+            self._doorbell.set()  # drain whatever accumulated while we were down
+            while True:
+                await anyio.wait_readable(conn.fileno())
+                await conn.execute("SELECT 1")  # reads the notifications, runs the handler
+
+    async def _outbox_loop(self) -> None:
+        while True:
+            with anyio.move_on_after(0.2):
+                await self._doorbell.wait()
+            self._doorbell = anyio.Event()
+            while True:
+                rows = await self._all(sql.DRAIN_OUTBOX, {"limit": 2000})
+                if not rows:
+                    break
+                await self._handle_outbox(rows)
+
+    async def _handle_outbox(self, rows: list[Any]) -> None:
+        now = self.clock()
+        to_replicate: list[str] = []
+        for _seq, kind, job_id, queue, arg in rows:
+            if kind == "replicate":
+                to_replicate.append(job_id)
+            elif kind == "abort":
+                entry = self.replicator.forget(job_id)
+                for peer in entry.sent if entry else ():
+                    self._send(peer, m.DelJob((job_id,)))
+            elif kind == "ack":
+                holders = {n for n in (arg or "").split(",") if n and n != self.node_id}
+                if arg:
+                    self.acks.add(job_id, holders, now)
+                else:  # dummy ack: ask everyone
+                    self.acks.add(job_id, None, now, everyone=self._everyone())
+            elif kind == "fastack":
+                targets = (arg or "").split(",") if arg else list(self._everyone())
+                for peer in targets:
+                    self._send(peer, m.DelJob((job_id,)))
+            elif kind in ("queued", "working"):
+                counter, _, holders = (arg or "").partition(":")
+                message = m.Queued((job_id,), counter) if kind == "queued" else m.Working((job_id,))
+                for peer in holders.split(","):
+                    if peer:
+                        self._send(peer, message)
+            elif kind == "pause":
+                for peer in self._everyone():
+                    self._send(peer, m.Pause(queue, arg or "none"))
+            elif kind == "meet":
+                host, _, port = (arg or "").rpartition(":")
+                self._act(self.membership.join(host, int(port), now))
+            elif kind == "forget":
+                self._act(self.membership.forget(arg, now))
+                for outcome in self.acks.forget_node(arg):
+                    await self._finish_gc(outcome)
+            elif kind == "leaving":
+                self.leaving = arg == "yes"
+                self._act(self.membership.set_leaving(self.leaving, now))
+        if to_replicate:
+            await self._start_replication(await self._all(sql.JOBS_TO_REPLICATE, {"ids": to_replicate}))
+
+    # ------------------------------------------------------------ replication
+
+    async def _start_replication(self, rows: list[Any]) -> None:
+        now = self.clock()
+        for row in rows:
+            copy = _copy(row)
+            state, _waiter, ttl_left, confirmed = row[11], row[12], row[13], row[14]
+            sync = state == "wait-repl"
+            if self.leaving and sync:
+                needed = copy.repl  # external replication: W copies elsewhere
+            else:
+                needed = copy.repl - max(len(confirmed), 1)
+            self.replicator.add(copy, needed, sync, now, float(ttl_left))
+        self._push_replication()
+
+    def _push_replication(self) -> None:
+        sends = self.replicator.sends(self.clock(), self._reachable(), keep_local=not self.leaving)
+        for peer, copies in sends.items():
+            for i in range(0, len(copies), REPLJOB_BATCH):
+                self._send(peer, m.ReplJob(tuple(copies[i:i + REPLJOB_BATCH])))
+
+    async def _replication_loop(self) -> None:
+        while True:
+            await anyio.sleep(0.025)
+            self._push_replication()
+            for entry in self.replicator.expired(self.clock()):
+                for peer in entry.sent:
+                    self._send(peer, m.DelJob((entry.copy.id,)))
+
+    async def _on_gotjob(self, peer: str, message: m.GotJob) -> None:
+        done = self.replicator.confirmed(peer, list(message.ids))
+        if not done:
+            return
+        sync = [d for d in done if d.sync]
+        others = [d for d in done if not d.sync]
+        keep = not self.leaving
+
+        def params(entries: list[Any]) -> dict[str, Any]:
+            return {
+                "ids": [d.copy.id for d in entries],
+                "delivered": [_csv(d.holders(self.node_id, keep)) for d in entries],
+                "confirmed": [_csv(d.confirmed | ({self.node_id} if keep else set()))
+                              for d in entries],
+            }
+
+        if sync and keep:
+            await self._all(sql.REPLICATION_ACHIEVED, params(sync))
+        elif sync:
+            # A leaving node hands the job to one holder, which queues it.
+            for entry in sync:
+                self._send(sorted(entry.confirmed)[0], m.Enqueue((entry.copy.id,)))
+            await self._all(sql.HANDED_OVER, params(sync))
+        if others:
+            await self._all(sql.REPLICATION_PROGRESS, params(others))
+
+    async def _on_repljob(self, peer: str, message: m.ReplJob) -> None:
+        rows = await self._all(sql.STORE_COPIES, {**_copies_params(list(message.jobs)),
+                                                  "leaving": self.leaving, "myself": self.node_id})
+        stored = tuple(r[1] for r in rows if r[0] == "stored")
+        acked = tuple((r[1], tuple(n for n in (r[2] or "").split(",") if n))
+                      for r in rows if r[0] == "acked")
+        if stored:
+            self._send(peer, m.GotJob(stored))
+        if acked:
+            self._send(peer, m.SetAck(acked))
+
+    # ------------------------------------------------------------ acks
+
+    async def _acks_loop(self) -> None:
+        while True:
+            reachable = set(self._everyone())
+            for peer, items in self.acks.sends(self.clock(), reachable).items():
+                for i in range(0, len(items), 2000):
+                    self._send(peer, m.SetAck(tuple(items[i:i + 2000])))
+            await anyio.sleep(0.1)
+
+    async def _on_setack(self, peer: str, message: m.SetAck) -> None:
+        ids = [job_id for job_id, _ in message.items]
+        senders = {job_id: set(nodes) for job_id, nodes in message.items}
+        rows = await self._all(sql.APPLY_SETACK, {"ids": ids,
+                                                  "nodes": [_csv(n) for n in senders.values()]})
+        for job_id in ids:
+            self.replicator.forget(job_id)
+        self._send(peer, m.GotAck(tuple((r[0], bool(r[1])) for r in rows)))
+        # Holders the sender did not know about: we drive their GC ourselves.
+        now = self.clock()
+        drive_ids, drive_nodes = [], []
+        for job_id, known, local_nodes in rows:
+            extra = set(local_nodes or ()) - senders.get(job_id, set()) - {self.node_id, peer}
+            if known and senders.get(job_id) and extra:
+                holders = set(local_nodes) | senders[job_id]
+                self.acks.add(job_id, holders - {self.node_id}, now)
+                drive_ids.append(job_id)
+                drive_nodes.append(_csv(holders))
+        if drive_ids:
+            await self._all(sql.TRACK_ACK_GC, {"ids": drive_ids, "nodes": drive_nodes})
+
+    async def _on_gotack(self, peer: str, message: m.GotAck) -> None:
+        for job_id, known in message.items:
+            outcome = self.acks.got_ack(peer, job_id, known)
+            if outcome is not None:
+                await self._finish_gc(outcome)
+
+    async def _finish_gc(self, outcome: Any) -> None:
+        for holder in outcome.deljob_to:
+            self._send(holder, m.DelJob((outcome.job_id,)))
+        await self._all(sql.APPLY_DELJOB, {"ids": [outcome.job_id]})
+
+    async def _on_deljob(self, peer: str, message: m.DelJob) -> None:
+        for job_id in message.ids:
+            self.acks.forget(job_id)
+            self.replicator.forget(job_id)
+        await self._all(sql.APPLY_DELJOB, {"ids": list(message.ids)})
+
+    # ------------------------------------------------------------ one queued copy
+
+    async def _timers_loop(self) -> None:
+        while True:
+            now_wall = time.time()
+            soon = await self._all(sql.TIMERS_SOON, {"ahead": 0.5})
+            willqueue: dict[str, list[str]] = {}
+            for job_id, nodes, due in soon:
+                if self._announced.get(job_id) == due:
+                    continue
+                self._announced[job_id] = due
+                for peer in nodes:
+                    if peer != self.node_id:
+                        willqueue.setdefault(peer, []).append(job_id)
+            for peer, ids in willqueue.items():
+                self._send(peer, m.WillQueue(tuple(ids)))
+            fired = await self._all(sql.FIRE_TIMERS)
+            queued: dict[tuple[str, str], list[str]] = {}
+            for job_id, _queue, nodes, counted, _woken in fired:
+                self._announced.pop(job_id, None)
+                counter = "additional_deliveries" if counted else ""
+                for peer in nodes:
+                    if peer != self.node_id:
+                        queued.setdefault((peer, counter), []).append(job_id)
+            for (peer, counter), ids in queued.items():
+                self._send(peer, m.Queued(tuple(ids), counter))
+            self._announced = {k: v for k, v in self._announced.items() if v > now_wall - 5}
+            await anyio.sleep(0.1)
+
+    async def _on_willqueue(self, peer: str, message: m.WillQueue) -> None:
+        rows = await self._all(sql.WILLQUEUE_STATE, {"ids": list(message.ids)})
+        queued = tuple(r[0] for r in rows if r[1] == "queued")
+        acked = tuple((r[0], tuple(r[2] or ())) for r in rows if r[1] == "acked")
+        if queued:
+            self._send(peer, m.Queued(queued, ""))
+        if acked:
+            self._send(peer, m.SetAck(acked))
+
+    async def _on_queued(self, peer: str, message: m.Queued) -> None:
+        await self._all(sql.APPLY_QUEUED, {"ids": list(message.ids), "counter": message.counter,
+                                           "sender": peer, "myself": self.node_id})
+
+    async def _on_working(self, peer: str, message: m.Working) -> None:
+        await self._all(sql.APPLY_WORKING, {"ids": list(message.ids)})
+
+    async def _on_enqueue(self, peer: str, message: m.Enqueue) -> None:
+        await self._all(sql.APPLY_ENQUEUE, {"ids": list(message.ids)})
+
+    # ------------------------------------------------------------ federation
+
+    async def _federation_loop(self) -> None:
+        stats_at = 0.0
+        while True:
+            now = self.clock()
+            if not self.leaving:  # a leaving node does not import
+                for queue, length in await self._all(sql.WAITED_QUEUES):
+                    if length > 0:
+                        continue
+                    for targets, count in self.federation.needs(queue, now, self._reachable()):
+                        for peer in targets:
+                            self._send(peer, m.NeedJobs(queue, count))
+            if now - stats_at >= 1.0:
+                stats_at = now
+                stats = self.federation.stats(now)
+                await self._all(sql.SAVE_IMPORT_STATS, {
+                    "queues": list(stats), "nodes": [_csv(s[0]) for s in stats.values()],
+                    "rates": [s[1] for s in stats.values()]})
+            await anyio.sleep(0.1)
+
+    async def _on_needjobs(self, peer: str, message: m.NeedJobs) -> None:
+        if self.federation.importing(message.queue, self.clock()):
+            return  # we are importing this queue ourselves
+        queued, paused = await self._one(sql.QUEUE_READY, {"queue": message.queue})
+        count = export_count(message.count, int(queued))
+        if paused or count == 0:
+            return
+        rows = await self._all(sql.EXPORT_JOBS, {"queue": message.queue, "count": count,
+                                                 "myself": self.node_id, "requester": peer})
+        if rows:
+            self._send(peer, m.YourJobs(tuple(_copy(r) for r in rows)))
+
+    async def _on_yourjobs(self, peer: str, message: m.YourJobs) -> None:
+        if not message.jobs:
+            return
+        rows = await self._all(sql.IMPORT_JOBS, {**_copies_params(list(message.jobs)),
+                                                 "myself": self.node_id, "sender": peer})
+        now = self.clock()
+        for queue, count, _woken in rows:
+            self.federation.imported(queue, peer, int(count), now)
+
+    async def _on_pause(self, peer: str, message: m.Pause) -> None:
+        await self._all(sql.APPLY_PAUSE, {"queue": message.queue, "state": message.state})
+
+    # ------------------------------------------------------------ dispatch
+
+    async def _on_message(self, peer: str, message: m.Message) -> None:
+        if isinstance(message, (m.Ping, m.Ack, m.PingReq, m.PushPull, m.Forget)):
+            self._act(self.membership.receive(peer, message, self.clock()))
+            if isinstance(message, m.Forget):
+                for outcome in self.acks.forget_node(message.node):
+                    await self._finish_gc(outcome)
+            return
+        if self.membership.get(peer) is None:
+            return  # jobs only from members we know (they gossip before anything else)
+        handler = self._handlers.get(type(message))
+        if handler is not None:
+            await handler(self, peer, message)
+
+    _handlers: dict[type, Any] = {
+        m.ReplJob: _on_repljob, m.GotJob: _on_gotjob, m.SetAck: _on_setack,
+        m.GotAck: _on_gotack, m.DelJob: _on_deljob, m.WillQueue: _on_willqueue,
+        m.Queued: _on_queued, m.Working: _on_working, m.Enqueue: _on_enqueue,
+        m.NeedJobs: _on_needjobs, m.YourJobs: _on_yourjobs, m.Pause: _on_pause,
+    }

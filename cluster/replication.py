@@ -1,0 +1,125 @@
+"""Replication of new jobs to other nodes, as seen by the origin (no I/O).
+
+For each job the origin must copy, :class:`Replicator` decides whom to send
+REPLJOB to and when, and reports when enough peers confirmed (GOTJOB).
+
+Rules (Disque's, with its defects avoided):
+
+* A job needing W copies starts with W-1 random reachable peers (W if the
+  origin is leaving: it keeps no copy itself).
+* While short of confirmations it widens to one more reachable peer every
+  ``widen_every`` seconds and re-sends to the peers that stayed silent, so
+  a target that died (or came back) does not stall the add.
+* A peer confirms only after its copy is committed, so "achieved" means W
+  durable copies (the origin's own copy was committed before replication
+  started).
+* Synchronous jobs are given up only when the client gives up (its timeout)
+  or the job expires; the caller then sends DELJOB to every peer it may
+  have reached. Asynchronous and transactional jobs are never given up while
+  they live: replication continues until W copies exist.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from .messages import JobCopy
+
+__all__ = ["Replicator", "Pending", "WIDEN_EVERY"]
+
+WIDEN_EVERY = 0.05  # Disque's DELAYED_JOB_ADD_NODE_MIN_PERIOD
+RESEND_EVERY = 1.0
+
+
+@dataclass
+class Pending:
+    copy: JobCopy
+    needed: int  # confirmations from peers needed
+    sync: bool
+    expires: float  # monotonic deadline (job TTL)
+    sent: set[str] = field(default_factory=set)
+    confirmed: set[str] = field(default_factory=set)
+    next_widen: float = 0.0
+    next_resend: float = 0.0
+
+    @property
+    def achieved(self) -> bool:
+        return len(self.confirmed) >= self.needed
+
+    def holders(self, myself: str, keep_local: bool) -> tuple[str, ...]:
+        nodes = set(self.sent)
+        if keep_local:
+            nodes.add(myself)
+        return tuple(sorted(nodes))
+
+
+class Replicator:
+    """Which REPLJOBs to send, and which jobs reached their copies."""
+
+    def __init__(self, myself: str, rng: random.Random | None = None,
+                 widen_every: float = WIDEN_EVERY) -> None:
+        self.myself = myself
+        self.rng = rng or random.Random()
+        self.widen_every = widen_every
+        self.pending: dict[str, Pending] = {}
+
+    def add(self, copy: JobCopy, needed: int, sync: bool, now: float, ttl_left: float) -> None:
+        if copy.id in self.pending or needed <= 0:
+            return
+        self.pending[copy.id] = Pending(copy, needed, sync, now + ttl_left)
+
+    def confirmed(self, peer: str, ids: list[str]) -> list[Pending]:
+        """Record GOTJOB; return the jobs that just reached their copies."""
+        done = []
+        for job_id in ids:
+            entry = self.pending.get(job_id)
+            if entry is None:
+                continue
+            entry.sent.add(peer)
+            entry.confirmed.add(peer)
+            if entry.achieved:
+                done.append(self.pending.pop(job_id))
+        return done
+
+    def forget(self, job_id: str) -> Pending | None:
+        """Stop replicating (client gave up, job acked or deleted)."""
+        return self.pending.pop(job_id, None)
+
+    def expired(self, now: float) -> list[Pending]:
+        gone = [e for e in self.pending.values() if e.expires <= now]
+        for entry in gone:
+            del self.pending[entry.copy.id]
+        return gone
+
+    def sends(self, now: float, reachable: list[str], keep_local: bool = True) -> dict[str, list[JobCopy]]:
+        """REPLJOBs to send now, grouped by peer."""
+        out: dict[str, list[JobCopy]] = {}
+        for entry in self.pending.values():
+            targets: list[str] = []
+            if not entry.sent:
+                candidates = [n for n in reachable if n not in entry.sent]
+                self.rng.shuffle(candidates)
+                targets = candidates[:entry.needed]
+                entry.next_widen = now + self.widen_every
+                entry.next_resend = now + RESEND_EVERY
+            else:
+                if now >= entry.next_widen:
+                    entry.next_widen = now + self.widen_every
+                    candidates = [n for n in reachable if n not in entry.sent]
+                    if candidates:
+                        targets.append(self.rng.choice(candidates))
+                if now >= entry.next_resend:
+                    entry.next_resend = now + RESEND_EVERY
+                    targets += [n for n in entry.sent - entry.confirmed if n in reachable]
+            if not targets:
+                continue
+            entry.sent.update(targets)
+            copy = JobCopy(**{**_fields(entry.copy), "nodes": entry.holders(self.myself, keep_local)})
+            for target in dict.fromkeys(targets):
+                out.setdefault(target, []).append(copy)
+        return out
+
+
+def _fields(copy: JobCopy) -> dict[str, object]:
+    return {name: getattr(copy, name) for name in copy.__slots__}

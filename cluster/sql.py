@@ -1,0 +1,412 @@
+"""Every SQL statement the node process runs on its own database, by name.
+
+Conventions as in :mod:`pgq.statements`. Node ids in per-job lists travel as
+comma-joined text (they are 40-hex, so the join is unambiguous) because
+PostgreSQL arrays of arrays must be rectangular.
+
+Durability: statements that store something a peer will be told about
+(REPLJOB copies before GOTJOB, SETACK tombstones before GOTACK, imported
+jobs) commit synchronously; bookkeeping that can be recomputed after a crash
+(replication progress, timers postponed) may commit asynchronously.
+"""
+
+from __future__ import annotations
+
+# ------------------------------------------------------------------- identity
+
+IDENTITY = """
+SELECT pgq.meta_value('node_id'), coalesce(pgq.meta_value('incarnation')::bigint, 0),
+       coalesce(pgq.meta_value('leaving')::boolean, false)
+"""
+
+SET_META = """
+INSERT INTO pgq.meta (key, value)
+SELECT * FROM unnest(%(keys)s::text[], %(values)s::text[])
+ON CONFLICT (key) DO UPDATE SET value = excluded.value
+"""
+
+HEARTBEAT = """
+INSERT INTO pgq.meta (key, value) VALUES ('heartbeat_at', statement_timestamp()::text)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value
+"""
+
+LOAD_MEMBERS = """
+SELECT id, name, host, port, status, incarnation, leaving FROM pgq.nodes
+"""
+
+SAVE_MEMBERS = """
+WITH saved AS (
+    INSERT INTO pgq.nodes AS n (id, name, host, port, status, incarnation, leaving, updated_at)
+    SELECT *, statement_timestamp()
+    FROM unnest(%(ids)s::text[], %(names)s::text[], %(hosts)s::text[], %(ports)s::int[],
+                %(statuses)s::text[], %(incarnations)s::bigint[], %(leavings)s::boolean[])
+    ON CONFLICT (id) DO UPDATE SET
+        name = excluded.name, host = excluded.host, port = excluded.port,
+        status = excluded.status, incarnation = excluded.incarnation,
+        leaving = excluded.leaving, updated_at = statement_timestamp()
+    RETURNING 1
+), removed AS (
+    DELETE FROM pgq.nodes WHERE id = ANY (%(forgotten)s::text[]) RETURNING 1
+)
+SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM removed)
+"""
+
+# -------------------------------------------------------------------- outbox
+
+DRAIN_OUTBOX = """
+DELETE FROM pgq.outbox
+WHERE seq IN (SELECT seq FROM pgq.outbox ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+RETURNING seq, kind, job_id, queue, arg
+"""
+
+_COPY_COLUMNS = """
+    id, queue, body, ctime, repl, retry, delay, extract(epoch FROM expires_at)::float8,
+    nacks, additional_deliveries, coalesce(nodes_delivered, '{}'::text[])
+"""
+
+# Jobs this node must replicate: state, who waits, how long they live.
+JOBS_TO_REPLICATE = f"""
+SELECT {_COPY_COLUMNS}, state, repl_waiter,
+       greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8,
+       coalesce(nodes_confirmed, '{{}}'::text[])
+FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
+"""
+
+# After a restart: every job created here that still lacks copies.
+UNREPLICATED = f"""
+SELECT {_COPY_COLUMNS}, state, repl_waiter,
+       greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8,
+       coalesce(nodes_confirmed, '{{}}'::text[])
+FROM pgq.jobs
+WHERE repl > 1 AND left(split_part(id, '-', 2), 8) = left(%(myself)s, 8)
+  AND repl > coalesce(cardinality(nodes_confirmed), 1)
+  AND expires_at > statement_timestamp()
+"""
+
+# ---------------------------------------------------------------- replication
+
+# REPLJOB: store copies durably, then the caller answers GOTJOB for `stored`
+# and SETACK for `acked`. A copy is refused (no answer: the origin widens)
+# when its queue is paused for input or this node is leaving. A re-sent copy
+# merges its holder list into ours. The copy is 'active' with a re-queue
+# timer run by the node process: retry (+ delay) from now, jittered 0..500 ms
+# so copies do not fire together.
+STORE_COPIES = """
+WITH incoming AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
+                         %(ctimes)s::bigint[], %(repls)s::int[], %(retries)s::float8[],
+                         %(delays)s::float8[], %(expires)s::float8[], %(nacks)s::int[],
+                         %(adds)s::int[], %(nodes)s::text[])
+        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes)
+), acked AS (
+    SELECT i.id, coalesce(array_to_string(a.nodes, ','), i.nodes) AS nodes
+    FROM incoming i JOIN pgq.acks a ON a.id = i.id
+), accepted AS (
+    SELECT i.* FROM incoming i
+    WHERE NOT %(leaving)s
+      AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.id = i.id)
+      AND NOT EXISTS (SELECT 1 FROM pgq.queues p WHERE p.name = i.queue AND p.paused IN ('in', 'all'))
+      AND to_timestamp(i.expires) > statement_timestamp()
+), stored AS (
+    INSERT INTO pgq.jobs AS j (id, queue, state, ctime, body, repl, retry, delay, expires_at,
+                               cluster_requeue_at, nacks, additional_deliveries,
+                               nodes_delivered, nodes_confirmed)
+    SELECT id, queue, 'active', ctime, body, repl, retry, delay, to_timestamp(expires),
+           CASE WHEN retry > 0 THEN statement_timestamp()
+                + (delay + retry + random() * 0.5) * interval '1 second' END,
+           nacks, adds, string_to_array(nodes, ','), ARRAY[%(myself)s]::text[]
+    FROM accepted
+    ON CONFLICT (id) DO UPDATE SET nodes_delivered = ARRAY(
+        SELECT DISTINCT n FROM unnest(j.nodes_delivered || excluded.nodes_delivered) AS n
+        WHERE n IS NOT NULL ORDER BY n)
+    RETURNING j.id
+)
+SELECT 'stored', id, NULL FROM stored
+UNION ALL
+SELECT 'acked', id, nodes FROM acked
+"""
+
+# Synchronous replication achieved: queue the job (or keep it active until
+# its delay), record its holders, wake the client waiting for it.
+REPLICATION_ACHIEVED = """
+WITH done AS (
+    UPDATE pgq.jobs j SET
+        state = CASE WHEN j.requeue_at > statement_timestamp() THEN 'active' ELSE 'queued' END,
+        queued_at = CASE WHEN j.requeue_at > statement_timestamp() THEN NULL
+                         ELSE statement_timestamp() END,
+        requeue_at = CASE WHEN j.requeue_at > statement_timestamp() THEN j.requeue_at END,
+        enqueues = CASE WHEN j.requeue_at > statement_timestamp() THEN 0 ELSE 1 END,
+        nodes_delivered = string_to_array(u.delivered, ','),
+        nodes_confirmed = string_to_array(u.confirmed, ',')
+    FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
+        AS u(id, delivered, confirmed)
+    WHERE j.id = u.id AND j.state = 'wait-repl'
+    RETURNING j.id, j.queue, j.state, j.repl_waiter
+), woken AS (
+    SELECT pg_notify('pgq_r' || repl_waiter, id) FROM done WHERE repl_waiter IS NOT NULL
+), consumers AS (
+    SELECT pg_notify('pgq', q.queue)
+    FROM (SELECT DISTINCT queue FROM done WHERE state = 'queued') AS q
+    WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
+)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM woken), (SELECT count(*) FROM consumers)
+"""
+
+# Progress of asynchronous / transactional replication (holders only).
+REPLICATION_PROGRESS = """
+UPDATE pgq.jobs j SET
+    nodes_delivered = string_to_array(u.delivered, ','),
+    nodes_confirmed = string_to_array(u.confirmed, ',')
+FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
+    AS u(id, delivered, confirmed)
+WHERE j.id = u.id
+"""
+
+# A leaving node handed a new job over (external replication): it keeps no
+# copy it would serve. The row stays as a receipt for the waiting client
+# (never claimable: active, no timers) until the maintenance sweep drops it.
+HANDED_OVER = """
+WITH done AS (
+    UPDATE pgq.jobs j SET state = 'active', requeue_at = NULL, cluster_requeue_at = NULL,
+        nodes_delivered = string_to_array(u.delivered, ','),
+        nodes_confirmed = string_to_array(u.confirmed, ',')
+    FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
+        AS u(id, delivered, confirmed)
+    WHERE j.id = u.id
+    RETURNING j.id, j.repl_waiter
+)
+SELECT count(*), count(pg_notify('pgq_r' || repl_waiter, id)) FROM done
+WHERE repl_waiter IS NOT NULL
+"""
+
+DROP_HANDED_OVER = """
+DELETE FROM pgq.jobs
+WHERE state = 'active' AND requeue_at IS NULL AND cluster_requeue_at IS NULL
+  AND nodes_delivered IS NOT NULL AND NOT (%(myself)s = ANY (nodes_delivered))
+"""
+
+# ----------------------------------------------------------------------- acks
+
+# SETACK: the job is acknowledged elsewhere. Delete our copy (it is not our
+# client's outcome, so it is not logged in history), keep a tombstone so a
+# late copy cannot resurrect it. `known` tells the sender whether we held it;
+# `nodes` are the holders we knew, so the node layer can tell whether we
+# know holders the sender does not.
+APPLY_SETACK = """
+WITH incoming AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(nodes)s::text[]) AS u(id, nodes)
+), existing AS (
+    SELECT id, nodes FROM pgq.acks WHERE id = ANY (%(ids)s::text[])
+), gone AS (
+    DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
+    RETURNING id, queue, expires_at, nodes_delivered
+), tombstones AS (
+    INSERT INTO pgq.acks AS a (id, queue, expires_at, dummy)
+    SELECT g.id, g.queue, g.expires_at, false FROM gone g
+    ON CONFLICT (id) DO NOTHING
+)
+SELECT i.id, (g.id IS NOT NULL OR e.id IS NOT NULL) AS known,
+       coalesce(g.nodes_delivered, e.nodes, '{}'::text[]) AS local_nodes
+FROM incoming i
+LEFT JOIN gone g ON g.id = i.id
+LEFT JOIN existing e ON e.id = i.id
+"""
+
+# This node drives the GC of these tombstones (it knows holders to reach).
+TRACK_ACK_GC = """
+UPDATE pgq.acks a SET nodes = string_to_array(u.nodes, ',')
+FROM unnest(%(ids)s::text[], %(nodes)s::text[]) AS u(id, nodes)
+WHERE a.id = u.id
+"""
+
+PENDING_ACK_GC = """
+SELECT id, nodes, dummy FROM pgq.acks
+WHERE (nodes IS NOT NULL OR dummy) AND expires_at > statement_timestamp()
+"""
+
+# DELJOB (GC done elsewhere, or a FASTACK): forget the job and its tombstone.
+APPLY_DELJOB = """
+WITH jobs AS (DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) RETURNING 1),
+     acks AS (DELETE FROM pgq.acks WHERE id = ANY (%(ids)s::text[]) RETURNING 1)
+SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM acks)
+"""
+
+# ------------------------------------------------------------ one queued copy
+
+WILLQUEUE_STATE = """
+SELECT j.id, j.state, NULL::text[] FROM pgq.jobs j WHERE j.id = ANY (%(ids)s::text[])
+UNION ALL
+SELECT a.id, 'acked', a.nodes FROM pgq.acks a WHERE a.id = ANY (%(ids)s::text[])
+"""
+
+# QUEUED from `sender`: another holder queued these. Count the (re-)queue,
+# postpone our own re-queue by retry, and if we have it queued too keep it
+# only if we win the tie-break (the lower node id keeps it, as in Disque).
+APPLY_QUEUED = """
+UPDATE pgq.jobs SET
+    nacks = nacks + (%(counter)s = 'nacks')::integer,
+    additional_deliveries = additional_deliveries + (%(counter)s = 'additional_deliveries')::integer,
+    state = CASE WHEN state = 'queued' AND %(sender)s < %(myself)s THEN 'active' ELSE state END,
+    requeue_at = CASE WHEN state = 'queued' AND %(sender)s < %(myself)s THEN NULL ELSE requeue_at END,
+    cluster_requeue_at = CASE
+        WHEN retry > 0 AND (state = 'active' OR %(sender)s < %(myself)s)
+        THEN statement_timestamp() + (retry + random() * 0.5) * interval '1 second'
+        ELSE cluster_requeue_at END
+WHERE id = ANY (%(ids)s::text[]) AND state <> 'wait-repl'
+"""
+
+# WORKING from another holder: out of our queue, re-queue postponed by retry.
+APPLY_WORKING = """
+UPDATE pgq.jobs SET
+    state = 'active', requeue_at = NULL,
+    cluster_requeue_at = statement_timestamp() + (retry + random() * 0.5) * interval '1 second'
+WHERE id = ANY (%(ids)s::text[]) AND retry > 0 AND state IN ('queued', 'active')
+"""
+
+# ENQUEUE from a leaving node: the job is ours to queue now.
+APPLY_ENQUEUE = """
+WITH done AS (
+    UPDATE pgq.jobs SET state = 'queued', queued_at = statement_timestamp(), requeue_at = NULL,
+        cluster_requeue_at = NULL, enqueues = enqueues + 1
+    WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
+    RETURNING queue
+)
+SELECT count(pg_notify('pgq', q.queue)) FROM (SELECT DISTINCT queue FROM done) AS q
+"""
+
+# Re-queue timers run by the node: jobs due within `ahead` seconds get a
+# WILLQUEUE to their other holders first.
+TIMERS_SOON = """
+SELECT id, coalesce(nodes_delivered, '{}'::text[]),
+       extract(epoch FROM cluster_requeue_at)::float8
+FROM pgq.jobs
+WHERE cluster_requeue_at <= statement_timestamp() + %(ahead)s * interval '1 second'
+  AND state = 'active' AND expires_at > statement_timestamp()
+ORDER BY cluster_requeue_at LIMIT 2000
+"""
+
+# The timer fired and nobody objected: queue it here, announce QUEUED.
+FIRE_TIMERS = """
+WITH due AS (
+    SELECT ctid FROM pgq.jobs
+    WHERE cluster_requeue_at <= statement_timestamp() AND state = 'active'
+      AND expires_at > statement_timestamp()
+    LIMIT 2000 FOR UPDATE SKIP LOCKED
+), fired AS (
+    UPDATE pgq.jobs j SET
+        state = 'queued', queued_at = statement_timestamp(), cluster_requeue_at = NULL,
+        requeue_at = NULL, enqueues = j.enqueues + 1,
+        additional_deliveries = j.additional_deliveries + (j.enqueues > 0)::integer
+    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM due))
+    RETURNING j.id, j.queue, coalesce(j.nodes_delivered, '{}'::text[]), j.enqueues > 1
+), woken AS (
+    SELECT pg_notify('pgq', q.queue) FROM (SELECT DISTINCT queue FROM fired) AS q
+    WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
+)
+SELECT f.*, (SELECT count(*) FROM woken) FROM fired f
+"""
+
+# --------------------------------------------------------------- federation
+
+WAITED_QUEUES = """
+SELECT w.queue, coalesce((SELECT sum(c.queued) FROM pgq.queue_counters c
+                          WHERE c.queue = w.queue), 0)::bigint
+FROM (SELECT DISTINCT queue FROM pgq.waiters x
+      WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = x.pid)) AS w
+"""
+
+QUEUE_READY = """
+SELECT coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)::bigint,
+       EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('out', 'all'))
+"""
+
+# NEEDJOBS: hand over up to `count` queued jobs. At-least-once jobs stay
+# here as active copies with a re-queue timer (if the importer never acks
+# them, they come back); at-most-once jobs are moved: deleted here.
+EXPORT_JOBS = f"""
+WITH picked AS (
+    SELECT ctid FROM pgq.jobs
+    WHERE queue = %(queue)s AND state = 'queued' AND expires_at > statement_timestamp()
+    ORDER BY ctime LIMIT %(count)s FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM pgq.jobs j
+    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked)) AND j.retry = 0
+    RETURNING {_COPY_COLUMNS}
+), kept AS (
+    UPDATE pgq.jobs j SET
+        state = 'active', requeue_at = NULL,
+        cluster_requeue_at = statement_timestamp()
+            + (j.retry + random() * 0.5) * interval '1 second',
+        nodes_delivered = ARRAY(SELECT DISTINCT n FROM unnest(
+            coalesce(j.nodes_delivered, '{{}}'::text[]) || ARRAY[%(myself)s, %(requester)s]) AS n
+            ORDER BY n)
+    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked)) AND j.retry > 0
+    RETURNING {_COPY_COLUMNS}
+)
+SELECT * FROM moved UNION ALL SELECT * FROM kept
+"""
+
+# YOURJOBS: queue the imported jobs here (an active copy we hold is queued),
+# unless acknowledged already. Imports do not count as deliveries.
+IMPORT_JOBS = """
+WITH incoming AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
+                         %(ctimes)s::bigint[], %(repls)s::int[], %(retries)s::float8[],
+                         %(delays)s::float8[], %(expires)s::float8[], %(nacks)s::int[],
+                         %(adds)s::int[], %(nodes)s::text[])
+        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes)
+    WHERE NOT EXISTS (SELECT 1 FROM pgq.acks a WHERE a.id = u.id)
+      AND to_timestamp(u.expires) > statement_timestamp()
+), imported AS (
+    INSERT INTO pgq.jobs AS j (id, queue, state, ctime, body, repl, retry, delay, expires_at,
+                               queued_at, enqueues, nacks, additional_deliveries,
+                               nodes_delivered, nodes_confirmed)
+    SELECT id, queue, 'queued', ctime, body, repl, retry, delay, to_timestamp(expires),
+           statement_timestamp(), 1, nacks, adds,
+           CASE WHEN retry > 0 THEN ARRAY(SELECT DISTINCT n FROM unnest(
+               string_to_array(nodes, ',') || ARRAY[%(myself)s, %(sender)s]) AS n ORDER BY n) END,
+           CASE WHEN retry > 0 THEN ARRAY[%(myself)s]::text[] END
+    FROM incoming
+    ON CONFLICT (id) DO UPDATE SET
+        state = 'queued', queued_at = statement_timestamp(), requeue_at = NULL,
+        cluster_requeue_at = NULL, enqueues = j.enqueues + 1
+    WHERE j.state = 'active'
+    RETURNING j.id, j.queue
+), woken AS (
+    SELECT pg_notify('pgq', q.queue) FROM (SELECT DISTINCT queue FROM imported) AS q
+)
+SELECT queue, count(*), (SELECT count(*) FROM woken) FROM imported GROUP BY queue
+"""
+
+SAVE_IMPORT_STATS = """
+WITH saved AS (
+    INSERT INTO pgq.queue_imports AS q (queue, import_from, import_rate, updated_at)
+    SELECT u.queue, string_to_array(u.nodes, ','), u.rate, statement_timestamp()
+    FROM unnest(%(queues)s::text[], %(nodes)s::text[], %(rates)s::int[]) AS u(queue, nodes, rate)
+    ON CONFLICT (queue) DO UPDATE SET import_from = excluded.import_from,
+        import_rate = excluded.import_rate, updated_at = statement_timestamp()
+    RETURNING 1
+)
+DELETE FROM pgq.queue_imports WHERE NOT (queue = ANY (%(queues)s::text[]))
+"""
+
+# -------------------------------------------------------------------- pause
+
+APPLY_PAUSE = """
+WITH cleared AS (
+    DELETE FROM pgq.queues WHERE name = %(queue)s AND %(state)s = 'none' RETURNING 1
+), stored AS (
+    INSERT INTO pgq.queues AS p (name, paused) SELECT %(queue)s, %(state)s WHERE %(state)s <> 'none'
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = statement_timestamp()
+    RETURNING 1
+)
+SELECT pg_notify('pgq', %(queue)s)
+"""
+
+# -------------------------------------------------------------------- leaving
+
+HELD_JOBS = """
+SELECT (SELECT count(*) FROM pgq.jobs
+        WHERE nodes_delivered IS NULL OR %(myself)s = ANY (nodes_delivered))
+     + (SELECT count(*) FROM pgq.acks)
+"""
