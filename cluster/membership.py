@@ -252,7 +252,9 @@ class Membership:
         # independent nodes confirm; in a small cluster fewer confirmations
         # are possible, so fewer are expected.
         c = self.config
-        k = max(min(c.suspicion_confirmations, len(self.members) - 1), 1)
+        # Confirmations can only come from members still alive (we are one).
+        witnesses = 1 + sum(1 for m in self.members.values() if m.status == "alive")
+        k = max(min(c.suspicion_confirmations, witnesses - 1), 1)
         confirmed = min(len(suspicion.confirmations) - 1, k)
         fraction = math.log(confirmed + 1) / math.log(k + 1) if confirmed > 0 else 0.0
         return max(c.suspicion_min, c.suspicion_max - (c.suspicion_max - c.suspicion_min) * fraction)

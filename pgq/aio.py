@@ -196,6 +196,12 @@ class AsyncClient(ClientCore):
                                      withcounters=withcounters)
         return await self._run(make, conn)
 
+    async def wait_replicated(self, ids: Iterable[str], timeout: float = 5.0) -> None:
+        """Wait until jobs added with ``asynchronous=True`` or inside a transaction
+        have their W copies; raises NoReplError on timeout (the jobs stay queued
+        and the node keeps replicating them)."""
+        return await self._run(self.wait_replicated_command(ids, timeout))
+
     async def ack_job(self, *ids: str, conn: object = None) -> int:
         """ACKJOB (see :meth:`pgq.Client.ack_job`)."""
         return await self._run(self.ids_command("ack_jobs", ids), conn)

@@ -155,7 +155,7 @@ def body_bytes(value: object, max_size: int) -> bytes:
 class JobParams:
     """The per-job parameters of ADDJOB after defaults are applied."""
 
-    replicate: int
+    replicate: int | None  # None: the node decides (min(3, reachable nodes))
     delay: float
     retry: float
     ttl: float
@@ -171,7 +171,7 @@ def default_retry(ttl: float) -> float:
 
 def job_params(
     *, replicate: object, delay: object, retry: object, ttl: object, maxlen: object,
-    asynchronous: object, timeout: object, default_replicate: int,
+    asynchronous: object, timeout: object,
 ) -> JobParams:
     """Check ADDJOB's options and apply Disque's defaults and cross-field rules."""
     ttl_s = DEFAULT_TTL if ttl is None else seconds("ttl", ttl, minimum=0.0, allow_minimum=False)
@@ -182,11 +182,8 @@ def job_params(
             "the job would expire before it is ever queued"
         )
     retry_s = default_retry(ttl_s) if retry is None else seconds("retry", retry, maximum=MAX_TTL)
-    if replicate is None:
-        repl = default_replicate
-    else:
-        repl = positive_int("replicate", replicate, maximum=MAX_REPLICATE)
-    if retry_s == 0 and repl > 1:
+    repl = None if replicate is None else positive_int("replicate", replicate, maximum=MAX_REPLICATE)
+    if retry_s == 0 and repl is not None and repl > 1:
         raise InvalidArgumentError(
             "retry=0 (at-most-once delivery) requires replicate=1: copies on other "
             "nodes could otherwise deliver the job a second time"

@@ -187,6 +187,12 @@ class Client(ClientCore):
                                      withcounters=withcounters)
         return self._run(make, conn)
 
+    def wait_replicated(self, ids: Iterable[str], timeout: float = 5.0) -> None:
+        """Wait until jobs added with ``asynchronous=True`` or inside a transaction
+        have their W copies; raises NoReplError on timeout (the jobs stay queued
+        and the node keeps replicating them)."""
+        return self._run(self.wait_replicated_command(ids, timeout))
+
     def ack_job(self, *ids: str, conn: object = None) -> int:
         """ACKJOB: mark jobs done; returns how many known, unacknowledged jobs were acked."""
         return self._run(self.ids_command("ack_jobs", ids), conn)

@@ -18,16 +18,25 @@ from typing import Any
 
 from . import statements as sql
 from .arguments import JobParams
-from .errors import MaxLenError, NoJobError, NoReplError, PausedError, TooLateError
+from .errors import (
+    LeavingError,
+    MaxLenError,
+    NoJobError,
+    NoReplError,
+    PausedError,
+    TooLateError,
+)
 from .ids import is_at_least_once_id, new_job_id, ttl_seconds_from_id
 from .job import Job
 from .protocol import (
     Begin,
+    ClusterView,
     Command,
     Commit,
     Copy,
     Housekeeping,
     Listen,
+    ListenReplication,
     Query,
     Result,
     Session,
@@ -37,33 +46,69 @@ from .protocol import (
 __all__ = [
     "add_jobs", "get_jobs", "ack_jobs", "fast_ack_jobs", "nack_jobs", "enqueue_jobs",
     "dequeue_jobs", "del_jobs", "working", "show", "qlen", "qpeek", "qstat", "qscan",
-    "jscan", "pause", "info", "hello", "sweep", "COPY_THRESHOLD", "JOB_STATES",
+    "jscan", "pause", "info", "hello", "sweep", "wait_replicated", "cluster_view",
+    "COPY_THRESHOLD", "JOB_STATES",
 ]
 
 # Below this many bodies one INSERT ... unnest() is cheapest; above it COPY is.
 COPY_THRESHOLD = 2000
 JOB_STATES = ("wait-repl", "active", "queued", "acked")
-REACHABLE_NODES_ALONE = 1
+DEFAULT_REPLICATION = 3
+
+
+def cluster_view(session: Session) -> Command[ClusterView]:
+    """The node's cluster state, read again when the cached one is stale."""
+    view = session.cluster
+    now = session.clock()
+    if view.stale(now):
+        row = yield Query(sql.CLUSTER_STATE, None, Result.ROW)
+        if row is not None:
+            view.active, view.leaving, view.reachable = bool(row[0]), bool(row[1]), int(row[2])
+        view.fetched_at = now
+    return view
+
+
+def _ring(session: Session, events: int) -> Command[None]:
+    """Wake the node process after outbox events committed (own connections:
+    a separate cheap statement; a caller's transaction rang in-statement)."""
+    if events and session.owned:
+        yield Query(sql.RING_NODE, None, Result.NONE)
 
 
 # ---------------------------------------------------------------------- add
 
 
-def add_jobs(session: Session, queue: str, bodies: Sequence[bytes], params: JobParams,
-             reachable_nodes: int = REACHABLE_NODES_ALONE) -> Command[list[str]]:
+def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
+             params: JobParams) -> Command[list[str]]:
     """ADDJOB for one or many bodies; returns their IDs in order.
 
     Disque rules: NOREPL if fewer than W nodes are reachable; PAUSED if the
     queue is paused for input; MAXLEN if the queue already holds ``maxlen``
     jobs (for a bulk add: if the bulk would take it past ``maxlen``; nothing
     is added then). A delayed job stays active until ``now + delay``.
+
+    W defaults to min(3, reachable nodes) (1 for an at-most-once job). On a
+    node served by a node process, a job with W > 1 is replicated: a plain
+    add returns once W nodes committed it (NOREPL after ``timeout``, the
+    job withdrawn); an asynchronous add, or one inside the caller's
+    transaction, is queued at once and copied in the background (see
+    ``wait_replicated``). A leaving node keeps no copy: it replicates new
+    jobs to W other nodes.
     """
-    if params.replicate > reachable_nodes:
+    view = yield from cluster_view(session)
+    available = (view.reachable - (1 if view.leaving else 0)) if view.active else 1
+    wanted = params.replicate
+    if wanted is None:
+        wanted = 1 if params.retry == 0 else max(1, min(DEFAULT_REPLICATION, available))
+    if wanted > available:
         raise NoReplError(
-            f"not enough reachable nodes for replicate={params.replicate}: "
-            f"{reachable_nodes} reachable (add nodes to the cluster or ask for fewer copies)"
+            f"not enough reachable nodes for replicate={wanted}: {available} can take a copy "
+            "(start or join more nodes, or ask for fewer copies)"
         )
     ids = [new_job_id(session.node_id, params.ttl, params.retry) for _ in bodies]
+    if view.active and (wanted > 1 or view.leaving):
+        yield from _add_replicated(session, queue, ids, bodies, params, wanted)
+        return ids
     if len(bodies) >= COPY_THRESHOLD:
         yield from _copy_jobs(session, queue, ids, bodies, params)
         return ids
@@ -73,7 +118,7 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes], params: JobP
         yield Query(sql.LOCK_QUEUE_FOR_MAXLEN, {"queue": queue}, Result.NONE)
     row = yield Query(sql.ADD_JOBS, {
         "queue": queue, "ids": ids, "bodies": list(bodies), "n": len(bodies),
-        "maxlen": params.maxlen, "repl": params.replicate, "retry": params.retry,
+        "maxlen": params.maxlen, "repl": 1, "retry": params.retry,
         "delay": params.delay, "ttl": params.ttl, "always_notify": not session.owned,
     }, Result.ROW)
     if locking:
@@ -81,6 +126,88 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes], params: JobP
     paused, full, _added, _notified = row
     _raise_if_refused(queue, paused, full, params.maxlen)
     return ids
+
+
+def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
+                    params: JobParams, wanted: int) -> Command[None]:
+    """Store the jobs here with an outbox event for the node process."""
+    sync = session.owned and not params.asynchronous
+    if sync and session.can_listen:
+        yield ListenReplication()
+    locking = params.maxlen is not None
+    if locking:
+        yield Begin()
+        yield Query(sql.LOCK_QUEUE_FOR_MAXLEN, {"queue": queue}, Result.NONE)
+    for start in range(0, len(ids), COPY_THRESHOLD):
+        chunk = slice(start, start + COPY_THRESHOLD)
+        row = yield Query(sql.ADD_JOBS_CLUSTER, {
+            "queue": queue, "ids": ids[chunk], "bodies": list(bodies[chunk]),
+            "n": len(bodies) if start == 0 else 0, "maxlen": params.maxlen, "repl": wanted,
+            "retry": params.retry, "delay": params.delay, "ttl": params.ttl,
+            "always_notify": not session.owned, "wait": sync, "myself": session.node_id,
+            "ring": not session.owned,
+        }, Result.ROW)
+        paused, full, _added, _notified, _rang = row
+        _raise_if_refused(queue, paused, full, params.maxlen)
+    if locking:
+        yield Commit()
+    yield from _ring(session, len(ids))
+    if sync:
+        timeout = params.timeout if params.timeout is not None else session.replication_timeout
+        # timeout 0: wait until replicated or expired (Disque)
+        yield from _wait_for_copies(session, ids, timeout or params.ttl)
+
+
+def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Command[None]:
+    """Wait for the node process to confirm W copies of every job, or give up."""
+    deadline = session.clock() + timeout
+    pending = set(ids)
+    gone: set[str] = set()
+    polls = 0
+    while True:
+        received = yield Wait(min(_poll_wait(polls, 0.5), max(deadline - session.clock(), 0.0)))
+        polls += 1
+        pending -= {payload for channel, payload in received if channel.startswith("pgq_r")}
+        if pending and (not received or polls % 4 == 0):
+            rows = yield Query(sql.REPLICATION_DONE, {"ids": sorted(pending)}, Result.ROWS)
+            pending -= {job_id for job_id, replicated, _ in rows if replicated}
+            gone |= {job_id for job_id, _, vanished in rows if vanished}
+            pending -= gone
+        if not pending and not gone:
+            return
+        if not pending or session.clock() >= deadline:
+            break
+    removed = yield Query(sql.ABORT_REPLICATION, {"ids": sorted(pending)}, Result.ROWS)
+    removed_ids = {r[0] for r in removed}
+    yield from _ring(session, len(removed_ids))
+    failed = removed_ids | gone
+    if not failed:
+        return  # confirmed in the meantime: nothing was withdrawn
+    raise NoReplError(
+        f"{len(failed)} of {len(ids)} jobs did not reach their copies within {timeout:g} s and "
+        "were withdrawn (too few live nodes? raise timeout= or lower replicate=)",
+        removed=tuple(sorted(failed)), added=tuple(i for i in ids if i not in failed),
+    )
+
+
+def wait_replicated(session: Session, ids: list[str], timeout: float) -> Command[None]:
+    """Wait until these jobs (added asynchronously or in a transaction) have
+    their W copies; raise NoReplError on timeout. Jobs already acknowledged
+    or deleted count as done: they need no copies."""
+    deadline = session.clock() + timeout
+    polls = 0
+    while True:
+        missing = yield Query(sql.MISSING_COPIES, {"ids": ids}, Result.ROWS)
+        if not missing:
+            return
+        if session.clock() >= deadline:
+            raise NoReplError(
+                f"{len(missing)} of {len(ids)} jobs still lack copies after {timeout:g} s; "
+                "they stay queued and the node keeps replicating them",
+                removed=(), added=tuple(r[0] for r in missing),
+            )
+        yield Wait(min(_poll_wait(polls, 0.5), max(deadline - session.clock(), 0.0)))
+        polls += 1
 
 
 def _raise_if_refused(queue: str, paused: bool, full: bool, maxlen: int | None) -> None:
@@ -106,7 +233,7 @@ def _copy_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[by
     else:
         state, requeue, queued, enqueues = "queued", None, now, 1
     rows = [
-        (job_id, queue, state, body, params.replicate, params.retry, params.delay,
+        (job_id, queue, state, body, 1, params.retry, params.delay,
          expires, requeue, queued, enqueues)
         for job_id, body in zip(ids, bodies, strict=True)
     ]
@@ -153,6 +280,11 @@ def get_jobs(session: Session, queues: list[str], count: int, timeout: float | N
         now = session.clock()
         if deadline is not None and now >= deadline:
             return []
+        view = yield from cluster_view(session)
+        if view.active and view.leaving:
+            raise LeavingError(
+                "this node is leaving the cluster and does not block consumers: "
+                "get jobs from another node (or use nohang=True)")
         if session.can_listen and not listening:
             yield Listen(tuple(queues))
             listening = True
@@ -183,32 +315,44 @@ def _jobs_in_priority_order(rows: list[tuple[Any, ...]], queues: list[str],
 
 def ack_jobs(session: Session, ids: list[str]) -> Command[int]:
     """ACKJOB: number of known, not yet acknowledged jobs that were acknowledged."""
+    view = yield from cluster_view(session)
     dummies = [i for i in ids if is_at_least_once_id(i)]
-    acked = yield Query(sql.ACK, {
+    acked, events, _rang = yield Query(sql.ACK, {
         "ids": ids, "outcome": "acked", "dummy_ids": dummies,
         "dummy_ttls": [float(ttl_seconds_from_id(i)) for i in dummies],
-    }, Result.VALUE)
+        "cluster": view.active, "ring": not session.owned,
+    }, Result.ROW)
+    yield from _ring(session, events)
     return int(acked)
 
 
-def fast_ack_jobs(session: Session, ids: list[str]) -> Command[int]:
-    """FASTACK: delete the jobs now, without leaving a tombstone."""
-    deleted = yield Query(sql.DELETE_JOBS, {"ids": ids, "outcome": "fastacked",
-                                            "with_acks": False}, Result.VALUE)
+def _delete(session: Session, ids: list[str], outcome: str, fast: bool) -> Command[int]:
+    view = yield from cluster_view(session)
+    deleted, events, _rang = yield Query(sql.DELETE_JOBS, {
+        "ids": ids, "outcome": outcome, "with_acks": not fast, "broadcast": fast,
+        "cluster": view.active, "ring": not session.owned,
+    }, Result.ROW)
+    yield from _ring(session, events)
     return int(deleted)
+
+
+def fast_ack_jobs(session: Session, ids: list[str]) -> Command[int]:
+    """FASTACK: delete the jobs now, without leaving a tombstone; other holders
+    are told to delete theirs (best effort)."""
+    return (yield from _delete(session, ids, "fastacked", fast=True))
 
 
 def del_jobs(session: Session, ids: list[str]) -> Command[int]:
     """DELJOB: delete the jobs in any state (acked tombstones included), locally."""
-    deleted = yield Query(sql.DELETE_JOBS, {"ids": ids, "outcome": "deleted",
-                                            "with_acks": True}, Result.VALUE)
-    return int(deleted)
+    return (yield from _delete(session, ids, "deleted", fast=False))
 
 
 def _requeue(session: Session, ids: list[str], nack: bool) -> Command[int]:
-    row = yield Query(sql.REQUEUE, {"ids": ids, "nack": nack,
-                                    "always_notify": not session.owned}, Result.ROW)
-    return int(row[0])
+    requeued, _woken, events, _rang = yield Query(sql.REQUEUE, {
+        "ids": ids, "nack": nack, "always_notify": not session.owned,
+        "ring": not session.owned}, Result.ROW)
+    yield from _ring(session, events)
+    return int(requeued)
 
 
 def nack_jobs(session: Session, ids: list[str]) -> Command[int]:
@@ -230,7 +374,9 @@ def dequeue_jobs(session: Session, ids: list[str]) -> Command[int]:
 def working(session: Session, job_id: str) -> Command[int | float]:
     """WORKING: postpone the next re-queue; returns the retry time in seconds
     (an int for a whole number of seconds, as Disque replies)."""
-    state, retry, too_late, acked = yield Query(sql.WORKING, {"id": job_id}, Result.ROW)
+    state, retry, too_late, acked, events, _rang = yield Query(
+        sql.WORKING, {"id": job_id, "ring": not session.owned}, Result.ROW)
+    yield from _ring(session, events)
     if state is None:
         if acked:
             raise NoJobError(f"job {job_id} is already acknowledged: there is nothing to postpone")
@@ -248,13 +394,13 @@ def working(session: Session, job_id: str) -> Command[int | float]:
 
 _SHOW_KEYS = ("id", "queue", "state", "repl", "ttl", "ctime", "delay", "retry", "nacks",
               "additional_deliveries", "deliveries", "next_requeue_within",
-              "next_awake_within", "body")
+              "next_awake_within", "body", "nodes_delivered", "nodes_confirmed")
 
 
 def _job_dict(row: Sequence[Any], node_id: str) -> dict[str, Any]:
     info = dict(zip(_SHOW_KEYS, row, strict=True))
-    info["nodes_delivered"] = [node_id]
-    info["nodes_confirmed"] = [node_id]
+    info["nodes_delivered"] = sorted(info["nodes_delivered"] or [node_id])
+    info["nodes_confirmed"] = sorted(info["nodes_confirmed"] or [node_id])
     return info
 
 
@@ -298,10 +444,10 @@ def qstat(session: Session, queue: str) -> Command[dict[str, Any] | None]:
     row = yield Query(sql.QSTAT, {"queue": queue}, Result.ROW)
     if row is None:
         return None
-    name, length, _created, _last, blocked, jobs_in, jobs_out, paused, age, idle = row
+    name, length, _created, _last, blocked, jobs_in, jobs_out, paused, age, idle, imp_from, rate = row
     return {
         "name": name, "len": int(length), "age": age, "idle": idle, "blocked": int(blocked),
-        "import_from": [], "import_rate": 0, "jobs_in": int(jobs_in),
+        "import_from": list(imp_from), "import_rate": int(rate), "jobs_in": int(jobs_in),
         "jobs_out": int(jobs_out), "pause": paused,
     }
 
@@ -380,7 +526,10 @@ def pause(session: Session, queue: str, flags: Sequence[str]) -> Command[str]:
         return str(state)
     state = {(False, False): "none", (True, False): "in", (False, True): "out",
              (True, True): "all"}[(paused_in, paused_out)]
-    yield Query(sql.SET_PAUSE, {"queue": queue, "state": state}, Result.NONE)
+    view = yield from cluster_view(session)
+    row = yield Query(sql.SET_PAUSE, {"queue": queue, "state": state,
+                                      "bcast": view.active and "bcast" in flags}, Result.ROW)
+    yield from _ring(session, row[2])
     return state
 
 
@@ -388,14 +537,14 @@ def pause(session: Session, queue: str, flags: Sequence[str]) -> Command[str]:
 
 
 def hello(session: Session) -> Command[dict[str, Any]]:
-    """HELLO: this node's ID and every node it knows (just itself on one node)."""
-    yield from ()
-    return {
-        "version": 1,
-        "id": session.node_id,
-        "nodes": [{"id": session.node_id, "host": session.host, "port": session.port,
-                   "priority": 1}],
-    }
+    """HELLO: this node's ID and every node it knows, with Disque's priorities
+    (1 ok, 10 suspected, 100 failed or leaving); just itself on one node."""
+    view = yield from cluster_view(session)
+    nodes = [{"id": session.node_id, "host": session.host, "port": session.port, "priority": 1}]
+    if view.active:
+        rows = yield Query(sql.HELLO_NODES, None, Result.ROWS)
+        nodes = [{"id": r[0], "host": r[1], "port": r[2], "priority": r[3]} for r in rows]
+    return {"version": 1, "id": session.node_id, "nodes": nodes}
 
 
 def info(session: Session, version: str) -> Command[dict[str, Any]]:
@@ -404,7 +553,10 @@ def info(session: Session, version: str) -> Command[dict[str, Any]]:
     counts = yield Query(sql.JOB_COUNTS, None, Result.ROWS)
     server_version, database, uptime, queues, blocked, sync_commit, fsync = row
     jobs = {state: int(n) for state, n in counts}
+    view = yield from cluster_view(session)
     return {
+        "cluster": {"active": view.active, "reachable_nodes": view.reachable,
+                    "leaving": view.leaving},
         "pgq_version": version,
         "node_id": session.node_id,
         "server_version": server_version,

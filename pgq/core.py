@@ -29,7 +29,7 @@ from .errors import (
     TransactionAbortedError,
 )
 from .ids import validate_job_id, validate_job_ids
-from .protocol import Command, Session
+from .protocol import ClusterView, Command, Session
 
 __all__ = ["ClientOptions", "ClientCore", "translate_database_error"]
 
@@ -59,6 +59,8 @@ class ClientOptions:
     * ``sweep_interval``: how often this client runs the timer/expiry sweep.
     * ``home``: the embedded server's directory (default ``$PGQ_HOME``).
     * ``application_name``: shown in ``pg_stat_activity``.
+    * ``replication_timeout``: how long a replicated ``add_job`` waits for its
+      copies when it passes no ``timeout`` (cluster).
     """
 
     pool_size: int = 10
@@ -73,6 +75,7 @@ class ClientOptions:
     sweep_interval: float = 1.0
     home: str | None = None
     application_name: str = "pgq"
+    replication_timeout: float = 5.0
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, Any]) -> ClientOptions:
@@ -94,6 +97,8 @@ class ClientOptions:
         args.seconds("poll_interval", self.poll_interval, minimum=0.001, maximum=3600)
         args.seconds("reconnect_timeout", self.reconnect_timeout, maximum=86400)
         args.seconds("sweep_interval", self.sweep_interval, minimum=0.01, maximum=3600)
+        args.seconds("replication_timeout", self.replication_timeout, minimum=0.001,
+                     maximum=args.MAX_TTL, allow_minimum=True)
         for name in ("turbo", "listen", "prepare", "pgbouncer"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidTypeError(f"{name} must be a bool")
@@ -168,6 +173,7 @@ class ClientCore:
         self._host, self._port = _host_and_port(self._dsn)
         self._node_id = ""
         self._last_sweep = 0.0
+        self._cluster = ClusterView(max_age=min(self.options.sweep_interval, 1.0))
 
     @property
     def dsn(self) -> str:
@@ -187,7 +193,8 @@ class ClientCore:
         return Session(
             owned=owned, node_id=self._node_id, clock=time.monotonic,
             can_listen=owned and self.options.listen, poll_interval=self.options.poll_interval,
-            host=self._host, port=self._port,
+            host=self._host, port=self._port, cluster=self._cluster,
+            replication_timeout=self.options.replication_timeout,
         )
 
     def sweep_due(self) -> bool:
@@ -223,7 +230,7 @@ class ClientCore:
         data = [args.body_bytes(body, self.options.max_body_size) for body in bodies]
         params = args.job_params(
             replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-            asynchronous=asynchronous, timeout=timeout, default_replicate=1,
+            asynchronous=asynchronous, timeout=timeout,
         )
         if not data:
             return lambda session: _empty_list()
@@ -248,6 +255,13 @@ class ClientCore:
         checked = list(dict.fromkeys(validate_job_ids(ids)))
         run = getattr(commands, name)
         return lambda session: run(session, checked)
+
+    def wait_replicated_command(self, ids: Iterable[object], timeout: object) -> CommandFactory[None]:
+        if isinstance(ids, str):
+            ids = [ids]
+        checked = list(dict.fromkeys(validate_job_ids(ids)))
+        wait = args.seconds("timeout", timeout, maximum=args.MAX_TTL)
+        return lambda session: commands.wait_replicated(session, checked, wait)
 
     def working_command(self, job_id: object) -> CommandFactory[int | float]:
         checked = validate_job_id(job_id)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -38,6 +39,7 @@ from .protocol import (
     Copy,
     Housekeeping,
     Listen,
+    ListenReplication,
     Query,
     Request,
     Result,
@@ -48,6 +50,13 @@ __all__ = ["SyncDriver", "AsyncDriver", "CHANNEL"]
 
 T = TypeVar("T")
 CHANNEL = "pgq"
+
+# Connections already listening on their private replication channel.
+_replication_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def replication_channel(conn: Any) -> str:
+    return f"pgq_r{conn.info.backend_pid}"
 
 
 def _extract(cursor: Any, result: Result, rows: list[Any] | None) -> Any:
@@ -116,9 +125,17 @@ class SyncDriver:
             conn.execute(f"LISTEN {CHANNEL}")
             self._listening = True
             return None
+        if isinstance(request, ListenReplication):
+            if conn not in _replication_listeners:
+                conn.execute(f"LISTEN {replication_channel(conn)}")
+                _replication_listeners.add(conn)
+            return None
         if isinstance(request, Wait):
-            if self._listening:
-                return [n.payload for n in conn.notifies(timeout=request.seconds, stop_after=1)]
+            if self._listening or conn in _replication_listeners:
+                # notifications that arrived between statements wait in
+                # psycopg's backlog and come first
+                return [(n.channel, n.payload)
+                        for n in conn.notifies(timeout=request.seconds, stop_after=1)]
             time.sleep(request.seconds)
             return []
         if isinstance(request, Housekeeping):
@@ -163,6 +180,7 @@ class AsyncDriver:
         self.shield = shield
         self._transaction: psycopg.AsyncTransaction | None = None
         self._listening = False
+        self._collecting = False
         self._received: list[psycopg.Notify] = []
 
     async def run(self, command: Command[T]) -> T:
@@ -211,11 +229,17 @@ class AsyncDriver:
         if isinstance(request, Listen):
             await conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})
             await conn.execute(f"LISTEN {CHANNEL}")
-            conn.add_notify_handler(self._received.append)
+            self._collect()
             self._listening = True
             return None
+        if isinstance(request, ListenReplication):
+            self._collect()
+            if conn not in _replication_listeners:
+                await conn.execute(f"LISTEN {replication_channel(conn)}")
+                _replication_listeners.add(conn)
+            return None
         if isinstance(request, Wait):
-            if self._listening:
+            if self._collecting:
                 return await self._wait_for_notification(request.seconds)
             await anyio.sleep(request.seconds)
             return []
@@ -225,7 +249,12 @@ class AsyncDriver:
             return None
         raise TypeError(f"unknown request {request!r}")
 
-    async def _wait_for_notification(self, seconds: float) -> list[str]:
+    def _collect(self) -> None:
+        if not self._collecting:
+            self.conn.add_notify_handler(self._received.append)
+            self._collecting = True
+
+    async def _wait_for_notification(self, seconds: float) -> list[tuple[str, str]]:
         # Wait on the socket with nothing in flight, so that a cancelled wait
         # (a timeout in the caller's task) leaves the connection usable;
         # psycopg's notifies() would have to abort a query and close it.
@@ -237,9 +266,9 @@ class AsyncDriver:
             if readable:
                 with anyio.CancelScope(shield=True):
                     await self.conn.execute("SELECT 1")  # reads what arrived, runs the handler
-        payloads = [n.payload for n in self._received]
+        received = [(n.channel, n.payload) for n in self._received]
         self._received.clear()
-        return payloads
+        return received
 
     async def _abandon_transaction(self, exc: BaseException) -> None:
         transaction, self._transaction = self._transaction, None
@@ -249,10 +278,12 @@ class AsyncDriver:
                     await transaction.__aexit__(type(exc), exc, exc.__traceback__)
 
     async def _stop_listening(self) -> None:
+        if self._collecting:
+            self._collecting = False
+            self.conn.remove_notify_handler(self._received.append)
         if not self._listening:
             return
         self._listening = False
-        self.conn.remove_notify_handler(self._received.append)
         if self.conn.closed or self.conn.broken:
             return
         with contextlib.suppress(psycopg.Error), anyio.CancelScope(shield=True):

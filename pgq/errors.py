@@ -56,7 +56,17 @@ class BadIdError(InvalidArgumentError):
 
 
 class NoReplError(PgqError):
-    """The job could not be stored on the requested number of nodes (``-NOREPL``)."""
+    """The job could not be stored on the requested number of nodes (``-NOREPL``).
+
+    ``removed`` lists the jobs that were withdrawn (never delivered);
+    ``added`` the jobs of the same call that did get their copies.
+    """
+
+    def __init__(self, message: str, removed: tuple[str, ...] = (),
+                 added: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.removed = removed
+        self.added = added
 
 
 class MaxLenError(PgqError):

@@ -21,7 +21,7 @@ Invariants a driver guarantees:
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
 
@@ -32,7 +32,9 @@ __all__ = [
     "Commit",
     "Copy",
     "Listen",
+    "ListenReplication",
     "Wait",
+    "ClusterView",
     "Housekeeping",
     "Request",
     "Command",
@@ -88,8 +90,16 @@ class Listen:
 
 
 @dataclass(frozen=True, slots=True)
+class ListenReplication:
+    """LISTEN on this connection's private channel ``pgq_r<backend pid>``, where
+    the node process announces that a synchronous add got its copies. Stays
+    on for the life of the connection (other clients never use it)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Wait:
-    """Wait up to ``seconds`` for a notification (or just sleep if not listening)."""
+    """Wait up to ``seconds`` for a notification (or just sleep if not
+    listening); returns the (channel, payload) pairs received."""
 
     seconds: float
 
@@ -99,8 +109,28 @@ class Housekeeping:
     """A point where the driver may run the periodic sweep (timers, expiry)."""
 
 
-Request = Query | Begin | Commit | Copy | Listen | Wait | Housekeeping
+Request = Query | Begin | Commit | Copy | Listen | ListenReplication | Wait | Housekeeping
 Command = Generator[Request, Any, T]
+
+
+@dataclass(slots=True)
+class ClusterView:
+    """What a client last read of its node's cluster (``pgq.cluster_state``).
+
+    A cache shared by a client's sessions: commands refresh it when it is
+    older than ``max_age`` seconds. ``active`` means a node process serves
+    the database (clients replicate through it); ``reachable`` counts nodes
+    that may take a copy, this one included.
+    """
+
+    active: bool = False
+    leaving: bool = False
+    reachable: int = 1
+    fetched_at: float = float("-inf")
+    max_age: float = 1.0
+
+    def stale(self, now: float) -> bool:
+        return now - self.fetched_at > self.max_age
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +150,5 @@ class Session:
     poll_interval: float
     host: str = "127.0.0.1"
     port: int = 5432
+    cluster: ClusterView = field(default_factory=ClusterView)
+    replication_timeout: float = 5.0

@@ -80,6 +80,89 @@ SELECT EXISTS (SELECT 1 FROM paused) AS paused,
         AS notified
 """
 
+# ADDJOB of a replicated job on a node served by a node process. The job is
+# stored here first (durably, before anything is announced) and an outbox
+# event asks the node process for copies:
+# * synchronous add: state 'wait-repl' (not deliverable) until the node
+#   confirms W copies and wakes this connection (channel pgq_r<pid>);
+# * asynchronous or transactional add: queued at once, copied in the background.
+ADD_JOBS_CLUSTER = """
+WITH paused AS (
+    SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')
+), room AS (
+    SELECT %(maxlen)s::bigint IS NULL
+           OR coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
+              + %(n)s::bigint <= %(maxlen)s::bigint AS ok
+), inserted AS (
+    INSERT INTO pgq.jobs (id, queue, state, body, repl, retry, delay, expires_at, requeue_at,
+                          queued_at, enqueues, nodes_delivered, nodes_confirmed, repl_waiter)
+    SELECT u.id, %(queue)s,
+           CASE WHEN %(wait)s THEN 'wait-repl'
+                WHEN %(delay)s::float8 > 0 THEN 'active' ELSE 'queued' END,
+           u.body, %(repl)s, %(retry)s, %(delay)s,
+           statement_timestamp() + %(ttl)s::float8 * interval '1 second',
+           CASE WHEN %(delay)s::float8 > 0
+                THEN statement_timestamp() + %(delay)s::float8 * interval '1 second' END,
+           CASE WHEN %(wait)s OR %(delay)s::float8 > 0 THEN NULL ELSE statement_timestamp() END,
+           CASE WHEN %(wait)s OR %(delay)s::float8 > 0 THEN 0 ELSE 1 END,
+           ARRAY[%(myself)s]::text[], ARRAY[%(myself)s]::text[],
+           CASE WHEN %(wait)s THEN pg_backend_pid() END
+    FROM unnest(%(ids)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(id, body, n)
+    WHERE NOT EXISTS (SELECT 1 FROM paused) AND (SELECT ok FROM room)
+    ORDER BY u.n
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id, state
+), events AS (
+    INSERT INTO pgq.outbox (kind, job_id) SELECT 'replicate', id FROM inserted RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM paused) AS paused,
+       NOT (SELECT ok FROM room) AS full,
+       (SELECT count(*) FROM inserted) AS added,
+       (SELECT pg_notify('pgq', %(queue)s)::text
+        WHERE EXISTS (SELECT 1 FROM inserted WHERE state = 'queued')
+          AND (%(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)))
+        AS notified,
+       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
+        AS rang
+"""
+
+# The doorbell of the node process, rung after outbox events committed. It
+# commits without waiting for the WAL flush: it carries nothing durable
+# (the events are), and NOTIFY's commit is serialised cluster-wide.
+RING_NODE = """
+SELECT set_config('synchronous_commit', 'off', true), pg_notify('pgq_node', '')
+"""
+
+CLUSTER_STATE = """
+SELECT active, leaving, reachable_nodes FROM pgq.cluster_state
+"""
+
+# Synchronous replication: which of these jobs got their copies (or vanished).
+REPLICATION_DONE = """
+SELECT u.id, j.state IS NOT NULL AND j.state <> 'wait-repl' AS replicated, j.state IS NULL AS gone
+FROM unnest(%(ids)s::text[]) AS u(id) LEFT JOIN pgq.jobs j ON j.id = u.id
+"""
+
+# The client gave up waiting: remove the jobs still waiting, and ask the node
+# to delete partial copies. A job confirmed meanwhile stays (and counts).
+ABORT_REPLICATION = """
+WITH gone AS (
+    DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) AND state = 'wait-repl' RETURNING id
+), events AS (
+    INSERT INTO pgq.outbox (kind, job_id) SELECT 'abort', id FROM gone RETURNING 1
+)
+SELECT id FROM gone
+"""
+
+# wait_replicated(): which jobs still lack copies (acked or gone ones don't).
+MISSING_COPIES = """
+SELECT id FROM pgq.jobs
+WHERE id = ANY (%(ids)s::text[])
+  AND coalesce(cardinality(nodes_confirmed), 1) < repl
+"""
+
+LISTEN_REPLICATION = "SELECT pg_backend_pid()"
+
 # Serialises producers that pass MAXLEN for one queue until their commit.
 LOCK_QUEUE_FOR_MAXLEN = "SELECT pg_advisory_xact_lock(hashtextextended(%(queue)s, 7))"
 
@@ -145,8 +228,15 @@ WITH wanted AS (
 ), claimed AS (
     UPDATE pgq.jobs j SET
         state = 'active',
-        requeue_at = CASE WHEN j.retry > 0 THEN statement_timestamp()
-                          + (j.retry + random() * 0.25) * interval '1 second' END,
+        -- The lease: for a job held here only, a timer any claim honours;
+        -- for a job with copies elsewhere, a timer the node process runs
+        -- (it announces the re-queue to the other holders first).
+        requeue_at = CASE WHEN j.retry > 0 AND coalesce(cardinality(j.nodes_delivered), 0) <= 1
+                          THEN statement_timestamp()
+                               + (j.retry + random() * 0.25) * interval '1 second' END,
+        cluster_requeue_at = CASE WHEN j.retry > 0 AND cardinality(j.nodes_delivered) > 1
+                                  THEN statement_timestamp()
+                                       + (j.retry + random() * 0.25) * interval '1 second' END,
         -- taken straight from 'active': an (implicit) re-queue happened first
         enqueues = j.enqueues + (j.state = 'active')::integer,
         additional_deliveries = j.additional_deliveries
@@ -211,7 +301,7 @@ _DELETE_GONE = """
 gone AS (
     DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
     RETURNING id, queue, ctime, delivered_at, deliveries, nacks, additional_deliveries,
-              retry, repl, length(body) AS size, expires_at
+              retry, repl, length(body) AS size, expires_at, nodes_delivered
 )"""
 
 # ACKJOB: the job is done. On one node nobody else holds a copy, so the job is
@@ -219,24 +309,57 @@ gone AS (
 # pgq.history. An ACK for an unknown at-least-once ID leaves a "dummy ack"
 # tombstone for the TTL encoded in the ID: a copy arriving later (cluster
 # replication, federation) then cannot resurrect the job.
+#
+# Cluster: a job with copies on other nodes leaves a tombstone (its holders
+# to reach) and an outbox event; the node process sends SETACK to every
+# holder and drops the tombstone when all confirmed. A dummy ack on a node
+# in a cluster is announced to every node (whoever holds the job takes over).
 ACK = f"""
-WITH {_DELETE_GONE}, {_LOG_GONE}, dummies AS (
+WITH {_DELETE_GONE}, {_LOG_GONE}, tombstones AS (
+    INSERT INTO pgq.acks AS a (id, queue, expires_at, nodes)
+    SELECT id, queue, expires_at, nodes_delivered FROM gone
+    WHERE cardinality(nodes_delivered) > 1
+    ON CONFLICT (id) DO UPDATE SET nodes = excluded.nodes
+), dummies AS (
     INSERT INTO pgq.acks (id, expires_at, dummy)
     SELECT u.id, statement_timestamp() + u.ttl * interval '1 second', true
     FROM unnest(%(dummy_ids)s::text[], %(dummy_ttls)s::float8[]) AS u(id, ttl)
     WHERE NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = u.id)
     ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), events AS (
+    INSERT INTO pgq.outbox (kind, job_id, arg)
+    SELECT 'ack', id, array_to_string(nodes_delivered, ',') FROM gone
+    WHERE cardinality(nodes_delivered) > 1
+    UNION ALL
+    SELECT 'ack', id, NULL FROM dummies WHERE %(cluster)s
+    RETURNING 1
 )
-SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()) FROM gone
+SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()),
+       (SELECT count(*) FROM events),
+       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
+FROM gone
 """
 
-# FASTACK and DELJOB: delete now, no tombstone.
+# FASTACK and DELJOB: delete now, no tombstone. FASTACK also asks the node
+# process to DELJOB the other holders (every node for an unknown ID, in a
+# cluster): best effort, a partitioned holder may deliver the job again.
 DELETE_JOBS = f"""
 WITH {_DELETE_GONE}, {_LOG_GONE}, tombstones AS (
     DELETE FROM pgq.acks WHERE %(with_acks)s AND id = ANY (%(ids)s::text[]) RETURNING 1
+), events AS (
+    INSERT INTO pgq.outbox (kind, job_id, arg)
+    SELECT 'fastack', id, array_to_string(nodes_delivered, ',') FROM gone
+    WHERE %(broadcast)s AND cardinality(nodes_delivered) > 1
+    UNION ALL
+    SELECT 'fastack', u.id, NULL FROM unnest(%(ids)s::text[]) AS u(id)
+    WHERE %(broadcast)s AND %(cluster)s AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = u.id)
+    RETURNING 1
 )
 SELECT (SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()) FROM gone)
-       + (SELECT count(*) FROM tombstones)
+       + (SELECT count(*) FROM tombstones),
+       (SELECT count(*) FROM events),
+       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 """
 
 # ------------------------------------------------------- nack / (en|de)queue
@@ -248,6 +371,7 @@ REQUEUE = """
 WITH requeued AS (
     UPDATE pgq.jobs SET
         state = 'queued', queued_at = statement_timestamp(), requeue_at = NULL,
+        cluster_requeue_at = NULL,
         enqueues = enqueues + 1,
         nacks = nacks + %(nack)s::integer,
         additional_deliveries = additional_deliveries
@@ -255,22 +379,34 @@ WITH requeued AS (
     WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
       AND expires_at > statement_timestamp()
       AND NOT (retry = 0 AND deliveries > 0)
-    RETURNING queue
+    RETURNING id, queue, nodes_delivered, enqueues > 1 AS counted
 ), woken AS (
     SELECT pg_notify('pgq', r.queue)
     FROM (SELECT DISTINCT queue FROM requeued) AS r
     WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = r.queue)
+), events AS (
+    -- other holders count it too and postpone their own re-queue (QUEUED)
+    INSERT INTO pgq.outbox (kind, job_id, arg)
+    SELECT 'queued', id,
+           CASE WHEN %(nack)s THEN 'nacks' WHEN counted THEN 'additional_deliveries' ELSE '' END
+           || ':' || array_to_string(nodes_delivered, ',')
+    FROM requeued WHERE cardinality(nodes_delivered) > 1
+    RETURNING 1
 )
 SELECT (SELECT count(*) FROM requeued) AS requeued,
-       (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
+       (SELECT count(*) FROM woken) AS woken,  -- a plain CTE runs only if referenced
+       (SELECT count(*) FROM events) AS events,
+       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 """
 
 # DEQUEUE: queued -> active; the retry timer queues it again (never for retry 0).
 DEQUEUE = """
 UPDATE pgq.jobs SET
     state = 'active',
-    requeue_at = CASE WHEN retry > 0
-                      THEN statement_timestamp() + retry * interval '1 second' END
+    requeue_at = CASE WHEN retry > 0 AND coalesce(cardinality(nodes_delivered), 0) <= 1
+                      THEN statement_timestamp() + retry * interval '1 second' END,
+    cluster_requeue_at = CASE WHEN retry > 0 AND cardinality(nodes_delivered) > 1
+                              THEN statement_timestamp() + retry * interval '1 second' END
 WHERE id = ANY (%(ids)s::text[]) AND state = 'queued' AND expires_at > statement_timestamp()
 """
 
@@ -279,7 +415,7 @@ WHERE id = ANY (%(ids)s::text[]) AND state = 'queued' AND expires_at > statement
 # job forever. Nothing to postpone for a retry-0 job.
 WORKING = """
 WITH target AS (
-    SELECT id, state, retry,
+    SELECT id, state, retry, nodes_delivered,
            statement_timestamp() - to_timestamp(ctime / 1e9)
                > (expires_at - to_timestamp(ctime / 1e9)) / 2 AS too_late
     FROM pgq.jobs
@@ -288,14 +424,27 @@ WITH target AS (
 ), postponed AS (
     UPDATE pgq.jobs j SET
         state = 'active',
-        requeue_at = statement_timestamp() + (j.retry + random() * 0.25) * interval '1 second'
+        requeue_at = CASE WHEN coalesce(cardinality(j.nodes_delivered), 0) <= 1
+                          THEN statement_timestamp()
+                               + (j.retry + random() * 0.25) * interval '1 second' END,
+        cluster_requeue_at = CASE WHEN cardinality(j.nodes_delivered) > 1
+                                  THEN statement_timestamp()
+                                       + (j.retry + random() * 0.25) * interval '1 second' END
     FROM target t
     WHERE j.id = t.id AND NOT t.too_late AND t.retry > 0 AND t.state <> 'wait-repl'
-    RETURNING j.id
+    RETURNING j.id, j.nodes_delivered
+), events AS (
+    -- every other holder takes it out of its queue and postpones its re-queue
+    INSERT INTO pgq.outbox (kind, job_id, arg)
+    SELECT 'working', id, ':' || array_to_string(nodes_delivered, ',') FROM postponed
+    WHERE cardinality(nodes_delivered) > 1
+    RETURNING 1
 )
 SELECT t.state, t.retry, t.too_late,
        EXISTS (SELECT 1 FROM pgq.acks a
-               WHERE a.id = %(id)s AND a.expires_at > statement_timestamp()) AS acked
+               WHERE a.id = %(id)s AND a.expires_at > statement_timestamp()) AS acked,
+       (SELECT count(*) FROM events) AS events,
+       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 FROM (SELECT 1) AS one LEFT JOIN target t ON true
 """
 
@@ -313,7 +462,7 @@ _SHOW_COLUMNS = """
     END AS next_requeue_within,
     greatest(0, extract(epoch FROM least(coalesce(requeue_at, expires_at), expires_at)
                                    - statement_timestamp()))::float8 AS next_awake_within,
-    body
+    body, nodes_delivered, nodes_confirmed
 """
 
 SHOW = f"""
@@ -343,8 +492,12 @@ QSTAT = """
 SELECT s.queue, s.length, s.created_at, s.last_activity, s.blocked, s.jobs_in, s.jobs_out,
        s.paused,
        greatest(0, extract(epoch FROM statement_timestamp() - s.created_at))::float8 AS age,
-       greatest(0, extract(epoch FROM statement_timestamp() - s.last_activity))::float8 AS idle
-FROM pgq.queue_stats s WHERE s.queue = %(queue)s
+       greatest(0, extract(epoch FROM statement_timestamp() - s.last_activity))::float8 AS idle,
+       coalesce(i.import_from, '{}'::text[]), coalesce(i.import_rate, 0)
+FROM pgq.queue_stats s
+LEFT JOIN pgq.queue_imports i
+       ON i.queue = s.queue AND i.updated_at > statement_timestamp() - interval '10 seconds'
+WHERE s.queue = %(queue)s
 """
 
 QSCAN = """
@@ -391,9 +544,14 @@ WITH cleared AS (
     RETURNING paused
 ), woken AS (
     SELECT pg_notify('pgq', %(queue)s) WHERE %(state)s IN ('none', 'in')
+), events AS (
+    INSERT INTO pgq.outbox (kind, queue, arg)
+    SELECT 'pause', %(queue)s, %(state)s WHERE %(bcast)s
+    RETURNING 1
 )
 SELECT %(state)s::text AS paused,
-       (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
+       (SELECT count(*) FROM woken) AS woken,  -- a plain CTE runs only if referenced
+       (SELECT count(*) FROM events) AS events
 """
 
 # ---------------------------------------------------------------------- info
@@ -409,3 +567,7 @@ SELECT current_setting('server_version') AS server_version,
 """
 
 JOB_COUNTS = "SELECT state, jobs FROM pgq.job_counts"
+
+HELLO_NODES = """
+SELECT id, host, port, priority FROM pgq.cluster_nodes ORDER BY NOT myself, id
+"""

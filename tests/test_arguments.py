@@ -12,7 +12,7 @@ from pgq.errors import InvalidArgumentError, InvalidTypeError, PgqError
 
 def params(**overrides):
     values = dict(replicate=None, delay=0, retry=None, ttl=None, maxlen=None,
-                  asynchronous=False, timeout=None, default_replicate=1)
+                  asynchronous=False, timeout=None)
     values.update(overrides)
     return args.job_params(**values)
 
@@ -21,7 +21,7 @@ def test_defaults_follow_disque():
     p = params()
     assert p.ttl == 86400
     assert p.retry == 300  # min(ttl/10, 300)
-    assert p.replicate == 1 and p.delay == 0 and p.maxlen is None
+    assert p.replicate is None and p.delay == 0 and p.maxlen is None  # the node decides W
 
 
 @pytest.mark.parametrize(("ttl", "retry"), [(100, 10), (5, 1), (3000, 300), (1, 1)])
