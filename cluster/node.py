@@ -389,18 +389,27 @@ class Node:
         for job_id in ids:
             self.replicator.forget(job_id)
         self._send(peer, m.GotAck(tuple((r[0], bool(r[1])) for r in rows)))
-        # Holders the sender did not know about: we drive their GC ourselves.
+        # Holders the sender did not know about (all of them, for a dummy
+        # ack): we drive their GC ourselves. A dummy ack that reached the
+        # only holder is complete at once.
         now = self.clock()
-        drive_ids, drive_nodes = [], []
+        drive_ids, drive_nodes, finished = [], [], []
         for job_id, known, local_nodes in rows:
-            extra = set(local_nodes or ()) - senders.get(job_id, set()) - {self.node_id, peer}
-            if known and senders.get(job_id) and extra:
-                holders = set(local_nodes) | senders[job_id]
+            if not known:
+                continue
+            told = senders.get(job_id, set())
+            extra = set(local_nodes or ()) - told - {self.node_id, peer}
+            if extra:
+                holders = set(local_nodes) | told
                 self.acks.add(job_id, holders - {self.node_id}, now)
                 drive_ids.append(job_id)
                 drive_nodes.append(_csv(holders))
+            elif not told:
+                finished.append(job_id)
         if drive_ids:
             await self._all(sql.TRACK_ACK_GC, {"ids": drive_ids, "nodes": drive_nodes})
+        if finished:
+            await self._all(sql.APPLY_DELJOB, {"ids": finished})
 
     async def _on_gotack(self, peer: str, message: m.GotAck) -> None:
         for job_id, known in message.items:
