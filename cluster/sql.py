@@ -285,7 +285,10 @@ WHERE cluster_requeue_at <= statement_timestamp() + %(ahead)s * interval '1 seco
 ORDER BY cluster_requeue_at LIMIT 2000
 """
 
-# The timer fired and nobody objected: queue it here, announce QUEUED.
+# The timer fired and nobody objected: queue it here, announce QUEUED. A
+# node-run timer only fires after the job was queued somewhere (the origin
+# queues it once replicated, or after its delay) and nobody acknowledged it
+# within retry, so it always counts an additional delivery - on every copy.
 FIRE_TIMERS = """
 WITH due AS (
     SELECT ctid FROM pgq.jobs
@@ -296,9 +299,9 @@ WITH due AS (
     UPDATE pgq.jobs j SET
         state = 'queued', queued_at = statement_timestamp(), cluster_requeue_at = NULL,
         requeue_at = NULL, enqueues = j.enqueues + 1,
-        additional_deliveries = j.additional_deliveries + (j.enqueues > 0)::integer
+        additional_deliveries = j.additional_deliveries + 1
     WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM due))
-    RETURNING j.id, j.queue, coalesce(j.nodes_delivered, '{}'::text[]), j.enqueues > 1
+    RETURNING j.id, j.queue, coalesce(j.nodes_delivered, '{}'::text[]), true
 ), woken AS (
     SELECT pg_notify('pgq', q.queue) FROM (SELECT DISTINCT queue FROM fired) AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
