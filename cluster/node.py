@@ -21,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import random
@@ -190,7 +191,12 @@ class Node:
         return {p.id for p in self.membership.live_peers()} if self.membership else set()
 
     def _reachable(self) -> list[str]:
+        """Peers that may take new copies: alive and not leaving."""
         return sorted(p.id for p in self.membership.reachable())
+
+    def _alive(self) -> list[str]:
+        """Peers to ask for jobs: alive, leaving ones included (they drain by federation)."""
+        return sorted(p.id for p in self.membership.live_peers() if p.status == "alive")
 
     def _send(self, node_id: str, message: m.Message) -> None:
         peer = self.membership.get(node_id)
@@ -239,6 +245,7 @@ class Node:
             if now - beat >= 1.0:
                 beat = now
                 await self._all(sql.HEARTBEAT)
+                await self._set_meta(bus_stats=json.dumps(self.bus.stats.as_dict()))
                 await self._all(sql.DROP_HANDED_OVER, {"myself": self.node_id})
             await anyio.sleep(0.25)
 
@@ -486,7 +493,7 @@ class Node:
                 for queue, length in await self._all(sql.WAITED_QUEUES):
                     if length > 0:
                         continue
-                    for targets, count in self.federation.needs(queue, now, self._reachable()):
+                    for targets, count in self.federation.needs(queue, now, self._alive()):
                         for peer in targets:
                             self._send(peer, m.NeedJobs(queue, count))
             if now - stats_at >= 1.0:

@@ -13,6 +13,7 @@ is in :mod:`pgq.statements`, with the reasons it is safe.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -551,12 +552,13 @@ def info(session: Session, version: str) -> Command[dict[str, Any]]:
     """INFO: the node, its server and its jobs."""
     row = yield Query(sql.INFO, None, Result.ROW)
     counts = yield Query(sql.JOB_COUNTS, None, Result.ROWS)
-    server_version, database, uptime, queues, blocked, sync_commit, fsync = row
+    server_version, database, uptime, queues, blocked, sync_commit, fsync, bus_stats = row
     jobs = {state: int(n) for state, n in counts}
     view = yield from cluster_view(session)
     return {
         "cluster": {"active": view.active, "reachable_nodes": view.reachable,
-                    "leaving": view.leaving},
+                    "leaving": view.leaving,
+                    "bus": json.loads(bus_stats) if bus_stats and view.active else None},
         "pgq_version": version,
         "node_id": session.node_id,
         "server_version": server_version,

@@ -563,7 +563,8 @@ SELECT current_setting('server_version') AS server_version,
        (SELECT count(DISTINCT queue) FROM pgq.queue_stats) AS queues,
        (SELECT count(DISTINCT pid) FROM pgq.waiters) AS blocked_clients,
        current_setting('synchronous_commit') AS synchronous_commit,
-       current_setting('fsync') AS fsync
+       current_setting('fsync') AS fsync,
+       pgq.meta_value('bus_stats') AS bus_stats
 """
 
 JOB_COUNTS = "SELECT state, jobs FROM pgq.job_counts"
