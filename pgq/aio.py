@@ -42,10 +42,11 @@ class _Reconnect(Exception):
 class AsyncClient(ClientCore):
     """An async client of one pgq node (see :class:`pgq.Client`)."""
 
-    def __init__(self, dsn: str | None = None, **options: Any) -> None:
+    def __init__(self, dsn: str | list[str] | None = None, **options: Any) -> None:
         super().__init__(dsn, options)
         self._pool: AsyncConnectionPool | None = None
         self._opening = anyio.Lock()
+        self._switching = anyio.Lock()
         self._closed = False
 
     # ------------------------------------------------------------ plumbing
@@ -59,15 +60,7 @@ class AsyncClient(ClientCore):
                 raise DatabaseUnavailableError("this AsyncClient is closed")
             if self.should_migrate:
                 await anyio.to_thread.run_sync(run_migrations, self._dsn)
-            pool = AsyncConnectionPool(
-                self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
-                kwargs={"autocommit": True,
-                        "prepare_threshold": 5 if self.options.prepare else None,
-                        "application_name": self.options.application_name},
-                configure=self._configure, timeout=self.options.reconnect_timeout,
-                name=f"pgq-async-{id(self):x}",
-            )
-            await pool.open(wait=False)
+            pool = await self._open_pool()
             self._pool = pool
             try:
                 version, self._node_id = await self._run_on_pool(self._read_node)
@@ -76,6 +69,32 @@ class AsyncClient(ClientCore):
                 self._pool = None
                 await pool.close()
                 raise
+
+    async def _open_pool(self) -> AsyncConnectionPool:
+        pool = AsyncConnectionPool(
+            self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
+            kwargs={"autocommit": True,
+                    "prepare_threshold": 5 if self.options.prepare else None,
+                    "application_name": self.options.application_name},
+            configure=self._configure, timeout=self.pool_timeout,
+            name=f"pgq-async-{id(self):x}",
+        )
+        await pool.open(wait=False)
+        return pool
+
+    async def _fail_over(self, failed: AsyncConnectionPool) -> bool:
+        """Switch to the next DSN (once per failure, whatever the tasks)."""
+        async with self._switching:
+            if self._pool is not failed:
+                return True
+            if not self.next_dsn():
+                return False
+            log.warning("pgq: node database unreachable, failing over to %s:%s",
+                        self._host, self._port)
+            self._pool = await self._open_pool()
+        with anyio.CancelScope(shield=True):
+            await failed.close(timeout=1.0)
+        return True
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if self.options.turbo:
@@ -103,8 +122,10 @@ class AsyncClient(ClientCore):
         deadline = time.monotonic() + self.options.reconnect_timeout
         attempt = 0
         while True:
+            pool = self._pool
+            assert pool is not None
             try:
-                async with self._pool.connection() as conn:
+                async with pool.connection() as conn:
                     try:
                         return await work(conn)
                     except psycopg.OperationalError as exc:
@@ -114,8 +135,13 @@ class AsyncClient(ClientCore):
             except (_Reconnect, PoolTimeout) as exc:
                 cause = exc.__cause__ or exc
                 if time.monotonic() >= deadline:
-                    raise self.unavailable(cause, self._pool.get_stats()) from cause
-                await self._pool.check()
+                    raise self.unavailable(cause, pool.get_stats()) from cause
+                if isinstance(exc, PoolTimeout) and await self._fail_over(pool):
+                    if work is not self._read_node:  # a new node: its id and schema
+                        version, self._node_id = await self._run_on_pool(self._read_node)
+                        check_schema(version)
+                    continue
+                await pool.check()
                 await anyio.sleep(min(0.05 * 2**attempt, 1.0))
                 attempt += 1
             except psycopg.Error as exc:

@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -53,25 +54,43 @@ class Client(ClientCore):
     ``migrate=True``. Options: see :class:`pgq.core.ClientOptions`.
     """
 
-    def __init__(self, dsn: str | None = None, **options: Any) -> None:
+    def __init__(self, dsn: str | list[str] | None = None, **options: Any) -> None:
         super().__init__(dsn, options)
         if self.should_migrate:
             run_migrations(self._dsn)
-        self._pool = ConnectionPool(
-            self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
-            kwargs={"autocommit": True,
-                    "prepare_threshold": 5 if self.options.prepare else None,
-                    "application_name": self.options.application_name},
-            configure=self._configure, timeout=self.options.reconnect_timeout,
-            name=f"pgq-{id(self):x}",
-        )
-        self._pool.open(wait=False)
+        self._switching = threading.Lock()
+        self._pool = self._open_pool()
         try:
             version, self._node_id = self._run_on_pool(self._read_node)
             check_schema(version)
         except BaseException:
             self._pool.close()
             raise
+
+    def _open_pool(self) -> ConnectionPool:
+        pool = ConnectionPool(
+            self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
+            kwargs={"autocommit": True,
+                    "prepare_threshold": 5 if self.options.prepare else None,
+                    "application_name": self.options.application_name},
+            configure=self._configure, timeout=self.pool_timeout,
+            name=f"pgq-{id(self):x}",
+        )
+        pool.open(wait=False)
+        return pool
+
+    def _fail_over(self, failed: ConnectionPool) -> bool:
+        """Switch to the next DSN (once per failure, whatever the threads)."""
+        with self._switching:
+            if self._pool is not failed:
+                return True  # another thread switched already
+            if not self.next_dsn():
+                return False
+            log.warning("pgq: node database unreachable, failing over to %s:%s",
+                        self._host, self._port)
+            self._pool = self._open_pool()
+        failed.close(timeout=1.0)
+        return True
 
     # ------------------------------------------------------------ plumbing
 
@@ -100,8 +119,9 @@ class Client(ClientCore):
         deadline = time.monotonic() + self.options.reconnect_timeout
         attempt = 0
         while True:
+            pool = self._pool
             try:
-                with self._pool.connection() as conn:
+                with pool.connection() as conn:
                     try:
                         return work(conn)
                     except psycopg.OperationalError as exc:
@@ -111,8 +131,13 @@ class Client(ClientCore):
             except (_Reconnect, PoolTimeout) as exc:
                 cause = exc.__cause__ or exc
                 if time.monotonic() >= deadline:
-                    raise self.unavailable(cause, self._pool.get_stats()) from cause
-                self._pool.check()
+                    raise self.unavailable(cause, pool.get_stats()) from cause
+                if isinstance(exc, PoolTimeout) and self._fail_over(pool):
+                    if work is not self._read_node:  # a new node: its id and schema
+                        version, self._node_id = self._run_on_pool(self._read_node)
+                        check_schema(version)
+                    continue
+                pool.check()
                 time.sleep(min(0.05 * 2**attempt, 1.0))
                 attempt += 1
             except psycopg.Error as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -157,7 +157,7 @@ def translate_database_error(exc: psycopg.Error) -> Exception | None:
 class ClientCore:
     """Options, DSN and command construction shared by both clients."""
 
-    def __init__(self, dsn: str | None, options: Mapping[str, Any]) -> None:
+    def __init__(self, dsn: str | Sequence[str] | None, options: Mapping[str, Any]) -> None:
         self.options = ClientOptions.from_kwargs(options)
         self._embedded = False
         if dsn is None:
@@ -167,9 +167,16 @@ class ClientCore:
 
             dsn = embedded.ensure_running(self.options.home).dsn
             self._embedded = True
-        elif not isinstance(dsn, str):
-            raise InvalidTypeError(f"dsn must be a str (a libpq URL or key=value string), not {type(dsn).__name__}")
-        self._dsn = libpq_url(dsn)
+        dsns = [dsn] if isinstance(dsn, str) else list(dsn) if isinstance(dsn, (list, tuple)) else None
+        if not dsns or not all(isinstance(d, str) for d in dsns):
+            raise InvalidTypeError(
+                "dsn must be a str (a libpq URL or key=value string) or a list of them "
+                f"(several nodes to fail over between), not {type(dsn).__name__}")
+        # Several DSNs: the client uses the first that answers and moves on
+        # to the next when its node's database becomes unreachable.
+        self._dsns = [libpq_url(d) for d in dsns]
+        self._dsn_index = 0
+        self._dsn = self._dsns[0]
         self._host, self._port = _host_and_port(self._dsn)
         self._node_id = ""
         self._last_sweep = 0.0
@@ -177,8 +184,25 @@ class ClientCore:
 
     @property
     def dsn(self) -> str:
-        """The libpq URL of the node database (usable by psycopg, SQLAlchemy, JDBC tooling)."""
+        """The libpq URL of the node database in use (usable by psycopg, SQLAlchemy, JDBC tooling)."""
         return self._dsn
+
+    @property
+    def pool_timeout(self) -> float:
+        """How long to wait for a connection before failing over (or giving up)."""
+        if len(self._dsns) > 1:
+            return min(self.options.reconnect_timeout, 3.0)
+        return self.options.reconnect_timeout
+
+    def next_dsn(self) -> bool:
+        """Move to the next DSN; False if there is only one."""
+        if len(self._dsns) < 2:
+            return False
+        self._dsn_index = (self._dsn_index + 1) % len(self._dsns)
+        self._dsn = self._dsns[self._dsn_index]
+        self._host, self._port = _host_and_port(self._dsn)
+        self._cluster.fetched_at = float("-inf")
+        return True
 
     @property
     def node_id(self) -> str:

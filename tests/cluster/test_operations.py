@@ -164,3 +164,22 @@ def test_kill_of_a_nodes_postgresql_loses_no_replicated_job(make_cluster):
     assert cluster[1].alive  # the node process rode out its database's crash
     wait_until(lambda: all(cluster.copies(j) == 0 for j in jobs), 40,
                message="every copy to be acked away")
+
+
+def test_client_with_several_dsns_fails_over(make_cluster):
+    cluster = make_cluster(2)
+    client = pgq.Client([cluster[0].dsn, cluster[1].dsn], reconnect_timeout=20)
+    try:
+        assert client.node_id == cluster[0].id()
+        job = client.add_job("fo", b"x", replicate=2, retry=1)
+        embedded.stop(cluster[0].server.home, mode="immediate")
+        try:
+            start = time.monotonic()
+            got = client.get_job("fo", timeout=10)  # served by the second node
+            assert [j.id for j in got] == [job]
+            assert client.node_id == cluster[1].id() and client.dsn == cluster[1].dsn
+            assert time.monotonic() - start < 15
+        finally:
+            embedded.ensure_running(cluster[0].server.home)
+    finally:
+        client.close()
