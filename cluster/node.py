@@ -277,8 +277,10 @@ class Node:
             if kind == "replicate":
                 to_replicate.append(job_id)
             elif kind == "abort":
+                # The client gave up: remove partial copies, best effort. If we
+                # no longer know whom we sent it to (we restarted), ask everyone.
                 entry = self.replicator.forget(job_id)
-                for peer in entry.sent if entry else ():
+                for peer in entry.sent if entry else self._everyone():
                     self._send(peer, m.DelJob((job_id,)))
             elif kind == "ack":
                 holders = {n for n in (arg or "").split(",") if n and n != self.node_id}

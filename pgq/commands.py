@@ -163,25 +163,21 @@ def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Comman
     """Wait for the node process to confirm W copies of every job, or give up."""
     deadline = session.clock() + timeout
     pending = set(ids)
-    gone: set[str] = set()
     polls = 0
-    while True:
+    while pending and session.clock() < deadline:
         received = yield Wait(min(_poll_wait(polls, 0.5), max(deadline - session.clock(), 0.0)))
         polls += 1
         pending -= {payload for channel, payload in received if channel.startswith("pgq_r")}
         if pending and (not received or polls % 4 == 0):
             rows = yield Query(sql.REPLICATION_DONE, {"ids": sorted(pending)}, Result.ROWS)
-            pending -= {job_id for job_id, replicated, _ in rows if replicated}
-            gone |= {job_id for job_id, _, vanished in rows if vanished}
-            pending -= gone
-        if not pending and not gone:
-            return
-        if not pending or session.clock() >= deadline:
-            break
+            # A job that vanished was replicated first (a 'wait-repl' job is
+            # never delivered), then acknowledged, deleted or expired.
+            pending -= {job_id for job_id, replicated, vanished in rows if replicated or vanished}
+    if not pending:
+        return
     removed = yield Query(sql.ABORT_REPLICATION, {"ids": sorted(pending)}, Result.ROWS)
-    removed_ids = {r[0] for r in removed}
-    yield from _ring(session, len(removed_ids))
-    failed = removed_ids | gone
+    failed = {r[0] for r in removed}
+    yield from _ring(session, len(failed))
     if not failed:
         return  # confirmed in the meantime: nothing was withdrawn
     raise NoReplError(
