@@ -21,6 +21,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ __all__ = ["Node", "NodeSettings"]
 log = logging.getLogger("pgq.cluster.node")
 DOORBELL = "pgq_node"
 REPLJOB_BATCH = 500
+INBOX_LIMIT = 20_000
 
 
 @dataclass
@@ -99,7 +101,8 @@ class Node:
         self._forgotten: list[str] = []
         self._announced: dict[str, float] = {}
         self._doorbell = anyio.Event()
-        self._repl_wakeup = anyio.Event()
+        self._inbox: list[tuple[str, m.Message]] = []
+        self._inbox_ready = anyio.Event()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -118,7 +121,8 @@ class Node:
                 now = self.clock()
                 for host, port in self.settings.joins:
                     self._act(self.membership.join(host, port, now))
-                for loop in (self._membership_loop, self._doorbell_loop, self._outbox_loop,
+                for loop in (self._membership_loop, self._inbox_loop, self._doorbell_loop,
+                             self._outbox_loop,
                              self._replication_loop, self._acks_loop, self._timers_loop,
                              self._federation_loop, self._persist_loop):
                     tasks.start_soon(self._forever, loop)
@@ -255,9 +259,13 @@ class Node:
             conn.add_notify_handler(lambda _n: self._doorbell.set())
             await conn.execute(f"LISTEN {DOORBELL}")
             self._doorbell.set()  # drain whatever accumulated while we were down
+            pgconn = conn.pgconn
             while True:
                 await anyio.wait_readable(conn.fileno())
-                await conn.execute("SELECT 1")  # reads the notifications, runs the handler
+                # Read the notifications straight from libpq: no round trip.
+                pgconn.consume_input()
+                while pgconn.notifies() is not None:
+                    self._doorbell.set()
 
     async def _outbox_loop(self) -> None:
         while True:
@@ -265,17 +273,19 @@ class Node:
                 await self._doorbell.wait()
             self._doorbell = anyio.Event()
             while True:
-                rows = await self._all(sql.DRAIN_OUTBOX, {"limit": 2000})
+                rows = await self._all(sql.DRAIN_OUTBOX_WITH_JOBS, {"limit": 2000})
                 if not rows:
                     break
                 await self._handle_outbox(rows)
 
     async def _handle_outbox(self, rows: list[Any]) -> None:
         now = self.clock()
-        to_replicate: list[str] = []
-        for _seq, kind, job_id, queue, arg in rows:
+        to_replicate: list[Any] = []
+        for row in rows:
+            _seq, kind, job_id, queue, arg = row[:5]
             if kind == "replicate":
-                to_replicate.append(job_id)
+                if row[5] is not None:  # still there (not withdrawn or acked meanwhile)
+                    to_replicate.append(row[5:])
             elif kind == "abort":
                 # The client gave up: remove partial copies, best effort. If we
                 # no longer know whom we sent it to (we restarted), ask everyone.
@@ -312,7 +322,7 @@ class Node:
                 self.leaving = arg == "yes"
                 self._act(self.membership.set_leaving(self.leaving, now))
         if to_replicate:
-            await self._start_replication(await self._all(sql.JOBS_TO_REPLICATE, {"ids": to_replicate}))
+            await self._start_replication(to_replicate)
 
     # ------------------------------------------------------------ replication
 
@@ -343,8 +353,10 @@ class Node:
                 for peer in entry.sent:
                     self._send(peer, m.DelJob((entry.copy.id,)))
 
-    async def _on_gotjob(self, peer: str, message: m.GotJob) -> None:
-        done = self.replicator.confirmed(peer, list(message.ids))
+    async def _on_gotjobs(self, items: list[tuple[str, m.GotJob]]) -> None:
+        done = []
+        for peer, message in items:
+            done += self.replicator.confirmed(peer, list(message.ids))
         if not done:
             return
         sync = [d for d in done if d.sync]
@@ -369,16 +381,34 @@ class Node:
         if others:
             await self._all(sql.REPLICATION_PROGRESS, params(others))
 
-    async def _on_repljob(self, peer: str, message: m.ReplJob) -> None:
-        rows = await self._all(sql.STORE_COPIES, {**_copies_params(list(message.jobs)),
+    async def _on_repljobs(self, items: list[tuple[str, m.ReplJob]]) -> None:
+        # One statement (one durable commit) for every copy that arrived
+        # meanwhile; then each sender hears about the copies it sent.
+        copies: dict[str, m.JobCopy] = {}
+        senders: dict[str, set[str]] = {}
+        for peer, message in items:
+            for copy in message.jobs:
+                if copy.id in copies:  # a re-sent copy: merge what it says of holders
+                    merged = tuple(sorted(set(copies[copy.id].nodes) | set(copy.nodes)))
+                    copy = m.JobCopy(**{**{k: getattr(copy, k) for k in copy.__slots__},
+                                        "nodes": merged})
+                copies[copy.id] = copy
+                senders.setdefault(copy.id, set()).add(peer)
+        rows = await self._all(sql.STORE_COPIES, {**_copies_params(list(copies.values())),
                                                   "leaving": self.leaving, "myself": self.node_id})
-        stored = tuple(r[1] for r in rows if r[0] == "stored")
-        acked = tuple((r[1], tuple(n for n in (r[2] or "").split(",") if n))
-                      for r in rows if r[0] == "acked")
-        if stored:
-            self._send(peer, m.GotJob(stored))
-        if acked:
-            self._send(peer, m.SetAck(acked))
+        stored: dict[str, list[str]] = {}
+        acked: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        for kind, job_id, nodes in rows:
+            for peer in senders[job_id]:
+                if kind == "stored":
+                    stored.setdefault(peer, []).append(job_id)
+                else:
+                    acked.setdefault(peer, []).append(
+                        (job_id, tuple(n for n in (nodes or "").split(",") if n)))
+        for peer, ids in stored.items():
+            self._send(peer, m.GotJob(tuple(ids)))
+        for peer, pairs in acked.items():
+            self._send(peer, m.SetAck(tuple(pairs)))
 
     # ------------------------------------------------------------ acks
 
@@ -390,14 +420,23 @@ class Node:
                     self._send(peer, m.SetAck(tuple(items[i:i + 2000])))
             await anyio.sleep(0.1)
 
-    async def _on_setack(self, peer: str, message: m.SetAck) -> None:
-        ids = [job_id for job_id, _ in message.items]
-        senders = {job_id: set(nodes) for job_id, nodes in message.items}
+    async def _on_setacks(self, items: list[tuple[str, m.SetAck]]) -> None:
+        senders: dict[str, set[str]] = {}  # job -> holders the senders know
+        asked: dict[str, list[str]] = {}  # peer -> jobs it asked about
+        askers: dict[str, set[str]] = {}  # job -> peers that sent the SETACK
+        for peer, message in items:
+            for job_id, nodes in message.items:
+                senders.setdefault(job_id, set()).update(nodes)
+                asked.setdefault(peer, []).append(job_id)
+                askers.setdefault(job_id, set()).add(peer)
+        ids = list(senders)
         rows = await self._all(sql.APPLY_SETACK, {"ids": ids,
-                                                  "nodes": [_csv(n) for n in senders.values()]})
+                                                  "nodes": [_csv(senders[i]) for i in ids]})
         for job_id in ids:
             self.replicator.forget(job_id)
-        self._send(peer, m.GotAck(tuple((r[0], bool(r[1])) for r in rows)))
+        known = {r[0]: bool(r[1]) for r in rows}
+        for peer, job_ids in asked.items():
+            self._send(peer, m.GotAck(tuple((i, known.get(i, False)) for i in dict.fromkeys(job_ids))))
         # Holders the sender did not know about (all of them, for a dummy
         # ack): we drive their GC ourselves. A dummy ack that reached the
         # only holder is complete at once.
@@ -407,7 +446,7 @@ class Node:
             if not known:
                 continue
             told = senders.get(job_id, set())
-            extra = set(local_nodes or ()) - told - {self.node_id, peer}
+            extra = set(local_nodes or ()) - told - {self.node_id} - askers[job_id]
             if extra:
                 holders = set(local_nodes) | told
                 self.acks.add(job_id, holders - {self.node_id}, now)
@@ -541,12 +580,38 @@ class Node:
             return
         if self.membership.get(peer) is None:
             return  # jobs only from members we know (they gossip before anything else)
-        handler = self._handlers.get(type(message))
-        if handler is not None:
-            await handler(self, peer, message)
+        if type(message) in self._handlers or type(message) in self._batch_handlers:
+            self._inbox.append((peer, message))
+            self._inbox_ready.set()
+            if len(self._inbox) > INBOX_LIMIT:  # back-pressure on the sending links
+                await anyio.sleep(0.01)
 
+    async def _inbox_loop(self) -> None:
+        """Apply job messages in arrival order; a run of messages of one kind
+        that arrived while the previous statement ran shares one statement
+        (application-level group commit: no added latency when idle)."""
+        while True:
+            await self._inbox_ready.wait()
+            self._inbox_ready = anyio.Event()
+            items, self._inbox = self._inbox, []
+            for kind, group in itertools.groupby(items, key=lambda item: type(item[1])):
+                run = list(group)
+                batch = self._batch_handlers.get(kind)
+                try:
+                    if batch is not None:
+                        await batch(self, run)
+                    else:
+                        for peer, message in run:
+                            await self._handlers[kind](self, peer, message)
+                except (psycopg.OperationalError, OSError):
+                    raise  # _forever retries the loop; the peers retry their messages
+                except Exception:
+                    log.exception("handling %d %s message(s) failed", len(run), kind.KIND)
+
+    _batch_handlers: dict[type, Any] = {
+        m.ReplJob: _on_repljobs, m.GotJob: _on_gotjobs, m.SetAck: _on_setacks,
+    }
     _handlers: dict[type, Any] = {
-        m.ReplJob: _on_repljob, m.GotJob: _on_gotjob, m.SetAck: _on_setack,
         m.GotAck: _on_gotack, m.DelJob: _on_deljob, m.WillQueue: _on_willqueue,
         m.Queued: _on_queued, m.Working: _on_working, m.Enqueue: _on_enqueue,
         m.NeedJobs: _on_needjobs, m.YourJobs: _on_yourjobs, m.Pause: _on_pause,

@@ -59,6 +59,28 @@ WHERE seq IN (SELECT seq FROM pgq.outbox ORDER BY seq LIMIT %(limit)s FOR UPDATE
 RETURNING seq, kind, job_id, queue, arg
 """
 
+# Drain the outbox and read, in the same round trip, every job it asks us to
+# replicate (the hot path of a replicated add).
+DRAIN_OUTBOX_WITH_JOBS = """
+WITH relaxed AS MATERIALIZED (  -- replaying an event after a crash is harmless
+    SELECT set_config('synchronous_commit', 'off', true)
+), drained AS (
+    DELETE FROM pgq.outbox
+    WHERE seq IN (SELECT seq FROM pgq.outbox ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+    RETURNING seq, kind, job_id, queue, arg
+)
+SELECT d.seq, d.kind, d.job_id, d.queue, d.arg,
+       j.id, j.queue, j.body, j.ctime, j.repl, j.retry, j.delay,
+       extract(epoch FROM j.expires_at)::float8, j.nacks, j.additional_deliveries,
+       coalesce(j.nodes_delivered, '{}'::text[]), j.state, j.repl_waiter,
+       greatest(0, extract(epoch FROM j.expires_at - statement_timestamp()))::float8,
+       coalesce(j.nodes_confirmed, '{}'::text[])
+FROM drained d
+LEFT JOIN pgq.jobs j ON d.kind = 'replicate' AND j.id = d.job_id
+WHERE (SELECT count(*) FROM relaxed) = 1
+ORDER BY d.seq
+"""
+
 _COPY_COLUMNS = """
     id, queue, body, ctime, repl, retry, delay, extract(epoch FROM expires_at)::float8,
     nacks, additional_deliveries, coalesce(nodes_delivered, '{}'::text[])
@@ -127,9 +149,14 @@ SELECT 'acked', id, nodes FROM acked
 """
 
 # Synchronous replication achieved: queue the job (or keep it active until
-# its delay), record its holders, wake the client waiting for it.
+# its delay), record its holders, wake the client waiting for it. Commits
+# without waiting for the WAL flush: after a crash the job is still
+# 'wait-repl' here, the restarted node replicates it again and the peers,
+# which hold their copies durably, confirm at once.
 REPLICATION_ACHIEVED = """
-WITH done AS (
+WITH relaxed AS MATERIALIZED (
+    SELECT set_config('synchronous_commit', 'off', true)
+), done AS (
     UPDATE pgq.jobs j SET
         state = CASE WHEN j.requeue_at > statement_timestamp() THEN 'active' ELSE 'queued' END,
         queued_at = CASE WHEN j.requeue_at > statement_timestamp() THEN NULL
@@ -149,7 +176,8 @@ WITH done AS (
     FROM (SELECT DISTINCT queue FROM done WHERE state = 'queued') AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
 )
-SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM woken), (SELECT count(*) FROM consumers)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM woken), (SELECT count(*) FROM consumers),
+       (SELECT count(*) FROM relaxed)
 """
 
 # Progress of asynchronous / transactional replication (holders only).
