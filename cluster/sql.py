@@ -53,12 +53,6 @@ SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM removed)
 
 # -------------------------------------------------------------------- outbox
 
-DRAIN_OUTBOX = """
-DELETE FROM pgq.outbox
-WHERE seq IN (SELECT seq FROM pgq.outbox ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
-RETURNING seq, kind, job_id, queue, arg
-"""
-
 # Drain the outbox and read, in the same round trip, every job it asks us to
 # replicate (the hot path of a replicated add).
 DRAIN_OUTBOX_WITH_JOBS = """
@@ -84,14 +78,6 @@ ORDER BY d.seq
 _COPY_COLUMNS = """
     id, queue, body, ctime, repl, retry, delay, extract(epoch FROM expires_at)::float8,
     nacks, additional_deliveries, coalesce(nodes_delivered, '{}'::text[])
-"""
-
-# Jobs this node must replicate: state, who waits, how long they live.
-JOBS_TO_REPLICATE = f"""
-SELECT {_COPY_COLUMNS}, state, repl_waiter,
-       greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8,
-       coalesce(nodes_confirmed, '{{}}'::text[])
-FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
 """
 
 # After a restart: every job created here that still lacks copies.

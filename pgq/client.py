@@ -29,7 +29,6 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from . import commands
 from .core import ClientCore, CommandFactory, translate_database_error
 from .driver import SyncDriver
-from .errors import DatabaseUnavailableError
 from .job import Job
 from .migrate import check_schema
 from .migrate import migrate as run_migrations

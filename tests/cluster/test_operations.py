@@ -3,7 +3,6 @@ and crashes of node processes and of their PostgreSQL."""
 
 from __future__ import annotations
 
-import json
 import signal
 import socket
 import subprocess
