@@ -61,6 +61,7 @@ class NodeSettings:
     joins: list[tuple[str, int]] = field(default_factory=list)
     membership: Config = field(default_factory=Config)
     pool_size: int = 8
+    metrics: str | None = None  # HOST:PORT of the Prometheus endpoint
 
 
 def _csv(nodes: Iterable[str]) -> str:
@@ -96,6 +97,7 @@ class Node:
         self.acks: AckCollector | None = None
         self.federation = Federation()
         self.bus: Bus | None = None
+        self.metrics: Any = None
         self.leaving = False
         self._members_dirty = True
         self._forgotten: list[str] = []
@@ -112,6 +114,12 @@ class Node:
                                    open=False, name=f"pgq-node-{self.settings.name}")
         await pool.open(wait=True, timeout=30)
         self.pool = pool
+        self.metrics = None
+        if self.settings.metrics:
+            from pgq.metrics import NodeMetrics
+
+            self.metrics = NodeMetrics(self.settings.dsn, self._metrics_snapshot)
+            self.metrics.serve(self.settings.metrics)
         try:
             await self._load()
             self.bus = Bus(self.node_id, self.settings.secret, self.settings.bus_host,
@@ -173,6 +181,15 @@ class Node:
         for job_id, nodes, dummy in await self._all(sql.PENDING_ACK_GC):
             self.acks.add(job_id, None if dummy and not nodes else set(nodes or ()), now,
                           everyone=self._everyone())
+
+    def _metrics_snapshot(self) -> dict[str, Any]:
+        """Read from the metrics thread: plain copies, no locks needed."""
+        statuses: dict[str, int] = {}
+        for member in list(self.membership.members.values()) if self.membership else []:
+            statuses[member.status] = statuses.get(member.status, 0) + 1
+        return {"nodes": statuses,
+                "bus": self.bus.stats.as_dict() if self.bus else
+                {"messages_in": {}, "messages_out": {}, "rejected_total": 0}}
 
     # ------------------------------------------------------------ database
 
@@ -359,6 +376,10 @@ class Node:
             done += self.replicator.confirmed(peer, list(message.ids))
         if not done:
             return
+        if self.metrics is not None:
+            now = self.clock()
+            for entry in done:
+                self.metrics.replication.observe(now - entry.started)
         sync = [d for d in done if d.sync]
         others = [d for d in done if not d.sync]
         keep = not self.leaving

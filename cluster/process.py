@@ -91,24 +91,45 @@ def read_state(data: Path) -> dict[str, Any] | None:
         return None
 
 
-def _setup_logging(name: str) -> None:
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the node's name (PGQ_LOG_FORMAT=json)."""
+
+    def __init__(self, node: str) -> None:
+        super().__init__()
+        self.node = node
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"), "node": self.node,
+                 "logger": record.name, "level": record.levelname, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(name: str) -> None:
+    """Log to stderr with the node (or worker) name: text, or JSON lines."""
     level = os.environ.get("PGQ_LOG_LEVEL", "INFO").upper()
-    logging.basicConfig(
-        level=getattr(logging, level, logging.INFO), stream=sys.stderr,
-        format=f"%(asctime)s {name} %(name)s %(levelname)s %(message)s",
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get("PGQ_LOG_FORMAT", "text").lower() == "json":
+        handler.setFormatter(JsonFormatter(name))
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s {name} %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level, logging.INFO))
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 
 
 def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = None,
-             joins: tuple[str, ...] = (), secret_file: str | None = None) -> int:
+             joins: tuple[str, ...] = (), secret_file: str | None = None,
+             metrics: str | None = None) -> int:
     """Start a node in the foreground until SIGTERM/SIGINT; returns the exit code."""
     from pgq import embedded
     from pgq.migrate import migrate
 
     from .node import Node, NodeSettings
 
-    _setup_logging(name)
+    setup_logging(name)
     host, port = parse_address(bus)
     peers = [parse_address(j) for j in joins]
     directory = Path(data).absolute() if data else None
@@ -123,7 +144,8 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
         dsn = embedded.ensure_running(directory / "postgres", host=host).dsn
     migrate(dsn)
     settings = NodeSettings(name=name, dsn=dsn, bus_host=host, bus_port=port,
-                            secret=load_secret(secret_file, directory), joins=peers)
+                            secret=load_secret(secret_file, directory), joins=peers,
+                            metrics=metrics)
     node = Node(settings)
 
     async def main() -> None:

@@ -38,6 +38,7 @@ class Pending:
     needed: int  # confirmations from peers needed
     sync: bool
     expires: float  # monotonic deadline (job TTL)
+    started: float = 0.0
     sent: set[str] = field(default_factory=set)
     confirmed: set[str] = field(default_factory=set)
     next_widen: float = 0.0
@@ -67,7 +68,7 @@ class Replicator:
     def add(self, copy: JobCopy, needed: int, sync: bool, now: float, ttl_left: float) -> None:
         if copy.id in self.pending or needed <= 0:
             return
-        self.pending[copy.id] = Pending(copy, needed, sync, now + ttl_left)
+        self.pending[copy.id] = Pending(copy, needed, sync, now + ttl_left, started=now)
 
     def confirmed(self, peer: str, ids: list[str]) -> list[Pending]:
         """Record GOTJOB; return the jobs that just reached their copies."""

@@ -302,10 +302,11 @@ ORDER BY cluster_requeue_at LIMIT 2000
 # The timer fired and nobody objected: queue it here, announce QUEUED. A
 # node-run timer only fires after the job was queued somewhere (the origin
 # queues it once replicated, or after its delay) and nobody acknowledged it
-# within retry, so it always counts an additional delivery - on every copy.
+# within retry, so it counts an additional delivery - on every copy - unless
+# it ends a NACK's back-off (requeue_counts false: the NACK counted already).
 FIRE_TIMERS = """
 WITH due AS (
-    SELECT ctid FROM pgq.jobs
+    SELECT ctid, requeue_counts FROM pgq.jobs
     WHERE cluster_requeue_at <= statement_timestamp() AND state = 'active'
       AND expires_at > statement_timestamp()
     LIMIT 2000 FOR UPDATE SKIP LOCKED
@@ -313,9 +314,10 @@ WITH due AS (
     UPDATE pgq.jobs j SET
         state = 'queued', queued_at = statement_timestamp(), cluster_requeue_at = NULL,
         requeue_at = NULL, enqueues = j.enqueues + 1,
-        additional_deliveries = j.additional_deliveries + 1
-    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM due))
-    RETURNING j.id, j.queue, coalesce(j.nodes_delivered, '{}'::text[]), true
+        additional_deliveries = j.additional_deliveries + d.requeue_counts::integer,
+        requeue_counts = true
+    FROM due d WHERE j.ctid = d.ctid
+    RETURNING j.id, j.queue, coalesce(j.nodes_delivered, '{}'::text[]), d.requeue_counts
 ), woken AS (
     SELECT pg_notify('pgq', q.queue) FROM (SELECT DISTINCT queue FROM fired) AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)

@@ -236,9 +236,26 @@ class AsyncClient(ClientCore):
         """FASTACK (see :meth:`pgq.Client.fast_ack`)."""
         return await self._run(self.ids_command("fast_ack_jobs", ids), conn)
 
-    async def nack_job(self, *ids: str, conn: object = None) -> int:
-        """NACK (see :meth:`pgq.Client.nack_job`)."""
-        return await self._run(self.ids_command("nack_jobs", ids), conn)
+    async def nack_job(self, *ids: str, delay: float = 0, conn: object = None) -> int:
+        """NACK: put delivered jobs back in the queue (after ``delay`` seconds:
+        a back-off, a pgq extension); returns how many."""
+        return await self._run(self.nack_command(ids, delay), conn)
+
+    async def dead_letter(self, *ids: str, reason: str = "", conn: object = None) -> int:
+        """Give up on jobs: acknowledged everywhere, kept in ``pgq.dead_letters``
+        with their body and ``reason``; returns how many were moved."""
+        return await self._run(self.dead_letter_command(ids, reason), conn)
+
+    async def dead_letters(self, queue: str | None = None, *, after: int = 0,
+                     count: int = 100) -> list[dict[str, Any]]:
+        """A page of dead letters, oldest first (pass the last ``seq`` as ``after``)."""
+        return await self._run(self.dead_letters_command(queue, after, count))
+
+    async def requeue_dead_letters(self, queue: str | None = None, *, ids: Iterable[str] | None = None,
+                             count: int = 1000, ttl: float | None = None) -> list[str]:
+        """Add dead letters back as new jobs (same queue and body, new IDs) and
+        remove them from ``pgq.dead_letters``, atomically; returns the new IDs."""
+        return await self._run(self.requeue_dead_letters_command(queue, ids, count, ttl))
 
     async def working(self, id: str, conn: object = None) -> int | float:
         """WORKING (see :meth:`pgq.Client.working`)."""

@@ -225,9 +225,26 @@ class Client(ClientCore):
         """FASTACK: delete jobs now (no tombstone); returns how many were deleted."""
         return self._run(self.ids_command("fast_ack_jobs", ids), conn)
 
-    def nack_job(self, *ids: str, conn: object = None) -> int:
-        """NACK: put delivered jobs back in the queue now; returns how many."""
-        return self._run(self.ids_command("nack_jobs", ids), conn)
+    def nack_job(self, *ids: str, delay: float = 0, conn: object = None) -> int:
+        """NACK: put delivered jobs back in the queue (after ``delay`` seconds:
+        a back-off, a pgq extension); returns how many."""
+        return self._run(self.nack_command(ids, delay), conn)
+
+    def dead_letter(self, *ids: str, reason: str = "", conn: object = None) -> int:
+        """Give up on jobs: acknowledged everywhere, kept in ``pgq.dead_letters``
+        with their body and ``reason``; returns how many were moved."""
+        return self._run(self.dead_letter_command(ids, reason), conn)
+
+    def dead_letters(self, queue: str | None = None, *, after: int = 0,
+                     count: int = 100) -> list[dict[str, Any]]:
+        """A page of dead letters, oldest first (pass the last ``seq`` as ``after``)."""
+        return self._run(self.dead_letters_command(queue, after, count))
+
+    def requeue_dead_letters(self, queue: str | None = None, *, ids: Iterable[str] | None = None,
+                             count: int = 1000, ttl: float | None = None) -> list[str]:
+        """Add dead letters back as new jobs (same queue and body, new IDs) and
+        remove them from ``pgq.dead_letters``, atomically; returns the new IDs."""
+        return self._run(self.requeue_dead_letters_command(queue, ids, count, ttl))
 
     def working(self, id: str, conn: object = None) -> int | float:
         """WORKING: postpone a job's re-queue; returns its retry time in seconds."""

@@ -48,6 +48,7 @@ __all__ = [
     "add_jobs", "get_jobs", "ack_jobs", "fast_ack_jobs", "nack_jobs", "enqueue_jobs",
     "dequeue_jobs", "del_jobs", "working", "show", "qlen", "qpeek", "qstat", "qscan",
     "jscan", "pause", "info", "hello", "sweep", "wait_replicated", "cluster_view",
+    "dead_letter_jobs", "dead_letters", "requeue_dead_letters",
     "COPY_THRESHOLD", "JOB_STATES",
 ]
 
@@ -303,8 +304,8 @@ def _jobs_in_priority_order(rows: list[tuple[Any, ...]], queues: list[str],
     position = {name: i for i, name in enumerate(queues)}
     rows = sorted(rows, key=lambda r: (position[r[0]], r[5], r[1]))
     if withcounters:
-        return [Job(r[1], r[0], r[2], r[3], r[4]) for r in rows]
-    return [Job(r[1], r[0], r[2]) for r in rows]
+        return [Job(r[1], r[0], r[2], r[3], r[4], r[6], r[7]) for r in rows]
+    return [Job(r[1], r[0], r[2], retry=r[6], ttl=r[7]) for r in rows]
 
 
 # ---------------------------------------------------------- ack / nack / del
@@ -344,22 +345,59 @@ def del_jobs(session: Session, ids: list[str]) -> Command[int]:
     return (yield from _delete(session, ids, "deleted", fast=False))
 
 
-def _requeue(session: Session, ids: list[str], nack: bool) -> Command[int]:
+def _requeue(session: Session, ids: list[str], nack: bool, delay: float = 0.0) -> Command[int]:
     requeued, _woken, events, _rang = yield Query(sql.REQUEUE, {
-        "ids": ids, "nack": nack, "always_notify": not session.owned,
+        "ids": ids, "nack": nack, "delay": delay, "always_notify": not session.owned,
         "ring": not session.owned}, Result.ROW)
     yield from _ring(session, events)
     return int(requeued)
 
 
-def nack_jobs(session: Session, ids: list[str]) -> Command[int]:
-    """NACK: put active jobs back in the queue now, counting a nack each."""
-    return (yield from _requeue(session, ids, nack=True))
+def nack_jobs(session: Session, ids: list[str], delay: float = 0.0) -> Command[int]:
+    """NACK: put active jobs back in the queue, counting a nack each; now, or
+    after ``delay`` seconds (a back-off, a pgq extension)."""
+    return (yield from _requeue(session, ids, nack=True, delay=delay))
 
 
 def enqueue_jobs(session: Session, ids: list[str]) -> Command[int]:
     """ENQUEUE: queue active jobs now (an additional delivery if queued before)."""
     return (yield from _requeue(session, ids, nack=False))
+
+
+def dead_letter_jobs(session: Session, ids: list[str], reason: str) -> Command[int]:
+    """Give up on jobs: done everywhere like an ACK, kept in pgq.dead_letters."""
+    moved, events, _rang = yield Query(sql.DEAD_LETTER, {
+        "ids": ids, "reason": reason, "ring": not session.owned}, Result.ROW)
+    yield from _ring(session, events)
+    return int(moved)
+
+
+def dead_letters(session: Session, queue: str | None, after: int, count: int) -> Command[list[dict[str, Any]]]:
+    """A page of dead letters (oldest first), optionally of one queue."""
+    rows = yield Query(sql.DEAD_LETTERS, {"queue": queue, "after": after, "count": count},
+                       Result.ROWS)
+    keys = ("seq", "id", "queue", "reason", "nacks", "additional_deliveries", "deliveries",
+            "died_at", "body")
+    return [dict(zip(keys, r, strict=True)) for r in rows]
+
+
+def requeue_dead_letters(session: Session, queue: str | None, ids: list[str] | None,
+                         count: int, params: JobParams) -> Command[list[str]]:
+    """Put dead letters back as new jobs (same queue and body), atomically."""
+    yield Begin()
+    rows = yield Query(sql.TAKE_DEAD_LETTERS, {"queue": queue, "ids": ids, "count": count},
+                       Result.ROWS)
+    new_ids: list[str] = []
+    by_queue: dict[str, list[tuple[bytes, float]]] = {}
+    for _seq, name, body, retry in rows:
+        by_queue.setdefault(name, []).append((bytes(body), retry))
+    for name, items in by_queue.items():
+        for retry in sorted({r for _, r in items}):
+            bodies = [b for b, r in items if r == retry]
+            job_params = JobParams(params.replicate, 0.0, retry, params.ttl, None, True, None)
+            new_ids += yield from add_jobs(session, name, bodies, job_params)
+    yield Commit()
+    return new_ids
 
 
 def dequeue_jobs(session: Session, ids: list[str]) -> Command[int]:

@@ -271,14 +271,36 @@ class ClientCore:
         return lambda session: commands.get_jobs(
             session, names, how_many, wait, bool(nohang), bool(withcounters))
 
-    def ids_command(self, name: str, ids: tuple[object, ...]) -> CommandFactory[int]:
-        if len(ids) == 1 and isinstance(ids[0], (list, tuple, set, frozenset)):
-            ids = tuple(ids[0])
-        if len(ids) > args.MAX_IDS:
-            raise InvalidArgumentError(f"at most {args.MAX_IDS} job IDs per call, not {len(ids)}")
-        checked = list(dict.fromkeys(validate_job_ids(ids)))
+    def ids_command(self, name: str, ids: tuple[object, ...], **extra: Any) -> CommandFactory[int]:
+        checked = _job_ids(ids)
         run = getattr(commands, name)
-        return lambda session: run(session, checked)
+        return lambda session: run(session, checked, **extra)
+
+    def nack_command(self, ids: tuple[object, ...], delay: object) -> CommandFactory[int]:
+        wait = args.seconds("delay", delay, maximum=args.MAX_TTL)
+        return self.ids_command("nack_jobs", ids, delay=wait)
+
+    def dead_letter_command(self, ids: tuple[object, ...], reason: object) -> CommandFactory[int]:
+        if not isinstance(reason, str):
+            raise InvalidTypeError("reason must be a str")
+        return self.ids_command("dead_letter_jobs", ids, reason=reason[:10_000])
+
+    def dead_letters_command(self, queue: object, after: object,
+                             count: object) -> CommandFactory[list[dict[str, Any]]]:
+        name = None if queue is None else args.queue_name(queue)
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise InvalidArgumentError("after must be 0 or the seq of the last dead letter seen")
+        page = args.positive_int("count", count, maximum=args.MAX_COUNT)
+        return lambda session: commands.dead_letters(session, name, after, page)
+
+    def requeue_dead_letters_command(self, queue: object, ids: object, count: object,
+                                     ttl: object) -> CommandFactory[list[str]]:
+        name = None if queue is None else args.queue_name(queue)
+        checked = None if ids is None else _job_ids(tuple(ids))  # type: ignore[arg-type]
+        page = args.positive_int("count", count, maximum=args.MAX_COUNT)
+        params = args.job_params(replicate=None, delay=0, retry=None, ttl=ttl, maxlen=None,
+                                 asynchronous=True, timeout=None)
+        return lambda session: commands.requeue_dead_letters(session, name, checked, page, params)
 
     def wait_replicated_command(self, ids: Iterable[object], timeout: object) -> CommandFactory[None]:
         if isinstance(ids, str):
@@ -354,6 +376,15 @@ class ClientCore:
                     f"unknown pause flag {flag!r}; allowed: {', '.join(commands.PAUSE_FLAGS)}")
             checked.append(flag.lower())
         return lambda session: commands.pause(session, name, checked)
+
+
+def _job_ids(ids: tuple[object, ...]) -> list[str]:
+    """Job IDs given as arguments or as one sequence; validated, deduplicated."""
+    if len(ids) == 1 and isinstance(ids[0], (list, tuple, set, frozenset)):
+        ids = tuple(ids[0])
+    if len(ids) > args.MAX_IDS:
+        raise InvalidArgumentError(f"at most {args.MAX_IDS} job IDs per call, not {len(ids)}")
+    return list(dict.fromkeys(validate_job_ids(ids)))
 
 
 def _cursor(value: object) -> int:

@@ -79,7 +79,7 @@ class SyncDriver:
         self.conn = conn
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
-        self._transaction: psycopg.Transaction | None = None
+        self._transactions: list[psycopg.Transaction] = []  # nested ones are savepoints
         self._listening = False
 
     def run(self, command: Command[T]) -> T:
@@ -105,14 +105,14 @@ class SyncDriver:
             rows = cursor.fetchall() if cursor.description is not None else None
             return _extract(cursor, request.result, rows)
         if isinstance(request, Begin):
-            if conn.autocommit:
-                self._transaction = conn.transaction()
-                self._transaction.__enter__()
+            if conn.autocommit or self._transactions:
+                transaction = conn.transaction()
+                transaction.__enter__()
+                self._transactions.append(transaction)
             return None
         if isinstance(request, Commit):
-            transaction, self._transaction = self._transaction, None
-            if transaction is not None:
-                transaction.__exit__(None, None, None)
+            if self._transactions:
+                self._transactions.pop().__exit__(None, None, None)
             return None
         if isinstance(request, Copy):
             with conn.cursor().copy(request.sql) as copy:
@@ -139,14 +139,14 @@ class SyncDriver:
             time.sleep(request.seconds)
             return []
         if isinstance(request, Housekeeping):
-            if self.housekeeping is not None and self._transaction is None:
+            if self.housekeeping is not None and not self._transactions:
                 self.housekeeping(conn)
             return None
         raise TypeError(f"unknown request {request!r}")
 
     def _abandon_transaction(self, exc: BaseException) -> None:
-        transaction, self._transaction = self._transaction, None
-        if transaction is not None:
+        while self._transactions:
+            transaction = self._transactions.pop()
             with contextlib.suppress(Exception):
                 transaction.__exit__(type(exc), exc, exc.__traceback__)
 
@@ -178,7 +178,7 @@ class AsyncDriver:
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
         self.shield = shield
-        self._transaction: psycopg.AsyncTransaction | None = None
+        self._transactions: list[psycopg.AsyncTransaction] = []  # nested ones are savepoints
         self._listening = False
         self._collecting = False
         self._received: list[psycopg.Notify] = []
@@ -211,14 +211,14 @@ class AsyncDriver:
             rows = await cursor.fetchall() if cursor.description is not None else None
             return _extract(cursor, request.result, rows)
         if isinstance(request, Begin):
-            if conn.autocommit:
-                self._transaction = conn.transaction()
-                await self._transaction.__aenter__()
+            if conn.autocommit or self._transactions:
+                transaction = conn.transaction()
+                await transaction.__aenter__()
+                self._transactions.append(transaction)
             return None
         if isinstance(request, Commit):
-            transaction, self._transaction = self._transaction, None
-            if transaction is not None:
-                await transaction.__aexit__(None, None, None)
+            if self._transactions:
+                await self._transactions.pop().__aexit__(None, None, None)
             return None
         if isinstance(request, Copy):
             async with conn.cursor().copy(request.sql) as copy:
@@ -244,7 +244,7 @@ class AsyncDriver:
             await anyio.sleep(request.seconds)
             return []
         if isinstance(request, Housekeeping):
-            if self.housekeeping is not None and self._transaction is None:
+            if self.housekeeping is not None and not self._transactions:
                 await self.housekeeping(conn)
             return None
         raise TypeError(f"unknown request {request!r}")
@@ -271,8 +271,8 @@ class AsyncDriver:
         return received
 
     async def _abandon_transaction(self, exc: BaseException) -> None:
-        transaction, self._transaction = self._transaction, None
-        if transaction is not None:
+        while self._transactions:
+            transaction = self._transactions.pop()
             with contextlib.suppress(Exception):
                 with anyio.CancelScope(shield=True):
                     await transaction.__aexit__(type(exc), exc, exc.__traceback__)

@@ -20,6 +20,10 @@ class Job:
     because it was not acknowledged in time (or ENQUEUEd again). They are
     ``None`` unless the job was fetched with ``withcounters=True`` (QPEEK
     always fills them).
+
+    ``retry`` (the job's lease in seconds; 0 for an at-most-once job) and
+    ``ttl`` (seconds it has left to live) come with every GETJOB, so a
+    worker can extend its lease with ``working`` in time.
     """
 
     id: str
@@ -27,3 +31,5 @@ class Job:
     body: bytes
     nacks: int | None = None
     additional_deliveries: int | None = None
+    retry: float | None = None
+    ttl: float | None = None

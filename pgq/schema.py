@@ -43,7 +43,7 @@ from sqlalchemy import (
 )
 
 __all__ = ["SCHEMA", "metadata", "jobs", "history", "acks", "queues", "queue_counters",
-           "waiters", "meta", "outbox", "nodes", "queue_imports", "CTIME_DEFAULT"]
+           "waiters", "meta", "outbox", "nodes", "queue_imports", "dead_letters", "CTIME_DEFAULT"]
 
 SCHEMA = "pgq"
 metadata = MetaData(schema=SCHEMA)
@@ -88,6 +88,9 @@ jobs = Table(
     Column("nodes_confirmed", ARRAY(Text)),  # nodes known to have stored it durably
     Column("cluster_requeue_at", DateTime(timezone=True)),  # re-queue run by the node process
     Column("repl_waiter", Integer),  # backend pid of a client waiting for its copies
+    # Whether the next timed re-queue counts an additional delivery (false at
+    # the end of a NACK's back-off: that re-queue is the NACK's).
+    Column("requeue_counts", Boolean, nullable=False, server_default=text("true")),
     PrimaryKeyConstraint("id", name="jobs_pkey"),
     CheckConstraint("state = ANY (ARRAY['wait-repl'::text, 'active'::text, 'queued'::text])",
                     name="jobs_state_check"),
@@ -127,7 +130,8 @@ history = Table(
     Column("body_size", Integer, nullable=False),
     PrimaryKeyConstraint("seq", name="history_pkey"),
     CheckConstraint(
-        "outcome = ANY (ARRAY['acked'::text, 'fastacked'::text, 'deleted'::text, 'expired'::text])",
+        "outcome = ANY (ARRAY['acked'::text, 'fastacked'::text, 'deleted'::text, 'expired'::text, "
+        "'dead'::text])",
         name="history_outcome_check",
     ),
     # Append-only and monotonic in time: a BRIN index costs almost nothing to
@@ -248,4 +252,26 @@ queue_imports = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False,
            server_default=text("statement_timestamp()")),
     PrimaryKeyConstraint("queue", name="queue_imports_pkey"),
+)
+
+
+# Jobs a worker gave up on, kept with their body until requeued or deleted.
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("seq", BigInteger, Identity(always=True), nullable=False),
+    Column("id", Text(collation=C), nullable=False),
+    Column("queue", Text(collation=C), nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("reason", Text, nullable=False, server_default=text("''::text")),
+    Column("nacks", Integer, nullable=False),
+    Column("additional_deliveries", Integer, nullable=False),
+    Column("deliveries", Integer, nullable=False),
+    Column("ctime", BigInteger, nullable=False),
+    Column("retry", Double, nullable=False),
+    Column("repl", Integer, nullable=False),
+    Column("died_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    PrimaryKeyConstraint("seq", name="dead_letters_pkey"),
+    Index("dead_letters_queue_idx", "queue", "seq"),
 )

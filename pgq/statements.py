@@ -240,16 +240,18 @@ WITH wanted AS (
         -- taken straight from 'active': an (implicit) re-queue happened first
         enqueues = j.enqueues + (j.state = 'active')::integer,
         additional_deliveries = j.additional_deliveries
-                                + (j.state = 'active' AND j.enqueues > 0)::integer,
+                                + (j.state = 'active' AND j.enqueues > 0 AND j.requeue_counts)::integer,
+        requeue_counts = true,
         deliveries = j.deliveries + 1,
         delivered_at = statement_timestamp()
     WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked))
-    RETURNING j.queue, j.id, j.body, j.nacks, j.additional_deliveries, j.ctime, j.retry
+    RETURNING j.queue, j.id, j.body, j.nacks, j.additional_deliveries, j.ctime, j.retry,
+              greatest(0, extract(epoch FROM j.expires_at - statement_timestamp()))::float8 AS ttl
 )"""
 
 # On a caller's connection: plain. The caller's transaction decides durability.
 CLAIM = _CLAIM_BODY + """
-SELECT queue, id, body, nacks, additional_deliveries, ctime FROM claimed
+SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl FROM claimed
 """
 
 # On pgq's own autocommit connections: losing the claim of an at-least-once
@@ -264,7 +266,8 @@ CLAIM_RELAXED = _CLAIM_BODY + """, commit_mode AS (  -- volatile: evaluated once
                            THEN current_setting('synchronous_commit') ELSE 'off' END,
                       true) AS mode
 )
-SELECT queue, id, body, nacks, additional_deliveries, ctime, mode FROM claimed, commit_mode
+SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl, mode
+FROM claimed, commit_mode
 """
 
 # How long until a job of these queues becomes due (delayed or leased), so a
@@ -341,6 +344,57 @@ SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()),
 FROM gone
 """
 
+# A worker gives up on jobs: like ACK (every holder learns it is done), and
+# the job goes to pgq.dead_letters with its body and the reason.
+DEAD_LETTER = f"""
+WITH gone AS (
+    DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
+    RETURNING id, queue, body, ctime, delivered_at, deliveries, nacks, additional_deliveries,
+              retry, repl, length(body) AS size, expires_at, nodes_delivered
+), logged AS (
+    INSERT INTO pgq.history (id, queue, outcome, ctime, delivered_at, deliveries, nacks,
+                             additional_deliveries, retry, repl, body_size)
+    SELECT id, queue, 'dead', ctime, delivered_at, deliveries, nacks, additional_deliveries,
+           retry, repl, size
+    FROM gone
+), dead AS (
+    INSERT INTO pgq.dead_letters (id, queue, body, reason, nacks, additional_deliveries,
+                                  deliveries, ctime, retry, repl)
+    SELECT id, queue, body, %(reason)s, nacks, additional_deliveries, deliveries, ctime, retry, repl
+    FROM gone
+), tombstones AS (
+    INSERT INTO pgq.acks AS a (id, queue, expires_at, nodes)
+    SELECT id, queue, expires_at, nodes_delivered FROM gone
+    WHERE cardinality(nodes_delivered) > 1
+    ON CONFLICT (id) DO UPDATE SET nodes = excluded.nodes
+), events AS (
+    INSERT INTO pgq.outbox (kind, job_id, arg)
+    SELECT 'ack', id, array_to_string(nodes_delivered, ',') FROM gone
+    WHERE cardinality(nodes_delivered) > 1
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM events),
+       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
+"""
+
+DEAD_LETTERS = """
+SELECT seq, id, queue, reason, nacks, additional_deliveries, deliveries, died_at, body
+FROM pgq.dead_letters
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text) AND seq > %(after)s
+ORDER BY seq LIMIT %(count)s
+"""
+
+# Take dead letters out (they are added again as new jobs in the same
+# transaction by the caller).
+TAKE_DEAD_LETTERS = """
+DELETE FROM pgq.dead_letters
+WHERE seq IN (SELECT seq FROM pgq.dead_letters
+              WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+                AND (%(ids)s::text[] IS NULL OR id = ANY (%(ids)s::text[]))
+              ORDER BY seq LIMIT %(count)s FOR UPDATE SKIP LOCKED)
+RETURNING seq, queue, body, retry
+"""
+
 # FASTACK and DELJOB: delete now, no tombstone. FASTACK also asks the node
 # process to DELJOB the other holders (every node for an unknown ID, in a
 # cluster): best effort, a partitioned holder may deliver the job again.
@@ -366,23 +420,30 @@ SELECT (SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()) FROM g
 
 # NACK and ENQUEUE: active -> queued now. Never for a delivered retry-0 job
 # (at-most-once). NACK counts a nack; ENQUEUE counts an additional delivery
-# when the job was queued before (Disque's rule).
+# when the job was queued before (Disque's rule). A NACK with a back-off
+# `delay` (a pgq extension, for workers) keeps the job active until then; its
+# timed re-queue is the NACK's and counts nothing more (requeue_counts).
 REQUEUE = """
 WITH requeued AS (
     UPDATE pgq.jobs SET
-        state = 'queued', queued_at = statement_timestamp(), requeue_at = NULL,
-        cluster_requeue_at = NULL,
-        enqueues = enqueues + 1,
+        state = CASE WHEN %(delay)s > 0 THEN 'active' ELSE 'queued' END,
+        queued_at = CASE WHEN %(delay)s > 0 THEN queued_at ELSE statement_timestamp() END,
+        requeue_at = CASE WHEN %(delay)s > 0 AND coalesce(cardinality(nodes_delivered), 0) <= 1
+                          THEN statement_timestamp() + %(delay)s * interval '1 second' END,
+        cluster_requeue_at = CASE WHEN %(delay)s > 0 AND cardinality(nodes_delivered) > 1
+                                  THEN statement_timestamp() + %(delay)s * interval '1 second' END,
+        requeue_counts = NOT (%(delay)s > 0),
+        enqueues = enqueues + (%(delay)s <= 0)::integer,
         nacks = nacks + %(nack)s::integer,
         additional_deliveries = additional_deliveries
                                 + (NOT %(nack)s AND enqueues > 0)::integer
     WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
       AND expires_at > statement_timestamp()
       AND NOT (retry = 0 AND deliveries > 0)
-    RETURNING id, queue, nodes_delivered, enqueues > 1 AS counted
+    RETURNING id, queue, state, nodes_delivered, enqueues > 1 AS counted
 ), woken AS (
     SELECT pg_notify('pgq', r.queue)
-    FROM (SELECT DISTINCT queue FROM requeued) AS r
+    FROM (SELECT DISTINCT queue FROM requeued WHERE state = 'queued') AS r
     WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = r.queue)
 ), events AS (
     -- other holders count it too and postpone their own re-queue (QUEUED)

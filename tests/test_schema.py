@@ -79,7 +79,8 @@ def test_no_row_triggers_on_the_hot_table(db):
 def test_views_and_functions_exist(db):
     views = {r[0] for r in db.execute(
         "SELECT viewname FROM pg_views WHERE schemaname = 'pgq'").fetchall()}
-    assert views == {"queue_stats", "job_counts", "job_history", "cluster_state", "cluster_nodes"}
+    assert views == {"queue_stats", "job_counts", "job_history", "cluster_state", "cluster_nodes",
+                     "dead_letter_queues"}
     functions = {r[0] for r in db.execute(
         "SELECT proname FROM pg_proc WHERE pronamespace = 'pgq'::regnamespace").fetchall()}
     assert {"sweep", "expire_jobs", "requeue_due", "expire_acks", "compact_counters",

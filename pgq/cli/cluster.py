@@ -1,8 +1,8 @@
-"""The ``pgq`` command line.
+"""Cluster commands: ``pgq node start|stop|status`` and
+``pgq cluster meet|nodes|forget|leaving|leave``.
 
-Every command has ``--help``. Exit codes scripts can rely on: 0 success,
-1 a pgq error (message on stderr, starting with ``error:``), 2 bad usage.
-``--json`` prints machine-readable output where a command reports data.
+The CLI reaches a node through its database, like any client: commands
+for the node process go through its outbox (and doorbell).
 """
 
 from __future__ import annotations
@@ -15,116 +15,11 @@ from typing import Any
 
 import click
 
-from . import __version__
-from .errors import PgqError
+from ..errors import PgqError
+from .common import emit, fail, node_dsn
 
 
-def _fail(exc: PgqError) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(1)
-
-
-def _emit(data: Any, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps(data, default=str, sort_keys=True))
-        return
-    if isinstance(data, dict):
-        width = max((len(k) for k in data), default=0)
-        for key, value in data.items():
-            click.echo(f"{key:<{width}}  {value}")
-    else:
-        click.echo(data)
-
-
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="pgq")
-def main() -> None:
-    """pgq: Disque's distributed job queue on PostgreSQL."""
-
-
-@main.command()
-@click.option("--dsn", envvar="PGQ_DSN", help="Database to migrate (default: the embedded server).")
-@click.option("--home", envvar="PGQ_HOME", help="Embedded server directory when no DSN is given.")
-def migrate(dsn: str | None, home: str | None) -> None:
-    """Create or upgrade schema pgq in a database."""
-    from . import embedded
-    from .migrate import migrate as run
-
-    try:
-        target = dsn or embedded.ensure_running(home).dsn
-        click.echo(f"schema pgq at revision {run(target)}")
-    except PgqError as exc:
-        _fail(exc)
-
-
-@main.group("embedded")
-def embedded_group() -> None:
-    """Manage the embedded PostgreSQL server (used when no DSN is given)."""
-
-
-@embedded_group.command("start")
-@click.option("--home", envvar="PGQ_HOME", help="Server directory (default: $PGQ_HOME or the user data dir).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def embedded_start(home: str | None, as_json: bool) -> None:
-    """Start the embedded server (or find it running) and migrate it; print its DSN."""
-    from . import embedded
-    from .migrate import migrate as run
-
-    try:
-        instance = embedded.ensure_running(home)
-        run(instance.dsn)
-        _emit({"dsn": instance.dsn, "port": instance.port}, as_json)
-    except PgqError as exc:
-        _fail(exc)
-
-
-@embedded_group.command("stop")
-@click.option("--home", envvar="PGQ_HOME", help="Server directory.")
-def embedded_stop(home: str | None) -> None:
-    """Stop the embedded server."""
-    from . import embedded
-
-    try:
-        stopped = embedded.stop(home)
-        click.echo("stopped" if stopped else "not running")
-    except PgqError as exc:
-        _fail(exc)
-
-
-@embedded_group.command("status")
-@click.option("--home", envvar="PGQ_HOME", help="Server directory.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def embedded_status(home: str | None, as_json: bool) -> None:
-    """Show whether the embedded server runs, and where."""
-    from . import embedded
-
-    try:
-        _emit(embedded.status(home), as_json)
-    except PgqError as exc:
-        _fail(exc)
-
-
-# ---------------------------------------------------------------- cluster
-
-
-def _node_dsn(data: str | None, dsn: str | None) -> str:
-    """The database of the node named by --data (its node.json) or --dsn."""
-    from .cluster.process import read_state
-
-    if dsn:
-        return dsn
-    if data:
-        state = read_state(Path(data))
-        if not state or not state.get("dsn"):
-            raise click.UsageError(f"no running node found in {data} (node.json has no DSN yet)")
-        return str(state["dsn"])
-    env = os.environ.get("PGQ_DSN")
-    if env:
-        return env
-    raise click.UsageError("name the node: --data DIR or --dsn DSN")
-
-
-def _node_options(func):  # type: ignore[no-untyped-def]
+def _node_target(func):  # type: ignore[no-untyped-def]
     func = click.option("--dsn", help="The node's database DSN.")(func)
     func = click.option("--data", type=click.Path(file_okay=False),
                         help="The node's data directory.")(func)
@@ -150,7 +45,7 @@ def _cluster_state(dsn: str) -> dict[str, Any]:
     return dict(zip(keys, row, strict=True))
 
 
-@main.group("node")
+@click.group("node")
 def node_group() -> None:
     """Run and inspect cluster nodes (a node = one database + one node process)."""
 
@@ -164,17 +59,20 @@ def node_group() -> None:
 @click.option("--join", "joins", multiple=True, help="HOST:PORT of a node to join (repeatable).")
 @click.option("--secret-file", type=click.Path(dir_okay=False, exists=True),
               help="File holding the cluster secret (default: $PGQ_CLUSTER_SECRET or DIR/cluster.secret).")
+@click.option("--metrics", metavar="HOST:PORT", envvar="PGQ_METRICS",
+              help="Serve Prometheus metrics on this address.")
 def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tuple[str, ...],
-               secret_file: str | None) -> None:
+               secret_file: str | None, metrics: str | None) -> None:
     """Start a node in the foreground (stop it with SIGTERM or `pgq node stop`)."""
-    from .cluster.process import run_node
+    from ..cluster.process import run_node
 
     if not data and not dsn:
         raise click.UsageError("give the node a database: --data DIR or --dsn DSN")
     try:
-        sys.exit(run_node(name, bus, data=data, dsn=dsn, joins=joins, secret_file=secret_file))
+        sys.exit(run_node(name, bus, data=data, dsn=dsn, joins=joins, secret_file=secret_file,
+                          metrics=metrics))
     except PgqError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @node_group.command("stop")
@@ -187,8 +85,8 @@ def node_stop(data: str, timeout: float, postgres: bool) -> None:
     import signal
     import time
 
-    from . import embedded
-    from .cluster.process import read_state
+    from .. import embedded
+    from ..cluster.process import read_state
 
     state = read_state(Path(data)) or {}
     pid = state.get("pid")
@@ -199,7 +97,7 @@ def node_stop(data: str, timeout: float, postgres: bool) -> None:
             while time.monotonic() < deadline:
                 os.kill(int(pid), 0)
                 time.sleep(0.1)
-            _fail(PgqError(f"node pid {pid} did not stop within {timeout:g} s"))
+            fail(PgqError(f"node pid {pid} did not stop within {timeout:g} s"))
         except ProcessLookupError:
             pass
     if postgres and (Path(data) / "postgres").exists():
@@ -208,11 +106,11 @@ def node_stop(data: str, timeout: float, postgres: bool) -> None:
 
 
 @node_group.command("status")
-@_node_options
+@_node_target
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def node_status(data: str | None, dsn: str | None, as_json: bool) -> None:
     """Report a node's id, DSN, bus address and state."""
-    from .cluster.process import read_state
+    from ..cluster.process import read_state
 
     info: dict[str, Any] = {}
     if data:
@@ -224,7 +122,7 @@ def node_status(data: str | None, dsn: str | None, as_json: bool) -> None:
             except ProcessLookupError:
                 info["state"] = "dead"
     try:
-        target = _node_dsn(data, dsn)
+        target = node_dsn(data, dsn)
         cluster = _cluster_state(target)
         info.update(dsn=target, id=cluster["id"], active=cluster["active"],
                     leaving=cluster["leaving"], reachable_nodes=cluster["reachable_nodes"])
@@ -236,38 +134,38 @@ def node_status(data: str | None, dsn: str | None, as_json: bool) -> None:
     except Exception as exc:  # database down: report what the state file says
         info["database_error"] = str(exc).splitlines()[0]
     if not info:
-        _fail(PgqError("no node found"))
-    _emit(info, as_json)
+        fail(PgqError("no node found"))
+    emit(info, as_json)
 
 
-@main.group("cluster")
+@click.group("cluster")
 def cluster_group() -> None:
     """Cluster membership: meet, nodes, forget, leaving, leave."""
 
 
 @cluster_group.command("meet")
 @click.argument("address")
-@_node_options
+@_node_target
 def cluster_meet(address: str, data: str | None, dsn: str | None) -> None:
     """Make the node contact another node at ADDRESS (HOST:PORT) and join its cluster."""
-    from .cluster.process import parse_address
+    from ..cluster.process import parse_address
 
     try:
         parse_address(address)
-        _tell_node(_node_dsn(data, dsn), "meet", address)
+        _tell_node(node_dsn(data, dsn), "meet", address)
         click.echo(f"meeting {address}")
     except PgqError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @cluster_group.command("nodes")
-@_node_options
+@_node_target
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def cluster_nodes(data: str | None, dsn: str | None, as_json: bool) -> None:
     """List the nodes this node knows, with their state."""
     import psycopg
 
-    with psycopg.connect(_node_dsn(data, dsn)) as conn:
+    with psycopg.connect(node_dsn(data, dsn)) as conn:
         rows = conn.execute("SELECT id, name, host, port, myself, status, leaving, priority "
                             "FROM pgq.cluster_nodes ORDER BY NOT myself, id").fetchall()
     nodes = [dict(zip(("id", "name", "host", "port", "myself", "status", "leaving", "priority"),
@@ -282,25 +180,25 @@ def cluster_nodes(data: str | None, dsn: str | None, as_json: bool) -> None:
 
 @cluster_group.command("forget")
 @click.argument("node_id")
-@_node_options
+@_node_target
 def cluster_forget(node_id: str, data: str | None, dsn: str | None) -> None:
     """Remove NODE_ID from the cluster (every node refuses it for a minute)."""
-    from .ids import is_node_id
+    from ..ids import is_node_id
 
     if not is_node_id(node_id):
-        _fail(PgqError(f"{node_id!r} is not a 40-hex node id (see `pgq cluster nodes`)"))
-    _tell_node(_node_dsn(data, dsn), "forget", node_id)
+        fail(PgqError(f"{node_id!r} is not a 40-hex node id (see `pgq cluster nodes`)"))
+    _tell_node(node_dsn(data, dsn), "forget", node_id)
     click.echo(f"forgetting {node_id}")
 
 
 @cluster_group.command("leaving")
 @click.argument("flag", type=click.Choice(["yes", "no"]))
-@_node_options
+@_node_target
 def cluster_leaving(flag: str, data: str | None, dsn: str | None) -> None:
     """Mark the node as leaving (it takes no new copies and drains) or not."""
     import psycopg
 
-    target = _node_dsn(data, dsn)
+    target = node_dsn(data, dsn)
     with psycopg.connect(target, autocommit=True) as conn:
         conn.execute("INSERT INTO pgq.meta VALUES ('leaving', %s) "
                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
@@ -310,7 +208,7 @@ def cluster_leaving(flag: str, data: str | None, dsn: str | None) -> None:
 
 
 @cluster_group.command("leave")
-@_node_options
+@_node_target
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait.")
 def cluster_leave(data: str | None, dsn: str | None, timeout: float) -> None:
     """Mark the node leaving and wait until it holds no jobs; then it is safe to stop."""
@@ -318,7 +216,7 @@ def cluster_leave(data: str | None, dsn: str | None, timeout: float) -> None:
 
     import psycopg
 
-    target = _node_dsn(data, dsn)
+    target = node_dsn(data, dsn)
     with psycopg.connect(target, autocommit=True) as conn:
         conn.execute("INSERT INTO pgq.meta VALUES ('leaving', 'true') "
                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
@@ -337,8 +235,6 @@ def cluster_leave(data: str | None, dsn: str | None, timeout: float) -> None:
                 return
             click.echo(f"waiting: the node still holds {held} jobs or acks", err=True)
             time.sleep(1.0)
-    _fail(PgqError(f"the node still holds {held} jobs or acks after {timeout:g} s"))
+    fail(PgqError(f"the node still holds {held} jobs or acks after {timeout:g} s"))
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()

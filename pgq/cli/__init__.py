@@ -1,0 +1,45 @@
+"""The ``pgq`` command line (``pgq --help``).
+
+Every command has ``--help``; exit codes: 0 success, 1 a pgq error (one
+line on stderr: ``error: ...``), 2 bad usage, 3 nothing found (``get``,
+``show``, ``qstat``), 130 interrupted. ``--json`` prints machine-readable
+output. Commands that talk to a queue take ``--dsn`` (or ``$PGQ_DSN``) or a
+node's ``--data`` directory, and default to the embedded server.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .. import __version__
+from . import cluster, jobs, server
+from .stats import stats
+from .worker import worker
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pgq")
+def main() -> None:
+    """pgq: Disque's distributed job queue on PostgreSQL."""
+
+
+@main.command()
+@click.option("--jobs", type=int, default=6000, show_default=True, help="Jobs to add.")
+@click.option("--no-kill", is_flag=True, help="Do not kill a node halfway.")
+def demo(jobs: int, no_kill: bool) -> None:
+    """Start a local 3-node cluster, run producers and consumers, kill a node
+    halfway, restart it, and print the verdict (lost must be 0)."""
+    import sys
+
+    from ..demo import main as run_demo
+
+    sys.exit(run_demo(["--jobs", str(jobs)] + (["--no-kill"] if no_kill else [])))
+
+
+for command in (server.migrate, server.embedded_group, cluster.node_group, cluster.cluster_group,
+                jobs.add, jobs.get, jobs.ack, jobs.fast_ack, jobs.nack, jobs.del_job, jobs.enqueue,
+                jobs.dequeue, jobs.show, jobs.qlen, jobs.qstat, jobs.qscan, jobs.jscan, jobs.pause,
+                jobs.dead_letters, worker, stats):
+    main.add_command(command)
+
+__all__ = ["main"]

@@ -1,0 +1,236 @@
+"""Disque's client commands from a shell: add, get, ack, nack, show, qlen,
+qstat, qscan, jscan, pause, and the dead letters."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from .common import client_for, emit, handles_errors, table, target_options, text_of, to_json
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeRemainingColumn(), transient=True, disable=not sys.stderr.isatty())
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("bodies", nargs=-1)
+@click.option("--file", "path", type=click.File("rb"),
+              help="Add one job per line of this file ('-' for stdin), in batches.")
+@click.option("--replicate", type=int, help="Copies to keep (default: min(3, reachable nodes)).")
+@click.option("--delay", type=float, default=0, show_default=True, help="Seconds before it is queued.")
+@click.option("--retry", type=float, help="Seconds before an unacknowledged job is re-queued (0: at most once).")
+@click.option("--ttl", type=float, help="Seconds the job lives (default 86400).")
+@click.option("--maxlen", type=int, help="Refuse if the queue already holds this many jobs.")
+@click.option("--async", "asynchronous", is_flag=True, help="Replicate in the background.")
+@click.option("--timeout", type=float, help="Seconds to wait for the copies.")
+@click.option("--json", "as_json", is_flag=True, help="Print the IDs as JSON.")
+@target_options
+@handles_errors
+def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl, maxlen,  # type: ignore[no-untyped-def]
+        asynchronous, timeout, as_json, dsn, data) -> None:
+    """Add jobs to QUEUE: each BODY argument is one job (or use --file)."""
+    if not bodies and path is None:
+        raise click.UsageError("give job bodies as arguments, or --file FILE")
+    options = dict(replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
+                   asynchronous=asynchronous, timeout=timeout)
+    ids: list[str] = []
+    with client_for(dsn, data) as client:
+        if bodies:
+            ids += client.add_jobs(queue, [b.encode() for b in bodies], **options)
+        if path is not None:
+            lines = [line.rstrip(b"\r\n") for line in path]
+            with _progress() as progress:
+                task = progress.add_task(f"adding to {queue}", total=len(lines))
+                for start in range(0, len(lines), 5000):
+                    chunk = lines[start:start + 5000]
+                    ids += client.add_jobs(queue, chunk, **options)
+                    progress.advance(task, len(chunk))
+    if as_json:
+        click.echo(to_json(ids))
+    else:
+        click.echo("\n".join(ids))
+
+
+@click.command()
+@click.argument("queues", nargs=-1, required=True)
+@click.option("--count", type=int, default=1, show_default=True, help="Most jobs to return.")
+@click.option("--timeout", type=float, help="Seconds to block (default: forever; 0 = forever).")
+@click.option("--nohang", is_flag=True, help="Return at once if no job is ready.")
+@click.option("--ack", "ack_now", is_flag=True, help="Acknowledge the jobs right away.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@target_options
+@handles_errors
+def get(queues: tuple[str, ...], count: int, timeout: float | None, nohang: bool, ack_now: bool,
+        as_json: bool, dsn: str | None, data: str | None) -> None:
+    """Get jobs from QUEUES (left to right = priority). Exit 3 if none came."""
+    with client_for(dsn, data) as client:
+        jobs = client.get_job(*queues, count=count, timeout=timeout, nohang=nohang, withcounters=True)
+        if ack_now and jobs:
+            client.ack_job(*(j.id for j in jobs))
+    table([(j.id, j.queue, j.body, j.nacks, j.additional_deliveries) for j in jobs],
+          ("id", "queue", "body", "nacks", "additional_deliveries"), as_json)
+    if not jobs:
+        sys.exit(3)
+
+
+def _ids_command(name: str, method: str, help_text: str):  # type: ignore[no-untyped-def]
+    @click.command(name, help=help_text)
+    @click.argument("ids", nargs=-1, required=True)
+    @target_options
+    @handles_errors
+    def command(ids: tuple[str, ...], dsn: str | None, data: str | None) -> None:
+        with client_for(dsn, data) as client:
+            click.echo(getattr(client, method)(*ids))
+    return command
+
+
+ack = _ids_command("ack", "ack_job", "Acknowledge jobs; prints how many known jobs were acked.")
+fast_ack = _ids_command("fastack", "fast_ack", "Delete jobs now, everywhere (best effort).")
+del_job = _ids_command("deljob", "del_job", "Delete jobs on this node, in any state.")
+enqueue = _ids_command("enqueue", "enqueue", "Queue active jobs now.")
+dequeue = _ids_command("dequeue", "dequeue", "Take queued jobs out of their queue.")
+
+
+@click.command()
+@click.argument("ids", nargs=-1, required=True)
+@click.option("--delay", type=float, default=0, show_default=True, help="Seconds of back-off.")
+@target_options
+@handles_errors
+def nack(ids: tuple[str, ...], delay: float, dsn: str | None, data: str | None) -> None:
+    """Put delivered jobs back in their queue (now, or after --delay)."""
+    with client_for(dsn, data) as client:
+        click.echo(client.nack_job(*ids, delay=delay))
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@target_options
+@handles_errors
+def show(job_id: str, as_json: bool, dsn: str | None, data: str | None) -> None:
+    """Everything known about a job. Exit 3 if it is unknown."""
+    with client_for(dsn, data) as client:
+        info = client.show(job_id)
+    if info is None:
+        click.echo("null" if as_json else "unknown job", err=not as_json)
+        sys.exit(3)
+    emit(info, as_json)
+
+
+@click.command()
+@click.argument("queue")
+@target_options
+@handles_errors
+def qlen(queue: str, dsn: str | None, data: str | None) -> None:
+    """Number of jobs queued in QUEUE."""
+    with client_for(dsn, data) as client:
+        click.echo(client.qlen(queue))
+
+
+@click.command()
+@click.argument("queue")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@target_options
+@handles_errors
+def qstat(queue: str, as_json: bool, dsn: str | None, data: str | None) -> None:
+    """Statistics of QUEUE. Exit 3 if it does not exist."""
+    with client_for(dsn, data) as client:
+        stat = client.qstat(queue)
+    if stat is None:
+        click.echo("null" if as_json else "no such queue", err=not as_json)
+        sys.exit(3)
+    emit(stat, as_json)
+
+
+@click.command()
+@click.option("--minlen", type=int, help="Only queues with at least this many jobs.")
+@click.option("--maxlen", type=int, help="Only queues with at most this many jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@target_options
+@handles_errors
+def qscan(minlen: int | None, maxlen: int | None, as_json: bool, dsn: str | None, data: str | None) -> None:
+    """List every queue (with its length)."""
+    names: list[str] = []
+    with client_for(dsn, data) as client:
+        cursor = 0
+        while True:
+            cursor, page = client.qscan(cursor, count=500, minlen=minlen, maxlen=maxlen)
+            names += page
+            if cursor == 0:
+                break
+        rows = [(name, client.qlen(name)) for name in names]
+    table(rows, ("queue", "length"), as_json)
+
+
+@click.command()
+@click.option("--queue", help="Only jobs of this queue.")
+@click.option("--state", "states", multiple=True,
+              type=click.Choice(["wait-repl", "active", "queued", "acked"]), help="Only these states.")
+@click.option("--limit", type=int, default=1000, show_default=True, help="Stop after this many jobs.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@target_options
+@handles_errors
+def jscan(queue: str | None, states: tuple[str, ...], limit: int, as_json: bool,
+          dsn: str | None, data: str | None) -> None:
+    """List jobs (ID, queue, state, counters)."""
+    found: list[dict] = []
+    with client_for(dsn, data) as client:
+        cursor = 0
+        while len(found) < limit:
+            cursor, page = client.jscan(cursor, count=min(500, limit), queue=queue, states=states,
+                                        reply="all")
+            found += page
+            if cursor == 0:
+                break
+    table([(j["id"], j["queue"], j["state"], j["nacks"], j["additional_deliveries"], j["body"])
+           for j in found[:limit]], ("id", "queue", "state", "nacks", "additional_deliveries", "body"),
+          as_json)
+
+
+@click.command()
+@click.argument("queue")
+@click.argument("flags", nargs=-1, required=True)
+@target_options
+@handles_errors
+def pause(queue: str, flags: tuple[str, ...], dsn: str | None, data: str | None) -> None:
+    """Pause QUEUE: FLAGS among in, out, all, none, state, bcast; prints the state."""
+    with client_for(dsn, data) as client:
+        click.echo(client.pause(queue, *flags))
+
+
+@click.group("dead-letters")
+def dead_letters() -> None:
+    """Jobs workers gave up on: list them, put them back."""
+
+
+@dead_letters.command("list")
+@click.option("--queue", help="Only this queue.")
+@click.option("--limit", type=int, default=100, show_default=True, help="Most to show.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@target_options
+@handles_errors
+def dead_letters_list(queue: str | None, limit: int, as_json: bool, dsn: str | None, data: str | None) -> None:
+    """List dead letters, oldest first."""
+    with client_for(dsn, data) as client:
+        rows = client.dead_letters(queue, count=limit)
+    table([(d["id"], d["queue"], d["nacks"], d["died_at"], d["reason"], text_of(bytes(d["body"])))
+           for d in rows], ("id", "queue", "nacks", "died_at", "reason", "body"), as_json)
+
+
+@dead_letters.command("requeue")
+@click.option("--queue", help="Only this queue.")
+@click.option("--id", "ids", multiple=True, help="Only these job IDs (repeatable).")
+@click.option("--limit", type=int, default=100_000, show_default=True, help="Most to requeue.")
+@target_options
+@handles_errors
+def dead_letters_requeue(queue: str | None, ids: tuple[str, ...], limit: int,
+                         dsn: str | None, data: str | None) -> None:
+    """Add dead letters back to their queues as new jobs; prints how many."""
+    with client_for(dsn, data) as client:
+        new = client.requeue_dead_letters(queue, ids=list(ids) or None, count=limit)
+    click.echo(len(new))

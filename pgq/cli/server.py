@@ -1,0 +1,60 @@
+"""``pgq migrate`` and ``pgq embedded start|stop|status``."""
+
+from __future__ import annotations
+
+import click
+
+from .common import emit, handles_errors
+
+
+@click.command()
+@click.option("--dsn", envvar="PGQ_DSN", help="Database to migrate (default: the embedded server).")
+@click.option("--home", envvar="PGQ_HOME", help="Embedded server directory when no DSN is given.")
+@handles_errors
+def migrate(dsn: str | None, home: str | None) -> None:
+    """Create or upgrade schema pgq in a database."""
+    from .. import embedded
+    from ..migrate import migrate as run
+
+    target = dsn or embedded.ensure_running(home).dsn
+    click.echo(f"schema pgq at revision {run(target)}")
+
+
+@click.group("embedded")
+def embedded_group() -> None:
+    """Manage the embedded PostgreSQL server (used when no DSN is given)."""
+
+
+@embedded_group.command("start")
+@click.option("--home", envvar="PGQ_HOME", help="Server directory (default: $PGQ_HOME or the user data dir).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handles_errors
+def embedded_start(home: str | None, as_json: bool) -> None:
+    """Start the embedded server (or find it running) and migrate it; print its DSN."""
+    from .. import embedded
+    from ..migrate import migrate as run
+
+    instance = embedded.ensure_running(home)
+    run(instance.dsn)
+    emit({"dsn": instance.dsn, "port": instance.port}, as_json)
+
+
+@embedded_group.command("stop")
+@click.option("--home", envvar="PGQ_HOME", help="Server directory.")
+@handles_errors
+def embedded_stop(home: str | None) -> None:
+    """Stop the embedded server."""
+    from .. import embedded
+
+    click.echo("stopped" if embedded.stop(home) else "not running")
+
+
+@embedded_group.command("status")
+@click.option("--home", envvar="PGQ_HOME", help="Server directory.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handles_errors
+def embedded_status(home: str | None, as_json: bool) -> None:
+    """Show whether the embedded server runs, and where."""
+    from .. import embedded
+
+    emit(embedded.status(home), as_json)

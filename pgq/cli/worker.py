@@ -1,0 +1,73 @@
+"""``pgq worker MODULE:FUNC --queue Q ...``: run a worker from a shell."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from .common import client_for, handles_errors, target_options
+
+
+def _load(target: str) -> Any:
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise click.UsageError(f"expected MODULE:FUNC (e.g. myapp.jobs:send_email), not {target!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.UsageError(f"cannot import {module_name}: {exc}") from None
+    try:
+        return getattr(module, attribute)
+    except AttributeError:
+        raise click.UsageError(f"{module_name} has no attribute {attribute!r}") from None
+
+
+@click.command()
+@click.argument("target")
+@click.option("--queue", "queues", multiple=True, help="Queue to serve (repeatable; order = priority).")
+@click.option("--concurrency", type=int, default=4, show_default=True, help="Jobs handled at once.")
+@click.option("--timeout", type=float, help="Seconds a job may run before it counts as failed.")
+@click.option("--max-nacks", type=int, help="Failures before a job goes to the dead letters.")
+@click.option("--max-deliveries", type=int, help="Deliveries before a job goes to the dead letters.")
+@click.option("--backoff", type=float, default=1.0, show_default=True,
+              help="First retry delay after a failure (doubles each time).")
+@click.option("--transactional", is_flag=True, help="Call FUNC(job, conn); its writes commit with the ACK.")
+@click.option("--grace", type=float, default=30.0, show_default=True,
+              help="Seconds in-flight jobs get to finish on SIGTERM before being NACKed.")
+@click.option("--metrics", metavar="HOST:PORT", envvar="PGQ_METRICS",
+              help="Serve Prometheus metrics on this address.")
+@target_options
+@handles_errors
+def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: float | None,
+           max_nacks: int | None, max_deliveries: int | None, backoff: float, transactional: bool,
+           grace: float, metrics: str | None, dsn: str | None, data: str | None) -> None:
+    """Run TARGET (MODULE:FUNC, or MODULE:WORKER for a pgq.Worker) on jobs until SIGTERM."""
+    from ..cluster.process import setup_logging
+    from ..metrics import WorkerMetrics
+    from ..worker import Worker
+
+    setup_logging(f"worker:{target}")
+    handler = _load(target)
+    gauges = WorkerMetrics() if metrics else None
+    with client_for(dsn, data) as client:
+        if isinstance(handler, Worker):
+            runner = handler
+            runner._dsn = client.dsn if runner._dsn is None else runner._dsn
+            runner.metrics = gauges
+        else:
+            if not queues:
+                raise click.UsageError("name the queues to serve: --queue NAME")
+            runner = Worker(client, queues=list(queues), handler=handler, concurrency=concurrency,
+                            timeout=timeout, max_nacks=max_nacks, max_deliveries=max_deliveries,
+                            backoff=backoff, transactional=transactional, grace=grace,
+                            metrics=gauges)
+    if gauges is not None and metrics:
+        gauges.serve(metrics)
+    stats = runner.run()
+    click.echo(f"worker stopped: {stats.succeeded} succeeded, {stats.failed} failed, "
+               f"{stats.dead} dead-lettered, {stats.interrupted} interrupted", err=True)

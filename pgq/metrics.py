@@ -1,0 +1,106 @@
+"""Prometheus metrics of workers and node processes.
+
+Each process gets its own registry and HTTP endpoint (``--metrics
+HOST:PORT``), so nothing leaks into an application's default registry.
+
+* Worker: ``pgq_worker_claim_seconds`` and ``pgq_worker_ack_seconds``
+  (histograms of the round trips), ``pgq_worker_jobs_total{queue,outcome}``.
+* Node: ``pgq_queue_length``, ``pgq_queue_active``, ``pgq_jobs_in_total``,
+  ``pgq_jobs_out_total`` (per queue, read from ``pgq.queue_stats`` when
+  scraped), ``pgq_replication_seconds`` (histogram: new job to W copies),
+  ``pgq_bus_messages_total{direction,kind}``, ``pgq_bus_rejected_total``,
+  ``pgq_cluster_nodes{status}`` (alive, suspect, dead, left).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["WorkerMetrics", "NodeMetrics", "parse_listen"]
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+class WorkerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.claim = Histogram("pgq_worker_claim_seconds", "GETJOB round trip of the worker",
+                               buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.ack = Histogram("pgq_worker_ack_seconds", "batched ACKJOB round trip",
+                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.jobs = Counter("pgq_worker_jobs", "jobs handled", ["queue", "outcome"],
+                            registry=self.registry)
+
+    def observe(self, what: str, seconds: float) -> None:
+        (self.claim if what == "claim" else self.ack).observe(seconds)
+
+    def job_done(self, queue: str, outcome: str) -> None:
+        self.jobs.labels(queue, outcome).inc()
+
+    def serve(self, listen: str) -> None:
+        host, port = parse_listen(listen)
+        start_http_server(port, addr=host, registry=self.registry)
+
+
+class _NodeCollector(Collector):
+    """Reads queue statistics and node state when Prometheus scrapes."""
+
+    def __init__(self, dsn: str, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.dsn = dsn
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        import psycopg
+
+        length = GaugeMetricFamily("pgq_queue_length", "jobs queued", labels=["queue"])
+        active = GaugeMetricFamily("pgq_queue_active", "jobs active (delivered, delayed, copies)",
+                                   labels=["queue"])
+        jobs_in = CounterMetricFamily("pgq_jobs_in", "jobs that entered the queue", labels=["queue"])
+        jobs_out = CounterMetricFamily("pgq_jobs_out", "jobs delivered from the queue", labels=["queue"])
+        try:
+            with psycopg.connect(self.dsn, connect_timeout=3) as conn:
+                rows = conn.execute(
+                    "SELECT queue, length, active, jobs_in, jobs_out FROM pgq.queue_stats").fetchall()
+        except psycopg.Error:
+            rows = []
+        for queue, n, a, i, o in rows:
+            length.add_metric([queue], n)
+            active.add_metric([queue], a)
+            jobs_in.add_metric([queue], i)
+            jobs_out.add_metric([queue], o)
+        yield from (length, active, jobs_in, jobs_out)
+        state = self.snapshot()
+        nodes = GaugeMetricFamily("pgq_cluster_nodes", "known nodes by state", labels=["status"])
+        for status, count in state["nodes"].items():
+            nodes.add_metric([status], count)
+        yield nodes
+        messages = CounterMetricFamily("pgq_bus_messages", "bus messages", labels=["direction", "kind"])
+        for direction in ("in", "out"):
+            for kind, count in state["bus"][f"messages_{direction}"].items():
+                messages.add_metric([direction, kind], count)
+        yield messages
+        yield CounterMetricFamily("pgq_bus_rejected", "bus frames or handshakes rejected",
+                                  value=state["bus"]["rejected_total"])
+
+
+class NodeMetrics:
+    def __init__(self, dsn: str, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.registry = CollectorRegistry()
+        self.replication = Histogram("pgq_replication_seconds",
+                                     "from a new replicated job to its W copies",
+                                     buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.registry.register(_NodeCollector(dsn, snapshot))
+
+    def serve(self, listen: str) -> None:
+        host, port = parse_listen(listen)
+        start_http_server(port, addr=host, registry=self.registry)

@@ -1,0 +1,437 @@
+"""Workers: run a function for every job of some queues.
+
+::
+
+    worker = pgq.Worker(client, concurrency=8)
+
+    @worker.task("emails", max_nacks=5)
+    def send_email(job): ...            # or `async def`
+
+    worker.run()                        # until SIGTERM / SIGINT / worker.stop()
+
+or ``pgq.Worker(client, queues=["emails"], handler=send_email).run()``, or
+``pgq worker module:function --queue emails`` from a shell.
+
+What a worker guarantees:
+
+* It claims only as many jobs as it has free slots (``concurrency``), so no
+  claimed job waits unstarted; sync handlers run in threads, async ones as
+  tasks.
+* Before a job's lease (its ``retry``) runs out, the worker extends it with
+  WORKING, every half retry, until Disque's half-TTL rule refuses
+  (TOOLATE); a job that runs that long may then be delivered again.
+* Success: the job is acknowledged (batched with others). Failure (an
+  exception, or the per-job ``timeout``): NACK with exponential back-off
+  (``backoff * 2**nacks``, at most ``max_backoff``), or, past ``max_nacks`` /
+  ``max_deliveries``, the job goes to the dead letters (``pgq.dead_letters``).
+* ``transactional=True``: the handler receives ``(job, conn)``; its writes and
+  the job's ACK commit in one transaction (a failure rolls both back).
+* Shutdown (SIGTERM, SIGINT, ``stop()``): stop claiming, let in-flight jobs
+  finish within ``grace`` seconds, NACK the rest so they are queued again at
+  once instead of waiting for their lease.
+* At-most-once jobs (retry 0) are never re-queued: a failed one is
+  dead-lettered when a dead-letter policy is set, otherwise dropped (logged).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import psycopg
+
+from .aio import AsyncClient
+from .client import Client
+from .errors import InvalidArgumentError, InvalidTypeError, NoJobError, PgqError, TooLateError
+from .job import Job
+
+__all__ = ["Worker", "TaskOptions", "WorkerStats"]
+
+log = logging.getLogger("pgq.worker")
+
+Handler = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class TaskOptions:
+    """How one queue's jobs are handled (defaults come from the Worker)."""
+
+    timeout: float | None = None
+    max_nacks: int | None = None
+    max_deliveries: int | None = None
+    backoff: float = 1.0
+    max_backoff: float = 300.0
+    transactional: bool = False
+
+
+@dataclass
+class _Task:
+    queue: str
+    handler: Handler
+    is_async: bool
+    options: TaskOptions
+
+
+@dataclass
+class WorkerStats:
+    """What the worker did (also exported as Prometheus metrics)."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    dead: int = 0
+    extended: int = 0
+    interrupted: int = 0
+    by_queue: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def count(self, queue: str, outcome: str) -> None:
+        setattr(self, outcome, getattr(self, outcome) + 1)
+        per = self.by_queue.setdefault(queue, {})
+        per[outcome] = per.get(outcome, 0) + 1
+
+
+class _JobFailed(Exception):
+    pass
+
+
+class Worker:
+    """Runs handlers for the jobs of one or more queues (see the module doc)."""
+
+    def __init__(self, client: Client | AsyncClient | str | None = None,
+                 queues: Sequence[str] = (), handler: Handler | None = None, *,
+                 concurrency: int = 4, batch: int = 100, grace: float = 30.0,
+                 poll_timeout: float = 1.0, timeout: float | None = None,
+                 max_nacks: int | None = None, max_deliveries: int | None = None,
+                 backoff: float = 1.0, max_backoff: float = 300.0,
+                 transactional: bool = False, metrics: Any = None) -> None:
+        if isinstance(client, (Client, AsyncClient)):
+            self._dsn: Any = client._dsns if len(client._dsns) > 1 else client.dsn
+        elif client is None or isinstance(client, str):
+            self._dsn = client
+        else:
+            raise InvalidTypeError("client must be a pgq.Client, pgq.AsyncClient, a DSN or None")
+        if not isinstance(concurrency, int) or isinstance(concurrency, bool) or not 1 <= concurrency <= 10_000:
+            raise InvalidArgumentError("concurrency must be an int between 1 and 10000")
+        if isinstance(queues, str):
+            queues = [queues]
+        self.concurrency = concurrency
+        self.batch = max(1, batch)
+        self.grace = grace
+        self.poll_timeout = poll_timeout
+        self.defaults = TaskOptions(timeout, max_nacks, max_deliveries, backoff, max_backoff,
+                                    transactional)
+        self.tasks: dict[str, _Task] = {}
+        self.stats = WorkerStats()
+        self.metrics = metrics
+        self._stop = threading.Event()
+        self._stopping: anyio.Event | None = None
+        if handler is not None:
+            if not queues:
+                raise InvalidArgumentError("name the queues the handler serves: queues=[...]")
+            for queue in queues:
+                self._register(queue, handler, {})
+        elif queues:
+            raise InvalidArgumentError("queues need a handler (or use @worker.task(queue))")
+
+    # ------------------------------------------------------------ setup
+
+    def task(self, queue: str, **options: Any) -> Callable[[Handler], Handler]:
+        """Decorator: ``fn`` handles the jobs of ``queue`` (options override the
+        worker's: timeout, max_nacks, max_deliveries, backoff, max_backoff,
+        transactional)."""
+        def register(fn: Handler) -> Handler:
+            self._register(queue, fn, options)
+            return fn
+        return register
+
+    def _register(self, queue: str, handler: Handler, options: dict[str, Any]) -> None:
+        if not callable(handler):
+            raise InvalidTypeError("a handler must be callable: fn(job) or fn(job, conn)")
+        unknown = set(options) - set(TaskOptions.__dataclass_fields__)
+        if unknown:
+            raise InvalidArgumentError(f"unknown task option(s): {', '.join(sorted(unknown))}")
+        if queue in self.tasks:
+            raise InvalidArgumentError(f"queue {queue!r} already has a handler")
+        self.tasks[queue] = _Task(queue, handler, _is_async(handler), replace(self.defaults, **options))
+
+    def stop(self) -> None:
+        """Ask the worker to shut down gracefully (thread-safe)."""
+        self._stop.set()
+
+    # ------------------------------------------------------------ running
+
+    def run(self, *, install_signal_handlers: bool | None = None) -> WorkerStats:
+        """Run until stopped (SIGTERM, SIGINT or ``stop()``); returns the stats."""
+        if install_signal_handlers is None:
+            install_signal_handlers = threading.current_thread() is threading.main_thread()
+        anyio.run(self.run_async, install_signal_handlers)
+        return self.stats
+
+    async def run_async(self, install_signal_handlers: bool = False) -> WorkerStats:
+        if not self.tasks:
+            raise InvalidArgumentError("nothing to do: register a handler with @worker.task(queue)")
+        self._stopping = anyio.Event()
+        self._slots = anyio.Semaphore(self.concurrency)
+        self._acks: list[str] = []
+        self._acks_ready = anyio.Event()
+        self._in_flight: dict[str, Job] = {}
+        async with AsyncClient(self._dsn, pool_size=self.concurrency + 4) as client:
+            self.client = client
+            async with anyio.create_task_group() as tasks:
+                if install_signal_handlers:
+                    tasks.start_soon(self._signals)
+                tasks.start_soon(self._watch_stop_flag)
+                tasks.start_soon(self._flush_acks_forever)
+                async with anyio.create_task_group() as jobs:
+                    await self._claim_until_stopped(jobs)
+                    await self._drain(jobs)
+                await self._flush_acks()
+                tasks.cancel_scope.cancel()
+        return self.stats
+
+    async def _signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+            async for signum in received:
+                log.info("worker: %s received, shutting down", signal.Signals(signum).name)
+                self._stopping.set()  # type: ignore[union-attr]
+                return
+
+    async def _watch_stop_flag(self) -> None:
+        while not self._stop.is_set():
+            await anyio.sleep(0.05)
+        self._stopping.set()  # type: ignore[union-attr]
+
+    async def _claim_until_stopped(self, jobs: anyio.abc.TaskGroup) -> None:
+        # A claim is never cancelled (its jobs could be lost between the
+        # commit and us): it waits at most poll_timeout, and the stop flag is
+        # checked between claims.
+        queues = list(self.tasks)
+        assert self._stopping is not None
+        while not self._stopping.is_set():
+            free = 0
+            with anyio.move_on_after(self.poll_timeout):  # only the wait for a free slot
+                await self._slots.acquire()
+                free = 1
+            if not free:
+                continue
+            while free < self.batch and self._slots.value > 0:
+                await self._slots.acquire()
+                free += 1
+            try:
+                started = time.perf_counter()
+                got = await self.client.get_job(*queues, count=free, timeout=self.poll_timeout,
+                                                withcounters=True)
+                self._observe("claim", time.perf_counter() - started)
+            except PgqError as exc:
+                log.warning("worker: claim failed: %s", exc)
+                got = []
+                await anyio.sleep(1.0)
+            for _ in range(free - len(got)):
+                self._slots.release()
+            for job in got:
+                self.stats.claimed += 1
+                self._in_flight[job.id] = job
+                jobs.start_soon(self._process, job)
+
+    async def _drain(self, jobs: anyio.abc.TaskGroup) -> None:
+        """Shutdown: in-flight jobs get `grace` seconds; the rest are NACKed."""
+        with anyio.move_on_after(self.grace):
+            while self._in_flight:
+                await anyio.sleep(0.05)
+        if self._in_flight:
+            left = dict(self._in_flight)
+            log.info("worker: %d job(s) still running after %g s: NACKed", len(left), self.grace)
+            jobs.cancel_scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await self.client.nack_job(*left)
+            for job in left.values():
+                self.stats.count(job.queue, "interrupted")
+                self._done(job, "interrupted")
+
+    # ------------------------------------------------------------ one job
+
+    async def _process(self, job: Job) -> None:
+        task = self.tasks[job.queue]
+        failure: _JobFailed | None = None
+        try:
+            async with anyio.create_task_group() as helpers:
+                if job.retry:
+                    helpers.start_soon(self._keep_lease, job)
+                try:
+                    outcome = await self._call(task, job)
+                except _JobFailed as exc:  # kept out of the task group's exception group
+                    failure, outcome = exc, None
+                helpers.cancel_scope.cancel()
+            if failure is not None:
+                await self._failed(task, job, str(failure))
+                return
+            if outcome is not None:  # None: transactional, acknowledged already
+                self._ack_later(job.id)
+            self.stats.count(job.queue, "succeeded")
+            self._done(job, "succeeded")
+        finally:
+            self._in_flight.pop(job.id, None)
+            self._slots.release()
+
+    async def _call(self, task: _Task, job: Job) -> Any:
+        """Run the handler; True when the ACK is still to be sent, None when done."""
+        timeout = task.options.timeout
+        try:
+            with anyio.fail_after(timeout) if timeout else _no_timeout():
+                if task.options.transactional:
+                    await self._call_in_transaction(task, job)
+                    return None
+                if task.is_async:
+                    await task.handler(job)
+                else:
+                    await _in_thread(task.handler, job)
+                return True
+        except TimeoutError as exc:
+            raise _JobFailed(f"timed out after {timeout:g} s") from exc
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            raise _JobFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _call_in_transaction(self, task: _Task, job: Job) -> None:
+        if task.is_async:
+            async with await psycopg.AsyncConnection.connect(self.client.dsn) as conn:
+                await task.handler(job, conn)
+                await self.client.ack_job(job.id, conn=conn)
+                await conn.commit()
+            return
+
+        def run() -> None:
+            with psycopg.connect(self.client.dsn) as conn:
+                task.handler(job, conn)
+                acker = self._sync_client()
+                acker.ack_job(job.id, conn=conn)
+                conn.commit()
+
+        await _in_thread(run)
+
+    def _sync_client(self) -> Client:
+        client = getattr(self, "_sync", None)
+        if client is None:
+            client = self._sync = Client(self.client.dsn, pool_size=1)
+        return client
+
+    async def _keep_lease(self, job: Job) -> None:
+        assert job.retry
+        every = max(job.retry / 2, 0.05)
+        while True:
+            await anyio.sleep(every)
+            try:
+                await self.client.working(job.id)
+                self.stats.extended += 1
+            except TooLateError:
+                log.warning("worker: job %s ran past half its TTL: it may be delivered again", job.id)
+                return
+            except NoJobError:
+                return
+
+    async def _failed(self, task: _Task, job: Job, reason: str) -> None:
+        opts = task.options
+        nacks = (job.nacks or 0) + 1
+        deliveries = nacks + (job.additional_deliveries or 0)
+        over = (opts.max_nacks is not None and nacks >= opts.max_nacks) or \
+               (opts.max_deliveries is not None and deliveries >= opts.max_deliveries)
+        policy = opts.max_nacks is not None or opts.max_deliveries is not None
+        log.warning("worker: job %s of %s failed (%s)", job.id, job.queue, reason)
+        if over or (job.retry == 0 and policy):
+            await self.client.dead_letter(job.id, reason=reason)
+            self.stats.count(job.queue, "dead")
+            self._done(job, "dead")
+        elif job.retry == 0:
+            await self.client.fast_ack(job.id)  # at-most-once: never delivered again
+            self.stats.count(job.queue, "failed")
+            self._done(job, "failed")
+        else:
+            delay = min(opts.backoff * 2 ** (nacks - 1), opts.max_backoff)
+            await self.client.nack_job(job.id, delay=delay)
+            self.stats.count(job.queue, "failed")
+            self._done(job, "failed")
+
+    # ------------------------------------------------------------ acks
+
+    def _ack_later(self, job_id: str) -> None:
+        self._acks.append(job_id)
+        self._acks_ready.set()
+
+    async def _flush_acks_forever(self) -> None:
+        while True:
+            await self._acks_ready.wait()
+            await anyio.sleep(0.005)  # let a few more finish: one ACK statement for all
+            await self._flush_acks()
+
+    async def _flush_acks(self) -> None:
+        self._acks_ready = anyio.Event()
+        ids, self._acks = self._acks, []
+        if ids:
+            started = time.perf_counter()
+            with anyio.CancelScope(shield=True):
+                await self.client.ack_job(*ids)
+            self._observe("ack", time.perf_counter() - started)
+
+    # ------------------------------------------------------------ metrics
+
+    def _observe(self, what: str, seconds: float) -> None:
+        if self.metrics is not None:
+            self.metrics.observe(what, seconds)
+
+    def _done(self, job: Job, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.job_done(job.queue, outcome)
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """Run a sync handler in a daemon thread of its own.
+
+    anyio's worker threads are not daemons: a handler abandoned at shutdown
+    (still running after the grace period, its job already NACKed) would keep
+    the process alive until it returns. Concurrency is bounded by the
+    worker's slots, so one thread per running job is what we want anyway.
+    """
+    done = anyio.Event()
+    box: dict[str, Any] = {}
+    token = anyio.lowlevel.current_token()
+
+    def target() -> None:
+        try:
+            box["result"] = fn(*args)
+        except BaseException as exc:  # handed to the awaiting task
+            box["error"] = exc
+        finally:
+            try:
+                anyio.from_thread.run_sync(done.set, token=token)
+            except Exception:
+                pass  # the worker stopped waiting for us long ago
+
+    threading.Thread(target=target, daemon=True, name="pgq-handler").start()
+    await done.wait()
+    if "error" in box:
+        raise box["error"]
+    return box.get("result")
+
+
+class _no_timeout:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _is_async(handler: Handler) -> bool:
+    target = handler.__call__ if not inspect.isroutine(handler) else handler  # type: ignore[operator]
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(handler)
+

@@ -1,0 +1,183 @@
+"""pgq.Worker against a real database: concurrency, lease extension, failures
+with back-off and dead letters, timeouts, transactional mode."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anyio
+import psycopg
+import pytest
+
+import pgq
+
+
+def run_until(worker: pgq.Worker, predicate, timeout: float = 20.0) -> pgq.worker.WorkerStats:
+    """Run the worker in a thread until predicate() is true, then stop it."""
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while not predicate():
+            assert time.monotonic() < deadline, "worker did not get there in time"
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not thread.is_alive()
+    return worker.stats
+
+
+def test_sync_handlers_run_concurrently(dsn, client):
+    client.add_jobs("conc", [b"%d" % i for i in range(8)])
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def handler(job):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        time.sleep(0.5)
+        with lock:
+            running[0] -= 1
+
+    worker = pgq.Worker(client, queues=["conc"], handler=handler, concurrency=4)
+    start = time.monotonic()
+    stats = run_until(worker, lambda: worker.stats.succeeded == 8)
+    assert peak[0] == 4 and time.monotonic() - start < 3.5
+    assert stats.claimed == 8 and client.qlen("conc") == 0
+    assert client.show(client.add_job("conc", b"x")) is not None  # queue still usable
+
+
+def test_decorator_and_async_handlers(dsn, client):
+    worker = pgq.Worker(client, concurrency=10)
+    seen = []
+
+    @worker.task("async-q")
+    async def handle(job):
+        await anyio.sleep(0.2)
+        seen.append(job.body)
+
+    client.add_jobs("async-q", [b"a", b"b", b"c"])
+    run_until(worker, lambda: len(seen) == 3)
+    assert sorted(seen) == [b"a", b"b", b"c"]
+    assert client.jscan(queue="async-q")[1] == []  # all acked
+
+
+def test_lease_extension_keeps_a_long_job_from_redelivery(dsn, client):
+    job_id = client.add_job("long", b"x", retry=1, ttl=60)
+    deliveries = []
+
+    def handler(job):
+        deliveries.append(job.id)
+        time.sleep(3.5)  # 3.5 x retry
+
+    worker = pgq.Worker(client, queues=["long"], handler=handler, concurrency=2)
+    thief = pgq.Client(dsn)
+    stolen = []
+
+    def steal():
+        while not deliveries:  # from the moment the worker holds the job
+            time.sleep(0.01)
+        for _ in range(33):
+            stolen.extend(thief.get_job("long", nohang=True))
+            time.sleep(0.1)
+
+    stealer = threading.Thread(target=steal)
+    stealer.start()
+    stats = run_until(worker, lambda: worker.stats.succeeded == 1)
+    stealer.join()
+    thief.close()
+    assert deliveries == [job_id] and stolen == []
+    assert stats.extended >= 5
+    assert client.show(job_id) is None  # acked
+
+
+def test_failures_back_off_then_go_to_dead_letters(dsn, client, db):
+    job_id = client.add_job("flaky", b"payload", retry=30)
+    attempts = []
+
+    def handler(job):
+        attempts.append(time.monotonic())
+        raise RuntimeError("boom")
+
+    worker = pgq.Worker(client, queues=["flaky"], handler=handler, max_nacks=3, backoff=0.3)
+    stats = run_until(worker, lambda: worker.stats.dead == 1)
+    assert len(attempts) == 3 and stats.failed == 2
+    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    assert 0.25 < gaps[0] < 1.5 and gaps[1] > gaps[0]  # 0.3 s, then 0.6 s
+    assert client.show(job_id) is None and client.qlen("flaky") == 0
+    dead = client.dead_letters("flaky")
+    assert [(d["id"], d["body"], d["nacks"]) for d in dead] == [(job_id, b"payload", 2)]
+    assert "RuntimeError: boom" in dead[0]["reason"]
+    assert db.execute("SELECT outcome FROM pgq.history").fetchone() == ("dead",)
+    assert db.execute("SELECT queue, dead FROM pgq.dead_letter_queues").fetchall() == [("flaky", 1)]
+    again = client.requeue_dead_letters("flaky")
+    assert len(again) == 1 and again[0] != job_id
+    assert client.get_job("flaky", nohang=True)[0].body == b"payload"
+    assert client.dead_letters("flaky") == []
+
+
+def test_per_job_timeout_counts_as_a_failure(dsn, client):
+    client.add_job("slow", b"x", retry=30)
+
+    async def handler(job):
+        await anyio.sleep(10)
+
+    worker = pgq.Worker(client, queues=["slow"], handler=handler, timeout=0.3, max_nacks=1)
+    run_until(worker, lambda: worker.stats.dead == 1, timeout=10)
+    assert "timed out after 0.3 s" in client.dead_letters("slow")[0]["reason"]
+
+
+def test_failed_at_most_once_job_is_not_retried(dsn, client):
+    job_id = client.add_job("once", b"x", retry=0)
+    calls = []
+
+    def handler(job):
+        calls.append(job.id)
+        raise ValueError("nope")
+
+    worker = pgq.Worker(client, queues=["once"], handler=handler)
+    run_until(worker, lambda: worker.stats.failed == 1)
+    time.sleep(0.5)
+    assert calls == [job_id] and client.show(job_id) is None
+
+
+def test_transactional_mode_commits_writes_and_ack_together(dsn, client, db):
+    db.execute("CREATE TABLE done (body text)")
+    good = client.add_job("tx", b"good", retry=30)
+    bad = client.add_job("tx", b"bad", retry=30)
+
+    def handler(job, conn):
+        conn.execute("INSERT INTO done VALUES (%s)", (job.body.decode(),))
+        if job.body == b"bad":
+            raise RuntimeError("rolled back")
+
+    worker = pgq.Worker(client, queues=["tx"], handler=handler, transactional=True,
+                        max_nacks=1)
+    run_until(worker, lambda: worker.stats.succeeded == 1 and worker.stats.dead == 1)
+    assert db.execute("SELECT body FROM done").fetchall() == [("good",)]
+    assert client.show(good) is None and client.show(bad) is None
+    assert [d["id"] for d in client.dead_letters("tx")] == [bad]
+
+
+def test_nack_with_delay_requeues_later_without_counting_a_delivery(client):
+    job_id = client.add_job("later", b"x", retry=30)
+    client.get_job("later")
+    assert client.nack_job(job_id, delay=0.6) == 1
+    assert client.get_job("later", nohang=True) == []
+    job = client.get_job("later", timeout=3, withcounters=True)[0]
+    assert (job.id, job.nacks, job.additional_deliveries) == (job_id, 1, 0)
+    assert job.retry == 30 and 86000 < job.ttl <= 86400
+
+
+def test_bad_worker_configuration_is_explained(client):
+    with pytest.raises(pgq.errors.InvalidArgumentError, match="handler"):
+        pgq.Worker(client, queues=["q"])
+    with pytest.raises(pgq.errors.InvalidArgumentError, match="nothing to do"):
+        pgq.Worker(client).run(install_signal_handlers=False)
+    worker = pgq.Worker(client)
+    with pytest.raises(pgq.errors.InvalidArgumentError, match="unknown task option"):
+        worker.task("q", retries=3)(lambda job: None)
+    with pytest.raises(pgq.errors.InvalidArgumentError):
+        pgq.Worker(client, concurrency=0)
