@@ -103,6 +103,8 @@ class Node:
     log: Path
     joins: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
+    extra_args: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def dsn(self) -> str:
@@ -117,8 +119,10 @@ class Node:
                 "--dsn", self.dsn, "--bus", self.bus, "--secret-file", str(self.secret_file)]
         for join in self.joins:
             args += ["--join", join]
+        args += self.extra_args
         log = open(self.log, "a")  # noqa: SIM115 - owned by the process
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **self.env})
         log.close()
         wait_until(self.serving, 30, message=f"{self.name} to serve")
 
@@ -211,7 +215,8 @@ def make_cluster(servers: list[Server], tmp_path: Path) -> Iterator[Callable[...
     secret = tmp_path / "cluster.secret"
     secret.write_text("test-cluster-secret-" + os.urandom(8).hex())
 
-    def make(count: int = 3, mesh: bool = True) -> Cluster:
+    def make(count: int = 3, mesh: bool = True, extra_args: list[str] | None = None,
+             env: dict[str, str] | None = None) -> Cluster:
         nodes = []
         for i in range(count):
             server = servers[i]
@@ -226,6 +231,8 @@ def make_cluster(servers: list[Server], tmp_path: Path) -> Iterator[Callable[...
                         tmp_path / f"n{i + 1}.log")
             if i > 0:
                 node.joins = [nodes[0].bus]
+            node.extra_args = [a.replace("{host}", server.host) for a in (extra_args or [])]
+            node.env = env or {}
             nodes.append(node)
             made.append(node)
         for node in nodes:
