@@ -30,7 +30,7 @@ from pathlib import Path
 
 import psycopg
 
-from . import Client, embedded
+from . import Client, Job, Worker, embedded
 from .errors import NoReplError, PgqError
 
 QUEUE = "demo"
@@ -84,6 +84,41 @@ class DemoNode:
             return False
         self.dsn = state["dsn"]
         return True
+
+
+class _Progress:
+    """Live bars on a terminal; plain milestone lines otherwise (logs, tests)."""
+
+    def __init__(self, total: int) -> None:
+        self.live = sys.stdout.isatty()
+        self.total = total
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self.progress = Progress(TextColumn("  {task.description:<10}"), BarColumn(),
+                                     MofNCompleteColumn())
+            self.added = self.progress.add_task("added", total=total)
+            self.delivered = self.progress.add_task("delivered", total=total)
+
+    def __enter__(self) -> _Progress:
+        if self.live:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live:
+            self.progress.stop()
+
+    def update(self, added: int, delivered: int) -> None:
+        if self.live:
+            self.progress.update(self.added, completed=added)
+            self.progress.update(self.delivered, completed=delivered)
+
+    def say(self, message: str) -> None:
+        if self.live:
+            self.progress.console.print(f"  {message}")
+        else:
+            print(f"  {message}", flush=True)
 
 
 def _free_port() -> int:
@@ -147,9 +182,6 @@ def run(nodes: list[DemoNode], opts: argparse.Namespace) -> int:
     withdrawn: set[str] = set()  # NOREPL: removed, copies deleted best effort
     delivered: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
-    producing = threading.Event()
-    producing.set()
-    stop = threading.Event()
     errors: list[str] = []
 
     def produce(node: DemoNode, share: int) -> None:
@@ -173,57 +205,53 @@ def run(nodes: list[DemoNode], opts: argparse.Namespace) -> int:
         except PgqError as exc:
             errors.append(f"{node.name} producer: {exc}")
 
-    def consume(node: DemoNode) -> None:
-        client = Client(node.dsn, reconnect_timeout=60)
-        try:
-            while not stop.is_set():
-                jobs = client.get_job(QUEUE, count=25, timeout=0.5)
-                if jobs:
-                    with lock:
-                        delivered.update(j.id for j in jobs)
-                    client.ack_job(*(j.id for j in jobs))
-        except PgqError as exc:
-            errors.append(f"{node.name} consumer: {exc}")
-        finally:
-            client.close()
+    def record(job: Job) -> None:
+        with lock:
+            delivered[job.id] += 1
+
+    # One pgq.Worker per node: consumers connected to every node's database.
+    workers = [Worker(node.dsn, queues=[QUEUE], handler=record, concurrency=4, poll_timeout=0.5)
+               for node in nodes]
 
     started = time.monotonic()
     share = opts.jobs // 3
     producers = [threading.Thread(target=produce, args=(n, share)) for n in nodes]
-    consumers = [threading.Thread(target=consume, args=(n,)) for n in nodes for _ in range(2)]
+    consumers = [threading.Thread(target=w.run, kwargs={"install_signal_handlers": False})
+                 for w in workers]
     for thread in producers + consumers:
         thread.start()
     victim, killed_at, detected_in = nodes[2], None, None
     restarted = opts.no_kill
-    while True:
-        time.sleep(0.25)
-        with lock:
-            done, total = len(delivered), len(added)
-        print(f"\r  added {total:>6}  delivered {done:>6}", end="", flush=True)
-        if killed_at is None and not opts.no_kill and done >= opts.jobs // 2:
-            print(f"\n  kill -9 {victim.name}'s node process", flush=True)
-            victim.kill(signal.SIGKILL)
-            killed_at = time.monotonic()
-        if killed_at is not None and detected_in is None:
-            if nodes[0].cluster_view().get(victim.name) == "dead":
-                detected_in = time.monotonic() - killed_at
-                print(f"\n  {victim.name} declared dead after {detected_in:.1f} s; restarting it",
-                      flush=True)
-                victim.start()
-                restarted = True
-        producers_done = not any(t.is_alive() for t in producers)
-        if producers_done and restarted and done >= total and set(delivered) >= set(added):
-            break
-        if time.monotonic() - started > 110:
-            break
-    stop.set()
+    with _Progress(opts.jobs) as progress:
+        while True:
+            time.sleep(0.25)
+            with lock:
+                done, total = len(delivered), len(added)
+            progress.update(total, done)
+            if killed_at is None and not opts.no_kill and done >= opts.jobs // 2:
+                progress.say(f"kill -9 {victim.name}'s node process")
+                victim.kill(signal.SIGKILL)
+                killed_at = time.monotonic()
+            if killed_at is not None and detected_in is None:
+                if nodes[0].cluster_view().get(victim.name) == "dead":
+                    detected_in = time.monotonic() - killed_at
+                    progress.say(f"{victim.name} declared dead after {detected_in:.1f} s; restarting it")
+                    victim.start()
+                    restarted = True
+            producers_done = not any(t.is_alive() for t in producers)
+            if producers_done and restarted and done >= total and set(delivered) >= set(added):
+                break
+            if time.monotonic() - started > 110:
+                progress.say("time is up (110 s)")
+                break
+    for worker in workers:
+        worker.stop()
     for thread in producers + consumers:
         thread.join(30)
     elapsed = time.monotonic() - started
     lost = set(added) - set(delivered)
     duplicates = sum(n - 1 for i, n in delivered.items() if i not in withdrawn)
     stray = len(withdrawn & set(delivered))
-    print()
     print("verdict")
     print(f"  jobs added      {len(added)} (replicate=2, retry=2 s)")
     print(f"  delivered       {len(set(added) & set(delivered))} distinct")

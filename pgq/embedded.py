@@ -25,6 +25,11 @@ Invariants:
 * Authentication is SCRAM with a random password kept in ``instance.json``
   (mode 0600): other local users cannot connect.
 * Durability is PostgreSQL's default (``fsync=on``, ``synchronous_commit=on``).
+* For containers (docker/compose.yaml) four variables open the server to
+  other hosts on purpose: ``PGQ_EMBEDDED_LISTEN`` (listen address, e.g.
+  ``*``), ``PGQ_EMBEDDED_PORT`` (a fixed port), ``PGQ_EMBEDDED_PASSWORD`` (a
+  known password instead of a random one) and ``PGQ_EMBEDDED_HBA`` (an
+  extra ``pg_hba.conf`` source, e.g. ``samenet``; SCRAM is still required).
 * PostgreSQL refuses to run as root: when the caller is root, ``initdb`` and
   ``pg_ctl`` run as an unprivileged user (``PGQ_SERVER_USER``, default
   ``postgres``), who owns ``data/`` and ``log/``.
@@ -243,7 +248,7 @@ def _prepare_directories(home: Path, runner: _Runner) -> tuple[Path, Path]:
 
 
 def _initdb(home: Path, data: Path, runner: _Runner) -> str:
-    password = secrets.token_urlsafe(24)
+    password = os.environ.get("PGQ_EMBEDDED_PASSWORD") or secrets.token_urlsafe(24)
     pwfile = home / ".pwfile"
     pwfile.write_text(password + "\n")
     os.chmod(pwfile, 0o600)
@@ -260,17 +265,23 @@ def _initdb(home: Path, data: Path, runner: _Runner) -> str:
         raise EmbeddedServerError(f"initdb failed in {data}:\n{done.stderr.strip()}")
     with open(data / "postgresql.conf", "a") as conf:
         conf.write(SERVER_SETTINGS)
+    source = os.environ.get("PGQ_EMBEDDED_HBA")
+    if source:
+        with open(data / "pg_hba.conf", "a") as hba:
+            hba.write(f"\n# added by pgq (PGQ_EMBEDDED_HBA)\nhost all all {source} scram-sha-256\n")
     return password
 
 
 def _start(data: Path, log: Path, runner: _Runner, preferred_port: int | None,
            host: str) -> int:
     last_error = ""
+    listen = os.environ.get("PGQ_EMBEDDED_LISTEN") or host
+    fixed = os.environ.get("PGQ_EMBEDDED_PORT")
     for _attempt in range(3):
-        port = _free_port(preferred_port, host)
+        port = int(fixed) if fixed else _free_port(preferred_port, host)
         done = runner.run(
             "pg_ctl", "start", "-D", str(data), "-l", str(log / "postgres.log"),
-            "-w", "-t", str(START_TIMEOUT), "-o", f"-p {port} -c listen_addresses={host}",
+            "-w", "-t", str(START_TIMEOUT), "-o", f"-p {port} -c listen_addresses='{listen}'",
         )
         if done.returncode == 0:
             return port

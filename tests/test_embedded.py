@@ -129,3 +129,26 @@ def test_home_unreachable_by_the_server_user_is_explained(monkeypatch):
             embedded.ensure_running(private / "home")
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def test_container_settings_open_the_server_on_purpose(tmp_path, monkeypatch):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("PGQ_EMBEDDED_PASSWORD", "known-password-for-containers")
+    monkeypatch.setenv("PGQ_EMBEDDED_PORT", str(port))
+    monkeypatch.setenv("PGQ_EMBEDDED_LISTEN", "*")
+    monkeypatch.setenv("PGQ_EMBEDDED_HBA", "samenet")
+    home = Path(tempfile.mkdtemp(prefix="pgq-container-"))
+    try:
+        instance = embedded.ensure_running(home)
+        assert instance.port == port and instance.password == "known-password-for-containers"
+        with psycopg.connect(instance.dsn) as conn:
+            listen = conn.execute("SHOW listen_addresses").fetchone()[0]
+            rules = conn.execute("SELECT address FROM pg_hba_file_rules").fetchall()
+        assert listen == "*" and ("samenet",) in rules
+    finally:
+        embedded.stop(home)
+        shutil.rmtree(home, ignore_errors=True)
