@@ -222,19 +222,29 @@ def cluster_leave(data: str | None, dsn: str | None, timeout: float) -> None:
                      "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
         myself = conn.execute("SELECT pgq.meta_value('node_id')").fetchone()[0]  # type: ignore[index]
     _tell_node(target, "leaving", "yes")
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
     deadline = time.monotonic() + timeout
     held = -1
-    with psycopg.connect(target, autocommit=True) as conn:
+    query = ("SELECT (SELECT count(*) FROM pgq.jobs WHERE nodes_delivered IS NULL"
+             " OR %(me)s = ANY (nodes_delivered)) + (SELECT count(*) FROM pgq.acks)")
+    interactive = sys.stderr.isatty()
+    with psycopg.connect(target, autocommit=True) as conn, \
+            Progress(TextColumn("draining"), BarColumn(), MofNCompleteColumn(),
+                     transient=True, disable=not interactive) as progress:
+        start = conn.execute(query, {"me": myself}).fetchone()[0]  # type: ignore[index]
+        task = progress.add_task("drain", total=max(start, 1))
         while time.monotonic() < deadline:
-            held = conn.execute(
-                "SELECT (SELECT count(*) FROM pgq.jobs WHERE nodes_delivered IS NULL"
-                " OR %(me)s = ANY (nodes_delivered)) + (SELECT count(*) FROM pgq.acks)",
-                {"me": myself}).fetchone()[0]  # type: ignore[index]
+            held = conn.execute(query, {"me": myself}).fetchone()[0]  # type: ignore[index]
+            progress.update(task, completed=max(start - held, 0))
             if held == 0:
-                click.echo("the node holds no jobs: it is safe to stop it now")
-                return
-            click.echo(f"waiting: the node still holds {held} jobs or acks", err=True)
+                break
+            if not interactive:
+                click.echo(f"waiting: the node still holds {held} jobs or acks", err=True)
             time.sleep(1.0)
+    if held == 0:
+        click.echo("the node holds no jobs: it is safe to stop it now")
+        return
     fail(PgqError(f"the node still holds {held} jobs or acks after {timeout:g} s"))
 
 
