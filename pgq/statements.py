@@ -346,7 +346,7 @@ FROM gone
 
 # A worker gives up on jobs: like ACK (every holder learns it is done), and
 # the job goes to pgq.dead_letters with its body and the reason.
-DEAD_LETTER = f"""
+DEAD_LETTER = """
 WITH gone AS (
     DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
     RETURNING id, queue, body, ctime, delivered_at, deliveries, nacks, additional_deliveries,

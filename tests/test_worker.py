@@ -7,7 +7,6 @@ import threading
 import time
 
 import anyio
-import psycopg
 import pytest
 
 import pgq
