@@ -19,7 +19,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ".[test,bench]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -29,6 +29,9 @@ test: install
 
 demo: install
 	$(BIN)/python -m pgq.demo
+
+bench: install
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -15,75 +15,36 @@ from __future__ import annotations
 import argparse
 import collections
 import logging
-import os
-import secrets
-import shutil
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
-import psycopg
-
-from . import Client, Job, Worker, embedded
+from . import Client, Job, Worker
 from .errors import NoReplError, PgqError
+from .localcluster import LocalCluster, LocalNode
 
 QUEUE = "demo"
 
 
-@dataclass
-class DemoNode:
-    name: str
-    data: Path
-    bus_port: int
-    secret: Path
-    join: str | None
-    process: subprocess.Popen | None = None
-    dsn: str = ""
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pgq.demo",
+                                     description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=6000, help="jobs to add (default 6000)")
+    parser.add_argument("--no-kill", action="store_true", help="do not kill a node halfway")
+    opts = parser.parse_args(argv)
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+    logging.getLogger("pgq").setLevel(logging.ERROR)
 
-    @property
-    def bus(self) -> str:
-        return f"127.0.0.1:{self.bus_port}"
-
-    def start(self) -> None:
-        args = [sys.executable, "-m", "pgq.cli", "node", "start", "--name", self.name,
-                "--data", str(self.data), "--bus", self.bus, "--secret-file", str(self.secret)]
-        if self.join:
-            args += ["--join", self.join]
-        log = open(self.data.parent / f"{self.name}.log", "a")  # noqa: SIM115
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-
-    def kill(self, sig: int) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-    def cluster_view(self) -> dict[str, str]:
-        with psycopg.connect(self.dsn, connect_timeout=5) as conn:
-            rows = conn.execute("SELECT name, status FROM pgq.cluster_nodes WHERE NOT myself").fetchall()
-        return dict(rows)
-
-    def serving(self) -> bool:
-        state_file = self.data / "node.json"
-        if not state_file.exists():
-            return False
-        import json
-
-        state = json.loads(state_file.read_text())
-        if state.get("state") != "running" or not state.get("dsn"):
-            return False
-        self.dsn = state["dsn"]
-        return True
+    cluster = LocalCluster(3, prefix="pgq-demo-")
+    print(f"starting a 3-node cluster under {cluster.root} ...", flush=True)
+    try:
+        cluster.start()
+        print("cluster up: " + ", ".join(f"{n.name} bus {n.bus}" for n in cluster.nodes), flush=True)
+        return run(cluster.nodes, opts)
+    finally:
+        cluster.close()
+        print("stopped the demo cluster and removed its files", flush=True)
 
 
 class _Progress:
@@ -121,70 +82,14 @@ class _Progress:
             print(f"  {message}", flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _wait(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except (psycopg.Error, OSError, ValueError):
-            pass
-        time.sleep(0.2)
-    raise SystemExit(f"demo: timed out waiting for {what}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pgq.demo",
-                                     description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--jobs", type=int, default=6000, help="jobs to add (default 6000)")
-    parser.add_argument("--no-kill", action="store_true", help="do not kill a node halfway")
-    opts = parser.parse_args(argv)
-    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
-    logging.getLogger("pgq").setLevel(logging.ERROR)
-
-    root = Path(tempfile.mkdtemp(prefix="pgq-demo-"))
-    os.chmod(root, 0o711)
-    secret = root / "cluster.secret"
-    secret.write_text(secrets.token_urlsafe(32))
-    nodes: list[DemoNode] = []
-    print(f"starting a 3-node cluster under {root} ...", flush=True)
-    try:
-        first = None
-        for i in range(3):
-            node = DemoNode(f"n{i + 1}", root / f"n{i + 1}", _free_port(), secret, first)
-            first = first or node.bus
-            nodes.append(node)
-            node.start()
-        for node in nodes:
-            _wait(node.serving, 90, f"{node.name} to start")
-        _wait(lambda: all(set(n.cluster_view().values()) == {"alive"} and len(n.cluster_view()) == 2
-                          for n in nodes), 60, "the nodes to see each other")
-        print("cluster up: " + ", ".join(f"{n.name} bus {n.bus}" for n in nodes), flush=True)
-        return run(nodes, opts)
-    finally:
-        for node in nodes:
-            node.kill(signal.SIGTERM)
-        for node in nodes:
-            if (node.data / "postgres").exists():
-                embedded.stop(node.data / "postgres")
-        shutil.rmtree(root, ignore_errors=True)
-        print("stopped the demo cluster and removed its files", flush=True)
-
-
-def run(nodes: list[DemoNode], opts: argparse.Namespace) -> int:
+def run(nodes: list[LocalNode], opts: argparse.Namespace) -> int:
     added: list[str] = []
     withdrawn: set[str] = set()  # NOREPL: removed, copies deleted best effort
     delivered: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
     errors: list[str] = []
 
-    def produce(node: DemoNode, share: int) -> None:
+    def produce(node: LocalNode, share: int) -> None:
         client = Client([node.dsn, *(n.dsn for n in nodes if n is not node)], reconnect_timeout=60)
         try:
             sent = 0

@@ -43,3 +43,14 @@ for command in (server.migrate, server.embedded_group, cluster.node_group, clust
     main.add_command(command)
 
 __all__ = ["main"]
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def bench(ctx: click.Context) -> None:
+    """Run the benchmarks (options as `python -m bench --help`: --smoke, --rounds, --only, --out)."""
+    import sys
+
+    from ..bench.__main__ import main as run_bench
+
+    sys.exit(run_bench(list(ctx.args)))

@@ -1,0 +1,38 @@
+"""``python -m bench`` / ``pgq bench``: run the benchmarks and write the report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=(
+        "pgq against pgqueuer, procrastinate and the raw-SQL floor, side by side in one run"))
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: a few seconds per step")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3; 1 with --smoke)")
+    parser.add_argument("--only", action="append", help="only workloads whose name contains this")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the 3-node cluster workload")
+    parser.add_argument("--out", type=Path, help=f"report directory (default {DEFAULT_OUT})")
+    opts = parser.parse_args(argv)
+    rounds = opts.rounds or (1 if opts.smoke else 3)
+    out = opts.out or (DEFAULT_OUT / "smoke" if opts.smoke else DEFAULT_OUT)
+
+    from .report import write
+    from .runner import run
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    results = run(opts.smoke, rounds, opts.only, log, with_cluster=not opts.no_cluster)
+    for path in write(results, out):
+        print(f"wrote {path}")
+    print((out / "results.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

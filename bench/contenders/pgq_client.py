@@ -1,0 +1,126 @@
+"""Contender: pgq, through its AsyncClient (GETJOB / ACKJOB)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+import psycopg
+
+import pgq
+
+from .common import BODY, age_of, main, percentiles, stamped
+
+QUEUE = "bench"
+
+
+def _analyze(dsn: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+
+
+def burn(dsn: str, n: int, batch: int, consumers: int = 2,
+         max_seconds: float = 120) -> dict[str, Any]:
+    with pgq.Client(dsn) as client:
+        for start in range(0, n, 50_000):
+            client.add_jobs(QUEUE, [BODY] * min(50_000, n - start))
+    _analyze(dsn)
+
+    async def run() -> tuple[int, float]:
+        done = [0]
+        async with pgq.AsyncClient(dsn, pool_size=consumers + 2) as client:
+            started = time.perf_counter()
+            deadline = started + max_seconds
+
+            async def consume() -> None:
+                while time.perf_counter() < deadline:
+                    jobs = await client.get_job(QUEUE, count=batch, nohang=True)
+                    if not jobs:
+                        return
+                    if batch == 1:
+                        await client.ack_job(jobs[0].id)
+                    else:
+                        await client.ack_job(*(j.id for j in jobs))
+                    done[0] += len(jobs)
+
+            async with anyio.create_task_group() as tasks:
+                for _ in range(consumers):
+                    tasks.start_soon(consume)
+            return done[0], time.perf_counter() - started
+
+    jobs, seconds = anyio.run(run)
+    return {"jobs": jobs, "seconds": seconds}
+
+
+def burn_worker(dsn: str, n: int, batch: int, consumers: int = 2, max_seconds: float = 120) -> dict[str, Any]:
+    """The same burn-down through pgq.Worker (async handler, batched acks)."""
+    with pgq.Client(dsn) as client:
+        for start in range(0, n, 50_000):
+            client.add_jobs(QUEUE, [BODY] * min(50_000, n - start))
+    _analyze(dsn)
+    worker = pgq.Worker(dsn, concurrency=batch * consumers, batch=batch, poll_timeout=0.2)
+    done = [0]
+    started = time.perf_counter()
+
+    @worker.task(QUEUE)
+    async def handle(job: pgq.Job) -> None:
+        done[0] += 1
+        if done[0] >= n or time.perf_counter() - started > max_seconds:
+            worker.stop()
+
+    worker.run(install_signal_handlers=False)
+    return {"jobs": worker.stats.succeeded, "seconds": time.perf_counter() - started}
+
+
+def steady(dsn: str, producers: int, consumers: int, seconds: float, batch: int = 10) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        ages: list[float] = []
+        stop = time.perf_counter() + seconds
+        async with pgq.AsyncClient(dsn, pool_size=producers + consumers + 2) as client:
+            async def produce() -> None:
+                while time.perf_counter() < stop:
+                    await client.add_job(QUEUE, stamped())
+
+            async def consume() -> None:
+                while time.perf_counter() < stop:
+                    jobs = await client.get_job(QUEUE, count=batch, timeout=0.2)
+                    if jobs:
+                        ages.extend(age_of(j.body) for j in jobs)
+                        await client.ack_job(*(j.id for j in jobs))
+
+            started = time.perf_counter()
+            async with anyio.create_task_group() as tasks:
+                for _ in range(producers):
+                    tasks.start_soon(produce)
+                for _ in range(consumers):
+                    tasks.start_soon(consume)
+            elapsed = time.perf_counter() - started
+        return {"jobs": len(ages), "seconds": elapsed, **percentiles(ages)}
+
+    return anyio.run(run)
+
+
+def enqueue_single(dsn: str, n: int) -> dict[str, Any]:
+    with pgq.Client(dsn) as client:
+        client.add_job(QUEUE, BODY)
+        latencies = []
+        for _ in range(n):
+            started = time.perf_counter()
+            client.add_job(QUEUE, BODY)
+            latencies.append(time.perf_counter() - started)
+    return {"jobs": n, "seconds": sum(latencies), **percentiles(latencies)}
+
+
+def enqueue_bulk(dsn: str, n: int) -> dict[str, Any]:
+    with pgq.Client(dsn) as client:
+        started = time.perf_counter()
+        for start in range(0, n, 100_000):
+            client.add_jobs(QUEUE, [BODY] * min(100_000, n - start))
+        seconds = time.perf_counter() - started
+    return {"jobs": n, "seconds": seconds}
+
+
+if __name__ == "__main__":
+    main({"burn": burn, "burn_worker": burn_worker, "steady": steady,
+          "enqueue_single": enqueue_single, "enqueue_bulk": enqueue_bulk})

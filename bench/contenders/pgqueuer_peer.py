@@ -1,0 +1,149 @@
+"""Contender: pgqueuer (https://pypi.org/project/pgqueuer/), through its
+QueueManager over psycopg (the driver it documents for psycopg users).
+Runs in the peers' virtualenv."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from pgqueuer.db import PsycopgDriver
+from pgqueuer.qm import QueueManager
+from pgqueuer.queries import Queries
+from pgqueuer.types import QueueExecutionMode
+
+from .common import BODY, age_of, main, percentiles, stamped
+
+ENTRY = "bench"
+
+
+async def _connect(dsn: str) -> psycopg.AsyncConnection:
+    return await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+
+
+async def _install(dsn: str) -> None:
+    conn = await _connect(dsn)
+    queries = Queries(PsycopgDriver(conn))
+    if not await queries.schema_is_installed():
+        await queries.install()
+    await conn.close()
+
+
+async def _enqueue(dsn: str, n: int, chunk: int = 10_000) -> None:
+    conn = await _connect(dsn)
+    queries = Queries(PsycopgDriver(conn))
+    for start in range(0, n, chunk):
+        size = min(chunk, n - start)
+        await queries.enqueue([ENTRY] * size, [BODY] * size, [0] * size)
+    await conn.execute("ANALYZE")
+    await conn.close()
+
+
+def burn(dsn: str, n: int, batch: int, consumers: int = 2,
+         max_seconds: float = 120) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        await _install(dsn)
+        await _enqueue(dsn, n)
+        done = [0]
+        managers = []
+
+        async def consume() -> None:
+            conn = await _connect(dsn)
+            qm = QueueManager(Queries(PsycopgDriver(conn)))
+            managers.append(qm)
+
+            @qm.entrypoint(ENTRY)
+            async def handle(job: Any) -> None:
+                done[0] += 1
+
+            await qm.run(batch_size=batch, mode=QueueExecutionMode.drain,
+                         dequeue_timeout=timedelta(seconds=0.5))
+
+        started = time.perf_counter()
+        tasks = [asyncio.create_task(consume()) for _ in range(consumers)]
+        try:
+            await asyncio.wait_for(asyncio.gather(*tasks), timeout=max_seconds)
+        except TimeoutError:
+            for qm in managers:
+                qm.shutdown.set()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return {"jobs": done[0], "seconds": time.perf_counter() - started}
+
+    return asyncio.run(run())
+
+
+def steady(dsn: str, producers: int, consumers: int, seconds: float, batch: int = 10) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        await _install(dsn)
+        ages: list[float] = []
+        stop = time.perf_counter() + seconds
+        managers = []
+
+        async def produce() -> None:
+            conn = await _connect(dsn)
+            queries = Queries(PsycopgDriver(conn))
+            while time.perf_counter() < stop:
+                await queries.enqueue(ENTRY, stamped(), 0)
+            await conn.close()
+
+        async def consume() -> None:
+            conn = await _connect(dsn)
+            qm = QueueManager(Queries(PsycopgDriver(conn)))
+            managers.append(qm)
+
+            @qm.entrypoint(ENTRY)
+            async def handle(job: Any) -> None:
+                ages.append(age_of(job.payload))
+
+            await qm.run(batch_size=batch, dequeue_timeout=timedelta(seconds=0.2))
+
+        started = time.perf_counter()
+        workers = [asyncio.create_task(consume()) for _ in range(consumers)]
+        await asyncio.gather(*(produce() for _ in range(producers)))
+        for qm in managers:
+            qm.shutdown.set()
+        for outcome in await asyncio.gather(*workers, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                raise outcome  # a failed consumer must not look like a slow one
+        return {"jobs": len(ages), "seconds": time.perf_counter() - started, **percentiles(ages)}
+
+    return asyncio.run(run())
+
+
+def enqueue_single(dsn: str, n: int) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        await _install(dsn)
+        conn = await _connect(dsn)
+        queries = Queries(PsycopgDriver(conn))
+        latencies = []
+        for _ in range(n):
+            started = time.perf_counter()
+            await queries.enqueue(ENTRY, BODY, 0)
+            latencies.append(time.perf_counter() - started)
+        await conn.close()
+        return {"jobs": n, "seconds": sum(latencies), **percentiles(latencies)}
+
+    return asyncio.run(run())
+
+
+def enqueue_bulk(dsn: str, n: int) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        await _install(dsn)
+        started = time.perf_counter()
+        conn = await _connect(dsn)
+        queries = Queries(PsycopgDriver(conn))
+        for start in range(0, n, 100_000):
+            size = min(100_000, n - start)
+            await queries.enqueue([ENTRY] * size, [BODY] * size, [0] * size)
+        await conn.close()
+        return {"jobs": n, "seconds": time.perf_counter() - started}
+
+    return asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main({"burn": burn, "steady": steady, "enqueue_single": enqueue_single,
+          "enqueue_bulk": enqueue_bulk})

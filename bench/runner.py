@@ -1,0 +1,217 @@
+"""Runs every workload for every contender, in interleaved rounds.
+
+Invariants: all contenders share one PostgreSQL server started here (fsync
+on, synchronous_commit on; "turbo" rows set synchronous_commit off on their
+database); every single run gets a fresh database; within each round the
+contenders take turns (A B C A B C ...), and the median over the rounds is
+what the report shows. A contender that fails a run is recorded with its
+error: it never silently disappears from the table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+import pgq
+from pgq import embedded
+
+from . import peers
+
+# The directory holding the `bench` package: contenders run as
+# `python -m bench.contenders.<name>` from there, in a checkout as well as
+# in an installed wheel (where this package is pgq/bench).
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    module: str
+    peer: bool = False  # runs in the peers' virtualenv
+
+
+CONTENDERS = [
+    Contender("pgq", "bench.contenders.pgq_client"),
+    Contender("pgqueuer", "bench.contenders.pgqueuer_peer", peer=True),
+    Contender("procrastinate", "bench.contenders.procrastinate_peer", peer=True),
+    Contender("raw SQL floor", "bench.contenders.raw_sql"),
+    Contender("plain COPY", "bench.contenders.plain_copy"),
+]
+
+
+@dataclass(frozen=True)
+class Workload:
+    key: str  # row of the report
+    call: str  # contender function
+    params: dict[str, Any]
+    contenders: tuple[str, ...]
+    turbo: bool = False
+    unit: str = "jobs/s"
+
+
+def workloads(smoke: bool) -> list[Workload]:
+    n = 400 if smoke else 100_000
+    seconds = 1.5 if smoke else 15.0
+    peers_and_floor = ("pgq", "pgqueuer", "procrastinate", "raw SQL floor")
+    return [
+        Workload("burn-down batched (COUNT 100)", "burn",
+                 {"n": n, "batch": 100, "consumers": 2, "max_seconds": 20 if smoke else 120},
+                 peers_and_floor),
+        Workload("burn-down per job (COUNT 1)", "burn",
+                 {"n": n // 4 if not smoke else n, "batch": 1, "consumers": 2,
+                  "max_seconds": 20 if smoke else 60}, peers_and_floor),
+        Workload("burn-down batched, turbo (sync commit off)", "burn",
+                 {"n": n, "batch": 100, "consumers": 2, "max_seconds": 20 if smoke else 120},
+                 peers_and_floor, turbo=True),
+        Workload("burn-down batched, pgq.Worker", "burn_worker",
+                 {"n": n, "batch": 100, "consumers": 2, "max_seconds": 20 if smoke else 120},
+                 ("pgq",)),
+        Workload("steady state (4 producers, 4 consumers)", "steady",
+                 {"producers": 4, "consumers": 4, "seconds": seconds, "batch": 10}, peers_and_floor),
+        Workload("single add", "enqueue_single", {"n": 30 if smoke else 2000},
+                 peers_and_floor, unit="adds/s"),
+        Workload("bulk add", "enqueue_bulk", {"n": 2000 if smoke else 1_000_000},
+                 ("pgq", "pgqueuer", "procrastinate", "raw SQL floor", "plain COPY")),
+    ]
+
+
+@dataclass
+class Results:
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    cluster: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, workload: str, contender: str, result: dict[str, Any]) -> None:
+        self.runs.setdefault(workload, {}).setdefault(contender, []).append(result)
+
+    def median(self, workload: str, contender: str, key: str = "rate") -> float | None:
+        values = [r[key] for r in self.runs.get(workload, {}).get(contender, [])
+                  if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+
+class Server:
+    """The PostgreSQL server every contender uses, started for this run."""
+
+    def __init__(self) -> None:
+        self.home = Path(tempfile.mkdtemp(prefix="pgq-bench-"))
+        os.chmod(self.home, 0o711)
+        self.instance = embedded.ensure_running(self.home)
+        self.counter = 0
+        with self.admin() as conn:
+            conn.execute("CREATE DATABASE pgq_bench_template")
+        pgq.migrate(self.instance.dsn_for("pgq_bench_template"))
+        with self.admin() as conn:
+            self.version = conn.execute("SHOW server_version").fetchone()[0]
+            self.settings = dict(conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('fsync', 'synchronous_commit', 'shared_buffers', 'max_wal_size', 'full_page_writes')"
+            ).fetchall())
+
+    def admin(self) -> psycopg.Connection:
+        return psycopg.connect(self.instance.dsn_for("postgres"), autocommit=True)
+
+    def fresh(self, pgq_schema: bool, turbo: bool) -> str:
+        self.counter += 1
+        name = f"bench_{self.counter}"
+        with self.admin() as conn:
+            template = "TEMPLATE pgq_bench_template" if pgq_schema else ""
+            conn.execute(f"CREATE DATABASE {name} {template}")
+            if turbo:
+                conn.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
+        return name
+
+    def drop(self, name: str) -> None:
+        with self.admin() as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+    def stop(self) -> None:
+        embedded.stop(self.home)
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def run_once(server: Server, contender: Contender, workload: Workload, peer_python: Path,
+             timeout: float) -> dict[str, Any]:
+    database = server.fresh(pgq_schema=contender.name == "pgq", turbo=workload.turbo)
+    params = {"workload": workload.call, "dsn": server.instance.dsn_for(database), **workload.params}
+    python = str(peer_python) if contender.peer else sys.executable
+    try:
+        done = subprocess.run([python, "-m", contender.module, json.dumps(params)], cwd=ROOT,
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            return {"error": (done.stderr.strip().splitlines() or ["failed"])[-1][:300]}
+        result = json.loads(done.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:g} s"}
+    except (ValueError, IndexError) as exc:
+        return {"error": f"unreadable result: {exc}"}
+    finally:
+        server.drop(database)
+    if "error" not in result and result.get("seconds"):
+        result["rate"] = result["jobs"] / result["seconds"]
+    return result
+
+
+def run(smoke: bool, rounds: int, only: list[str] | None, log: Callable[[str], None],
+        with_cluster: bool = True) -> Results:
+    results = Results()
+    peer_python = peers.ensure(log)
+    server = Server()
+    chosen = [w for w in workloads(smoke) if not only or any(o in w.key for o in only)]
+    results.meta = machine(server, smoke, rounds)
+    total = rounds * sum(len(w.contenders) for w in chosen)
+    step = 0
+    try:
+        for round_no in range(rounds):
+            for workload in chosen:
+                order = [c for c in CONTENDERS if c.name in workload.contenders]
+                order = order[round_no % len(order):] + order[:round_no % len(order)]  # rotate
+                for contender in order:
+                    step += 1
+                    started = time.monotonic()
+                    result = run_once(server, contender, workload, peer_python,
+                                      timeout=120 if smoke else 900)
+                    results.add(workload.key, contender.name, result)
+                    shown = (f"{result['rate']:,.0f} {workload.unit}" if "rate" in result
+                             else result.get("error", "?"))
+                    log(f"[{step}/{total}] round {round_no + 1} {workload.key} {contender.name}: "
+                        f"{shown} ({time.monotonic() - started:.1f} s)")
+    finally:
+        server.stop()
+    if with_cluster:
+        from .cluster import run_cluster
+
+        results.cluster = run_cluster(smoke, rounds, log)
+    return results
+
+
+def machine(server: Server, smoke: bool, rounds: int) -> dict[str, Any]:
+    versions = peers.installed()
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "mode": "smoke" if smoke else "full",
+        "rounds": rounds,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "postgresql": server.version,
+        "postgresql_settings": server.settings,
+        "versions": {"pgq": pgq.__version__, **{k: versions.get(k) for k in peers.PEERS},
+                     "psycopg": psycopg.__version__},
+    }

@@ -1,0 +1,141 @@
+"""A throwaway local cluster: N node processes, each with its own embedded
+PostgreSQL, under one temporary directory (used by ``pgq demo`` and the
+benchmarks).
+
+Invariant: :meth:`LocalCluster.close` stops every process it started (node
+processes with SIGTERM, then their PostgreSQL servers) and removes the
+directory, whatever happened before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+
+from . import embedded
+
+__all__ = ["LocalNode", "LocalCluster"]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LocalNode:
+    name: str
+    data: Path
+    bus_port: int
+    secret: Path
+    join: str | None
+    host: str = "127.0.0.1"
+    process: subprocess.Popen | None = None
+    dsn: str = ""
+
+    @property
+    def bus(self) -> str:
+        return f"{self.host}:{self.bus_port}"
+
+    def start(self) -> None:
+        args = [sys.executable, "-m", "pgq.cli", "node", "start", "--name", self.name,
+                "--data", str(self.data), "--bus", self.bus, "--secret-file", str(self.secret)]
+        if self.join:
+            args += ["--join", self.join]
+        self.data.mkdir(parents=True, exist_ok=True)
+        log = open(self.data.parent / f"{self.name}.log", "a")  # noqa: SIM115 - owned by the process
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def kill(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def serving(self) -> bool:
+        try:
+            state = json.loads((self.data / "node.json").read_text())
+        except (OSError, ValueError):
+            return False
+        if state.get("state") != "running" or not state.get("dsn"):
+            return False
+        self.dsn = state["dsn"]
+        return True
+
+    def cluster_view(self) -> dict[str, str]:
+        """node name -> status, as this node's database shows it."""
+        with psycopg.connect(self.dsn, connect_timeout=5) as conn:
+            rows = conn.execute("SELECT name, status FROM pgq.cluster_nodes WHERE NOT myself").fetchall()
+        return dict(rows)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except (psycopg.Error, OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+class LocalCluster:
+    def __init__(self, size: int = 3, prefix: str = "pgq-cluster-") -> None:
+        self.root = Path(tempfile.mkdtemp(prefix=prefix))
+        os.chmod(self.root, 0o711)  # the PostgreSQL user must traverse it
+        self.secret = self.root / "cluster.secret"
+        self.secret.write_text(secrets.token_urlsafe(32))
+        self.nodes: list[LocalNode] = []
+        first = None
+        for i in range(size):
+            node = LocalNode(f"n{i + 1}", self.root / f"n{i + 1}", free_port(), self.secret, first)
+            first = first or node.bus
+            self.nodes.append(node)
+
+    def start(self, timeout: float = 90) -> LocalCluster:
+        for node in self.nodes:
+            node.start()
+        for node in self.nodes:
+            wait_for(node.serving, timeout, f"{node.name} to start")
+        others = len(self.nodes) - 1
+        wait_for(lambda: all(set(n.cluster_view().values()) == {"alive"} and
+                             len(n.cluster_view()) == others for n in self.nodes),
+                 timeout, "the nodes to see each other")
+        return self
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.kill(signal.SIGTERM)
+        for node in self.nodes:
+            if (node.data / "postgres").exists():
+                try:
+                    embedded.stop(node.data / "postgres")
+                except Exception:  # noqa: S110 - best effort: the directory goes next
+                    pass
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,34 @@
+"""The benchmark suite runs in smoke mode on every `make test`, so it cannot rot."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1", reason="the bench runs its own servers")
+def test_bench_smoke_run_reports_every_contender(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    failures = {(w, c): r["error"] for w, by in data["runs"].items() for c, runs in by.items()
+                for r in runs if "error" in r}
+    assert failures == {}
+    burn = data["runs"]["burn-down batched (COUNT 100)"]
+    assert set(burn) == {"pgq", "pgqueuer", "procrastinate", "raw SQL floor"}
+    assert all(r["rate"] > 0 for runs in burn.values() for r in runs)
+    assert set(data["runs"]["bulk add"]) >= {"pgq", "plain COPY"}
+    assert {"W=1 sync", "W=2 sync", "W=3 sync", "W=3 async", "get+ack across nodes"} <= set(data["cluster"])
+    assert len(data["goals"]) == 6 and all("met" in g for g in data["goals"])
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| burn-down batched (COUNT 100) |" in markdown and "## Goals" in markdown
+    assert (tmp_path / "throughput.png").stat().st_size > 1000
+    assert (tmp_path / "cluster_latency.png").stat().st_size > 1000
