@@ -110,7 +110,9 @@ class Node:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         pool = AsyncConnectionPool(self.settings.dsn, min_size=2, max_size=self.settings.pool_size,
-                                   kwargs={"autocommit": True, "application_name": "pgq-node"},
+                                   kwargs={"autocommit": True, "application_name": "pgq-node",
+                                           # prepared once, never re-planned (see pgq.client)
+                                           "options": "-c plan_cache_mode=force_generic_plan"},
                                    open=False, name=f"pgq-node-{self.settings.name}")
         await pool.open(wait=True, timeout=30)
         self.pool = pool

@@ -97,6 +97,10 @@ class AsyncClient(ClientCore):
         return True
 
     async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        # pgq's statements are prepared; with array parameters PostgreSQL
+        # keeps re-planning them ("custom plans"), which costs more than
+        # running them. Their generic plans are the index plans we want.
+        await conn.execute("SET plan_cache_mode = force_generic_plan")
         if self.options.turbo:
             await conn.execute("SET synchronous_commit = off")
 

@@ -94,6 +94,10 @@ class Client(ClientCore):
     # ------------------------------------------------------------ plumbing
 
     def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        # pgq's statements are prepared; with array parameters PostgreSQL
+        # keeps re-planning them ("custom plans"), which costs more than
+        # running them. Their generic plans are the index plans we want.
+        conn.execute("SET plan_cache_mode = force_generic_plan")
         if self.options.turbo:
             conn.execute("SET synchronous_commit = off")
 
