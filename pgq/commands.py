@@ -19,6 +19,7 @@ from typing import Any
 
 from . import statements as sql
 from .arguments import JobParams
+from .copydata import binary_copy
 from .errors import (
     LeavingError,
     MaxLenError,
@@ -27,7 +28,7 @@ from .errors import (
     PausedError,
     TooLateError,
 )
-from .ids import is_at_least_once_id, new_job_id, ttl_seconds_from_id
+from .ids import is_at_least_once_id, new_job_ids, ttl_seconds_from_id
 from .job import Job
 from .protocol import (
     Begin,
@@ -107,7 +108,7 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
             f"not enough reachable nodes for replicate={wanted}: {available} can take a copy "
             "(start or join more nodes, or ask for fewer copies)"
         )
-    ids = [new_job_id(session.node_id, params.ttl, params.retry) for _ in bodies]
+    ids = new_job_ids(session.node_id, params.ttl, params.retry, len(bodies))
     if view.active and (wanted > 1 or view.leaving):
         yield from _add_replicated(session, queue, ids, bodies, params, wanted)
         return ids
@@ -230,12 +231,8 @@ def _copy_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[by
         state, requeue, queued, enqueues = "active", now + dt.timedelta(seconds=params.delay), None, 0
     else:
         state, requeue, queued, enqueues = "queued", None, now, 1
-    rows = [
-        (job_id, queue, state, body, 1, params.retry, params.delay,
-         expires, requeue, queued, enqueues)
-        for job_id, body in zip(ids, bodies, strict=True)
-    ]
-    yield Copy(sql.COPY_JOBS, sql.COPY_JOBS_TYPES, rows)
+    constants = (queue, state, 1, params.retry, params.delay, expires, requeue, queued, enqueues)
+    yield Copy(sql.COPY_JOBS, binary_copy(sql.COPY_JOBS_CONSTANT_TYPES, constants, ids, bodies))
     if state == "queued":
         yield Query(sql.NOTIFY_QUEUE, {"queue": queue, "always_notify": not session.owned},
                     Result.NONE)

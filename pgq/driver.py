@@ -116,9 +116,8 @@ class SyncDriver:
             return None
         if isinstance(request, Copy):
             with conn.cursor().copy(request.sql) as copy:
-                copy.set_types(list(request.types))
-                for row in request.rows:
-                    copy.write_row(row)
+                for chunk in request.data:
+                    copy.write(chunk)
             return None
         if isinstance(request, Listen):
             conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})
@@ -222,9 +221,8 @@ class AsyncDriver:
             return None
         if isinstance(request, Copy):
             async with conn.cursor().copy(request.sql) as copy:
-                copy.set_types(list(request.types))
-                for row in request.rows:
-                    await copy.write_row(row)
+                for chunk in request.data:
+                    await copy.write(chunk)
             return None
         if isinstance(request, Listen):
             await conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})

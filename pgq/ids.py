@@ -6,8 +6,13 @@ A job ID is exactly 40 ASCII characters::
 
 * The node prefix is the first 8 characters of the creating node's 40-hex ID,
   so a consumer can tell where a job was produced.
-* The 24 base64 characters encode 18 random bytes: the full 144 bits (Disque's
-  own encoder fills about 114 of them).
+* The 24 base64 characters encode 18 bytes: a 6-byte creation time in
+  milliseconds, a 3-byte counter within the batch that made the ID, then 9
+  random bytes (72 bits, which alone keep IDs unique). The alphabet is base64's, reordered as in ASCII
+  (``+/0-9A-Za-z``) so that IDs sort by creation time: a node's new jobs land
+  at the right edge of the primary-key B-tree instead of on random pages,
+  which makes inserting (and acking recent jobs) cheaper, and a bulk add of a
+  million jobs touches a few hot index pages instead of the whole index.
 * The last field is the job's TTL in minutes, capped at 65535, and forced
   **odd when retry > 0** (at-least-once) and **even when retry = 0**
   (at-most-once). A node that sees an ACK for an unknown ID can therefore tell
@@ -24,6 +29,7 @@ import base64
 import os
 import re
 import secrets
+import time
 from collections.abc import Iterable
 
 from .errors import BadIdError, InvalidTypeError
@@ -32,6 +38,7 @@ __all__ = [
     "JOB_ID_LENGTH",
     "new_node_id",
     "new_job_id",
+    "new_job_ids",
     "validate_job_id",
     "validate_job_ids",
     "ttl_minutes_field",
@@ -69,10 +76,46 @@ def ttl_minutes_field(ttl_seconds: float, retry_seconds: float) -> str:
     return f"{minutes:04x}"
 
 
+# Standard base64 alphabet -> the same 64 characters in ASCII order.
+_COUNTER_LIMIT = 1 << 24
+_SORTABLE_BASE64 = bytes.maketrans(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
+    b"+/0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
+)
+
+
+def _sortable_base64(data: bytes) -> str:
+    return base64.b64encode(data).translate(_SORTABLE_BASE64).decode("ascii")
+
+
 def new_job_id(node_id: str, ttl_seconds: float, retry_seconds: float) -> str:
     """Return a new job ID created on node ``node_id``."""
-    rand = base64.b64encode(os.urandom(18)).decode("ascii")
-    return f"D-{node_id[:8]}-{rand}-{ttl_minutes_field(ttl_seconds, retry_seconds)}"
+    return new_job_ids(node_id, ttl_seconds, retry_seconds, 1)[0]
+
+
+def new_job_ids(node_id: str, ttl_seconds: float, retry_seconds: float, count: int) -> list[str]:
+    """Return ``count`` new job IDs, in increasing order.
+
+    The 18 bytes are: 6 bytes of time (ms), a 3-byte counter within this
+    batch, 9 random bytes (72 bits). Every part is a multiple of 3 bytes, so
+    each encodes on its own to whole base64 characters (8 + 4 + 12) and a
+    million IDs are built from three bulk encodings and slices, not a million
+    encodings. Uniqueness rests on the random part (two IDs collide only if
+    made in the same millisecond, at the same counter, with the same 72 random
+    bits); ordering only on the time and counter.
+    """
+    ids: list[str] = []
+    millis = time.time_ns() // 1_000_000
+    tail = f"-{ttl_minutes_field(ttl_seconds, retry_seconds)}"
+    for chunk_start in range(0, count, _COUNTER_LIMIT):
+        n = min(_COUNTER_LIMIT, count - chunk_start)
+        # A batch larger than the counter takes the next milliseconds: still increasing.
+        head = f"D-{node_id[:8]}-{_sortable_base64((millis + chunk_start // _COUNTER_LIMIT).to_bytes(6, 'big'))}"
+        counters = _sortable_base64(b"".join(i.to_bytes(3, "big") for i in range(n)))
+        randoms = _sortable_base64(os.urandom(9 * n))
+        ids.extend(f"{head}{counters[4 * i:4 * i + 4]}{randoms[12 * i:12 * i + 12]}{tail}"
+                   for i in range(n))
+    return ids
 
 
 def validate_job_id(job_id: object) -> str:

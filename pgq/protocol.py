@@ -20,7 +20,7 @@ Invariants a driver guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, TypeVar
@@ -75,11 +75,11 @@ class Commit:
 
 @dataclass(frozen=True, slots=True)
 class Copy:
-    """``COPY ... FROM STDIN (FORMAT BINARY)`` of ``rows`` with column ``types``."""
+    """``COPY ... FROM STDIN (FORMAT BINARY)`` of ready-made binary ``data``
+    (signature and trailer included: see :mod:`pgq.copydata`)."""
 
     sql: str
-    types: Sequence[str]
-    rows: Sequence[Sequence[Any]]
+    data: Iterable[bytes]
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,13 +172,14 @@ SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('i
        coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
 """
 
+# The per-call constant columns come first, then id and body (pgq.copydata).
 COPY_JOBS = """
-COPY pgq.jobs (id, queue, state, body, repl, retry, delay,
-               expires_at, requeue_at, queued_at, enqueues)
+COPY pgq.jobs (queue, state, repl, retry, delay, expires_at, requeue_at, queued_at, enqueues,
+               id, body)
 FROM STDIN (FORMAT BINARY)
 """
-COPY_JOBS_TYPES = ("text", "text", "text", "bytea", "int4", "float8", "float8",
-                   "timestamptz", "timestamptz", "timestamptz", "int4")
+COPY_JOBS_CONSTANT_TYPES = ("text", "text", "int4", "float8", "float8",
+                            "timestamptz", "timestamptz", "timestamptz", "int4")
 
 DB_NOW = "SELECT statement_timestamp()"
 

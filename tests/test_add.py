@@ -67,6 +67,24 @@ def test_bulk_add_small_and_copy_paths(client, db):
     assert counters_match_jobs(db)
 
 
+def test_copy_path_stores_what_the_insert_path_stores(client, db):
+    # The COPY rows are hand-encoded (pgq.copydata): every column must match
+    # what the one-statement path stores for the same arguments.
+    bodies = [b"", b"\x00\xff" * 3000, "h\u00e9llo \U0001f600".encode()] + [b"%d" % i for i in range(2100)]
+    columns = ("queue, state, body, repl, retry, delay, requeue_at IS NULL, queued_at IS NULL, "
+               "enqueues, round(extract(epoch FROM expires_at - coalesce(queued_at, requeue_at - "
+               "delay * interval '1 second'))::numeric, 1)")
+    for delay in (0, 30):
+        small = client.add_jobs("same", bodies[:3], retry=7.5, ttl=900, delay=delay)
+        large = client.add_jobs("same", bodies, retry=7.5, ttl=900, delay=delay)
+        for one, other in zip(small, large[:3], strict=True):
+            mine, theirs = (db.execute(f"SELECT {columns} FROM pgq.jobs WHERE id = %s", (i,)).fetchone()
+                            for i in (one, other))
+            assert mine == theirs
+        assert db.execute("SELECT count(*) FROM pgq.jobs WHERE id = ANY(%s)", (large,)).fetchone()[0] == len(bodies)
+    assert counters_match_jobs(db)
+
+
 def test_bulk_add_with_delay_through_copy(client):
     ids = client.add_jobs("bulk-delay", [b"x"] * 2500, delay=30)
     assert client.qlen("bulk-delay") == 0

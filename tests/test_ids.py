@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 
 import pytest
 
@@ -11,6 +12,7 @@ from pgq.errors import BadIdError, InvalidTypeError
 from pgq.ids import (
     is_at_least_once_id,
     new_job_id,
+    new_job_ids,
     new_node_id,
     ttl_minutes_field,
     ttl_seconds_from_id,
@@ -30,11 +32,36 @@ def test_job_id_has_disque_layout():
     assert validate_job_id(job_id) == job_id
 
 
-def test_random_part_carries_144_bits():
-    raw = base64.b64decode(new_job_id(NODE, 60, 1)[11:35])
+STANDARD = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+SORTABLE = "+/0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def _decode(field: str) -> bytes:
+    return base64.b64decode(field.translate(str.maketrans(SORTABLE, STANDARD)))
+
+
+def test_id_field_is_creation_time_counter_and_72_random_bits():
+    before = time.time_ns() // 1_000_000
+    raw = _decode(new_job_id(NODE, 60, 1)[11:35])
+    after = time.time_ns() // 1_000_000
     assert len(raw) == 18
+    assert before <= int.from_bytes(raw[:6], "big") <= after
     ids = {new_job_id(NODE, 60, 1) for _ in range(5000)}
     assert len(ids) == 5000
+    batch = new_job_ids(NODE, 60, 1, 5000)
+    assert len(set(batch)) == 5000 and not ids & set(batch)
+    assert {len(_decode(i[11:35])) for i in batch} == {18}
+    assert [int.from_bytes(_decode(i[11:35])[6:9], "big") for i in batch] == list(range(5000))
+    assert batch == sorted(batch)
+
+
+def test_ids_sort_by_creation_time():
+    # The primary key then grows at its right edge (see pgq.ids).
+    older = new_job_ids(NODE, 60, 1, 100)
+    time.sleep(0.002)
+    newer = new_job_ids(NODE, 60, 1, 100)
+    assert max(older) < min(newer)
+    assert SORTABLE == "".join(sorted(SORTABLE))
 
 
 @pytest.mark.parametrize(("ttl", "retry", "minutes"), [
