@@ -53,6 +53,7 @@ from .aio import AsyncClient
 from .client import Client
 from .errors import InvalidArgumentError, InvalidTypeError, NoJobError, PgqError, TooLateError
 from .job import Job
+from .leases import LeaseSchedule
 
 __all__ = ["Worker", "TaskOptions", "WorkerStats"]
 
@@ -184,13 +185,19 @@ class Worker:
         self._acks: list[str] = []
         self._acks_ready = anyio.Event()
         self._in_flight: dict[str, Job] = {}
-        async with AsyncClient(self._dsn, pool_size=self.concurrency + 4) as client:
+        self._leases = LeaseSchedule()
+        self._leases_changed = anyio.Event()
+        # Connections: one claims, one acks, one extends leases; failures
+        # (NACK, dead letter) share the rest. Not one per slot: a worker with
+        # concurrency 500 must not open 500 server backends.
+        async with AsyncClient(self._dsn, pool_size=min(self.concurrency, 16) + 4) as client:
             self.client = client
             async with anyio.create_task_group() as tasks:
                 if install_signal_handlers:
                     tasks.start_soon(self._signals)
                 tasks.start_soon(self._watch_stop_flag)
                 tasks.start_soon(self._flush_acks_forever)
+                tasks.start_soon(self._keep_leases)
                 async with anyio.create_task_group() as jobs:
                     await self._claim_until_stopped(jobs)
                     await self._drain(jobs)
@@ -223,6 +230,10 @@ class Worker:
                 free = 1
             if not free:
                 continue
+            # Jobs finishing in this same turn of the event loop free their
+            # slots too: let them, so one claim fills many slots instead of
+            # a claim per slot.
+            await anyio.lowlevel.checkpoint()
             while free < self.batch and self._slots.value > 0:
                 await self._slots.acquire()
                 free += 1
@@ -261,16 +272,17 @@ class Worker:
 
     async def _process(self, job: Job) -> None:
         task = self.tasks[job.queue]
-        failure: _JobFailed | None = None
         try:
-            async with anyio.create_task_group() as helpers:
-                if job.retry:
-                    helpers.start_soon(self._keep_lease, job)
-                try:
-                    outcome = await self._call(task, job)
-                except _JobFailed as exc:  # kept out of the task group's exception group
-                    failure, outcome = exc, None
-                helpers.cancel_scope.cancel()
+            if job.retry:
+                self._leases.add(job.id, job.retry, time.monotonic())
+                self._leases_changed.set()
+            failure: _JobFailed | None = None
+            try:
+                outcome = await self._call(task, job)
+            except _JobFailed as exc:
+                failure, outcome = exc, None
+            finally:
+                self._leases.discard(job.id)
             if failure is not None:
                 await self._failed(task, job, str(failure))
                 return
@@ -325,19 +337,28 @@ class Worker:
             client = self._sync = Client(self.client.dsn, pool_size=1)
         return client
 
-    async def _keep_lease(self, job: Job) -> None:
-        assert job.retry
-        every = max(job.retry / 2, 0.05)
+    async def _keep_leases(self) -> None:
+        """Extend the lease (WORKING) of every running job before it runs out."""
         while True:
-            await anyio.sleep(every)
-            try:
-                await self.client.working(job.id)
-                self.stats.extended += 1
-            except TooLateError:
-                log.warning("worker: job %s ran past half its TTL: it may be delivered again", job.id)
-                return
-            except NoJobError:
-                return
+            next_at = self._leases.next_at()
+            self._leases_changed = anyio.Event()
+            wait = None if next_at is None else max(next_at - time.monotonic(), 0.0)
+            with anyio.move_on_after(wait):
+                await self._leases_changed.wait()
+            for job_id in self._leases.due(time.monotonic()):
+                await self._extend(job_id)
+
+    async def _extend(self, job_id: str) -> None:
+        try:
+            await self.client.working(job_id)
+            self.stats.extended += 1
+        except TooLateError:
+            log.warning("worker: job %s ran past half its TTL: it may be delivered again", job_id)
+            self._leases.discard(job_id)
+        except NoJobError:
+            self._leases.discard(job_id)
+        except PgqError as exc:  # the next extension is scheduled: try again then
+            log.warning("worker: could not extend the lease of job %s: %s", job_id, exc)
 
     async def _failed(self, task: _Task, job: Job, reason: str) -> None:
         opts = task.options
