@@ -49,6 +49,7 @@ log = logging.getLogger("pgq.cluster.node")
 DOORBELL = "pgq_node"
 REPLJOB_BATCH = 500
 INBOX_LIMIT = 20_000
+OUTBOX_BATCH = 2000
 
 
 @dataclass
@@ -290,12 +291,16 @@ class Node:
         while True:
             with anyio.move_on_after(0.2):
                 await self._doorbell.wait()
+            # Reset before draining: a ring from now on means events that
+            # this drain may have missed; a ring before it was for events
+            # committed before it, which this drain sees.
             self._doorbell = anyio.Event()
             while True:
-                rows = await self._all(sql.DRAIN_OUTBOX_WITH_JOBS, {"limit": 2000})
-                if not rows:
-                    break
-                await self._handle_outbox(rows)
+                rows = await self._all(sql.DRAIN_OUTBOX_WITH_JOBS, {"limit": OUTBOX_BATCH})
+                if rows:
+                    await self._handle_outbox(rows)
+                if len(rows) < OUTBOX_BATCH:
+                    break  # drained: no second, empty statement per batch
 
     async def _handle_outbox(self, rows: list[Any]) -> None:
         now = self.clock()
