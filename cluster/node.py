@@ -50,6 +50,7 @@ DOORBELL = "pgq_node"
 REPLJOB_BATCH = 500
 INBOX_LIMIT = 20_000
 OUTBOX_BATCH = 2000
+MESSAGE_BATCH = 2000  # ids per DELJOB / SETACK message
 
 
 @dataclass
@@ -305,6 +306,8 @@ class Node:
     async def _handle_outbox(self, rows: list[Any]) -> None:
         now = self.clock()
         to_replicate: list[Any] = []
+        deljobs: dict[str, list[str]] = {}  # sent together after the loop
+        finished_gc: list[Any] = []
         for row in rows:
             _seq, kind, job_id, queue, arg = row[:5]
             if kind == "replicate":
@@ -315,7 +318,7 @@ class Node:
                 # no longer know whom we sent it to (we restarted), ask everyone.
                 entry = self.replicator.forget(job_id)
                 for peer in entry.sent if entry else self._everyone():
-                    self._send(peer, m.DelJob((job_id,)))
+                    deljobs.setdefault(peer, []).append(job_id)
             elif kind == "ack":
                 holders = {n for n in (arg or "").split(",") if n and n != self.node_id}
                 if arg:
@@ -325,7 +328,7 @@ class Node:
             elif kind == "fastack":
                 targets = (arg or "").split(",") if arg else list(self._everyone())
                 for peer in targets:
-                    self._send(peer, m.DelJob((job_id,)))
+                    deljobs.setdefault(peer, []).append(job_id)
             elif kind in ("queued", "working"):
                 counter, _, holders = (arg or "").partition(":")
                 message = m.Queued((job_id,), counter) if kind == "queued" else m.Working((job_id,))
@@ -340,11 +343,12 @@ class Node:
                 self._act(self.membership.join(host, int(port), now))
             elif kind == "forget":
                 self._act(self.membership.forget(arg, now))
-                for outcome in self.acks.forget_node(arg):
-                    await self._finish_gc(outcome)
+                finished_gc += self.acks.forget_node(arg)
             elif kind == "leaving":
                 self.leaving = arg == "yes"
                 self._act(self.membership.set_leaving(self.leaving, now))
+        self._send_deljobs(deljobs)
+        await self._finish_gcs(finished_gc)
         if to_replicate:
             await self._start_replication(to_replicate)
 
@@ -373,9 +377,11 @@ class Node:
         while True:
             await anyio.sleep(0.025)
             self._push_replication()
+            deljobs: dict[str, list[str]] = {}
             for entry in self.replicator.expired(self.clock()):
                 for peer in entry.sent:
-                    self._send(peer, m.DelJob((entry.copy.id,)))
+                    deljobs.setdefault(peer, []).append(entry.copy.id)
+            self._send_deljobs(deljobs)
 
     async def _on_gotjobs(self, items: list[tuple[str, m.GotJob]]) -> None:
         done = []
@@ -444,8 +450,8 @@ class Node:
         while True:
             reachable = set(self._everyone())
             for peer, items in self.acks.sends(self.clock(), reachable).items():
-                for i in range(0, len(items), 2000):
-                    self._send(peer, m.SetAck(tuple(items[i:i + 2000])))
+                for i in range(0, len(items), MESSAGE_BATCH):
+                    self._send(peer, m.SetAck(tuple(items[i:i + MESSAGE_BATCH])))
             await anyio.sleep(0.1)
 
     async def _on_setacks(self, items: list[tuple[str, m.SetAck]]) -> None:
@@ -487,22 +493,38 @@ class Node:
         if finished:
             await self._all(sql.APPLY_DELJOB, {"ids": finished})
 
-    async def _on_gotack(self, peer: str, message: m.GotAck) -> None:
-        for job_id, known in message.items:
-            outcome = self.acks.got_ack(peer, job_id, known)
-            if outcome is not None:
-                await self._finish_gc(outcome)
+    async def _on_gotacks(self, items: list[tuple[str, m.GotAck]]) -> None:
+        outcomes = []
+        for peer, message in items:
+            for job_id, known in message.items:
+                outcome = self.acks.got_ack(peer, job_id, known)
+                if outcome is not None:
+                    outcomes.append(outcome)
+        await self._finish_gcs(outcomes)
 
-    async def _finish_gc(self, outcome: Any) -> None:
-        for holder in outcome.deljob_to:
-            self._send(holder, m.DelJob((outcome.job_id,)))
-        await self._all(sql.APPLY_DELJOB, {"ids": [outcome.job_id]})
+    async def _finish_gcs(self, outcomes: list[Any]) -> None:
+        """ACK GC done for these jobs: every holder deletes them, and so do we
+        (one DELJOB per holder and one statement here, however many jobs)."""
+        if not outcomes:
+            return
+        deljobs: dict[str, list[str]] = {}
+        for outcome in outcomes:
+            for holder in outcome.deljob_to:
+                deljobs.setdefault(holder, []).append(outcome.job_id)
+        self._send_deljobs(deljobs)
+        await self._all(sql.APPLY_DELJOB, {"ids": [o.job_id for o in outcomes]})
 
-    async def _on_deljob(self, peer: str, message: m.DelJob) -> None:
-        for job_id in message.ids:
+    def _send_deljobs(self, deljobs: dict[str, list[str]]) -> None:
+        for peer, ids in deljobs.items():
+            for i in range(0, len(ids), MESSAGE_BATCH):
+                self._send(peer, m.DelJob(tuple(ids[i:i + MESSAGE_BATCH])))
+
+    async def _on_deljobs(self, items: list[tuple[str, m.DelJob]]) -> None:
+        ids = list(dict.fromkeys(job_id for _peer, message in items for job_id in message.ids))
+        for job_id in ids:
             self.acks.forget(job_id)
             self.replicator.forget(job_id)
-        await self._all(sql.APPLY_DELJOB, {"ids": list(message.ids)})
+        await self._all(sql.APPLY_DELJOB, {"ids": ids})
 
     # ------------------------------------------------------------ one queued copy
 
@@ -571,7 +593,10 @@ class Node:
                 await self._all(sql.SAVE_IMPORT_STATS, {
                     "queues": list(stats), "nodes": [_csv(s[0]) for s in stats.values()],
                     "rates": [s[1] for s in stats.values()]})
-            await anyio.sleep(0.1)
+            # While jobs flow in, look again soon: each look may ask for the
+            # next batch (paced by Federation's back-off), so the import rate
+            # is not capped by this loop's period. Idle, 10 looks a second.
+            await anyio.sleep(0.02 if self.federation.stats(now) else 0.1)
 
     async def _on_needjobs(self, peer: str, message: m.NeedJobs) -> None:
         if self.federation.importing(message.queue, self.clock()):
@@ -603,8 +628,7 @@ class Node:
         if isinstance(message, (m.Ping, m.Ack, m.PingReq, m.PushPull, m.Forget)):
             self._act(self.membership.receive(peer, message, self.clock()))
             if isinstance(message, m.Forget):
-                for outcome in self.acks.forget_node(message.node):
-                    await self._finish_gc(outcome)
+                await self._finish_gcs(self.acks.forget_node(message.node))
             return
         if self.membership.get(peer) is None:
             return  # jobs only from members we know (they gossip before anything else)
@@ -638,9 +662,10 @@ class Node:
 
     _batch_handlers: dict[type, Any] = {
         m.ReplJob: _on_repljobs, m.GotJob: _on_gotjobs, m.SetAck: _on_setacks,
+        m.GotAck: _on_gotacks, m.DelJob: _on_deljobs,
     }
     _handlers: dict[type, Any] = {
-        m.GotAck: _on_gotack, m.DelJob: _on_deljob, m.WillQueue: _on_willqueue,
+        m.WillQueue: _on_willqueue,
         m.Queued: _on_queued, m.Working: _on_working, m.Enqueue: _on_enqueue,
         m.NeedJobs: _on_needjobs, m.YourJobs: _on_yourjobs, m.Pause: _on_pause,
     }
