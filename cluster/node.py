@@ -306,7 +306,10 @@ class Node:
     async def _handle_outbox(self, rows: list[Any]) -> None:
         now = self.clock()
         to_replicate: list[Any] = []
-        deljobs: dict[str, list[str]] = {}  # sent together after the loop
+        # Sent together after the loop: one message (one statement at the
+        # peer) per peer and kind, not one per job.
+        deljobs: dict[str, list[str]] = {}
+        notices: dict[tuple[str, str, str], list[str]] = {}  # (peer, kind, counter) -> ids
         finished_gc: list[Any] = []
         for row in rows:
             _seq, kind, job_id, queue, arg = row[:5]
@@ -331,10 +334,9 @@ class Node:
                     deljobs.setdefault(peer, []).append(job_id)
             elif kind in ("queued", "working"):
                 counter, _, holders = (arg or "").partition(":")
-                message = m.Queued((job_id,), counter) if kind == "queued" else m.Working((job_id,))
                 for peer in holders.split(","):
                     if peer:
-                        self._send(peer, message)
+                        notices.setdefault((peer, kind, counter), []).append(job_id)
             elif kind == "pause":
                 for peer in self._everyone():
                     self._send(peer, m.Pause(queue, arg or "none"))
@@ -348,6 +350,10 @@ class Node:
                 self.leaving = arg == "yes"
                 self._act(self.membership.set_leaving(self.leaving, now))
         self._send_deljobs(deljobs)
+        for (peer, kind, counter), ids in notices.items():
+            for i in range(0, len(ids), MESSAGE_BATCH):
+                chunk = tuple(ids[i:i + MESSAGE_BATCH])
+                self._send(peer, m.Queued(chunk, counter) if kind == "queued" else m.Working(chunk))
         await self._finish_gcs(finished_gc)
         if to_replicate:
             await self._start_replication(to_replicate)
