@@ -43,7 +43,8 @@ from sqlalchemy import (
 )
 
 __all__ = ["SCHEMA", "metadata", "jobs", "history", "acks", "queues", "queue_counters",
-           "waiters", "meta", "outbox", "nodes", "queue_imports", "dead_letters", "CTIME_DEFAULT"]
+           "waiters", "meta", "outbox", "nodes", "queue_imports", "dead_letters", "ingests",
+           "CTIME_DEFAULT"]
 
 SCHEMA = "pgq"
 metadata = MetaData(schema=SCHEMA)
@@ -274,4 +275,22 @@ dead_letters = Table(
            server_default=text("statement_timestamp()")),
     PrimaryKeyConstraint("seq", name="dead_letters_pkey"),
     Index("dead_letters_queue_idx", "queue", "seq"),
+)
+
+
+# Bulk ingestions (pgq.spark): at most one merge per ingestion and node.
+ingests = Table(
+    "ingests",
+    metadata,
+    Column("ingest_id", Text(collation=C), nullable=False),
+    Column("queue", Text(collation=C), nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'staging'::text")),
+    Column("started_ms", BigInteger, nullable=False),
+    Column("params", Text, nullable=False),
+    Column("jobs", BigInteger, nullable=False, server_default=text("0")),
+    Column("created_at", DateTime(timezone=True), nullable=False,
+           server_default=text("statement_timestamp()")),
+    Column("merged_at", DateTime(timezone=True)),
+    PrimaryKeyConstraint("ingest_id", name="ingests_pkey"),
+    CheckConstraint("state = ANY (ARRAY['staging'::text, 'merged'::text])", name="ingests_state_check"),
 )

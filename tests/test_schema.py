@@ -80,7 +80,7 @@ def test_views_and_functions_exist(db):
     views = {r[0] for r in db.execute(
         "SELECT viewname FROM pg_views WHERE schemaname = 'pgq'").fetchall()}
     assert views == {"queue_stats", "job_counts", "job_history", "cluster_state", "cluster_nodes",
-                     "dead_letter_queues"}
+                     "dead_letter_queues", "dead_letter_jobs", "live_jobs"}
     functions = {r[0] for r in db.execute(
         "SELECT proname FROM pg_proc WHERE pronamespace = 'pgq'::regnamespace").fetchall()}
     assert {"sweep", "expire_jobs", "requeue_due", "expire_acks", "compact_counters",
