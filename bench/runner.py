@@ -50,6 +50,7 @@ CONTENDERS = [
     Contender("procrastinate", "bench.contenders.procrastinate_peer", peer=True),
     Contender("raw SQL floor", "bench.contenders.raw_sql"),
     Contender("plain COPY", "bench.contenders.plain_copy"),
+    Contender("Spark JDBC floor", "bench.contenders.spark_jdbc"),
 ]
 
 
@@ -86,6 +87,8 @@ def workloads(smoke: bool) -> list[Workload]:
                  peers_and_floor, unit="adds/s"),
         Workload("bulk add", "enqueue_bulk", {"n": 2000 if smoke else 1_000_000},
                  ("pgq", "pgqueuer", "procrastinate", "raw SQL floor", "plain COPY")),
+        Workload("Spark ingest (W=1)", "spark_ingest", {"n": 20_000 if smoke else 1_000_000},
+                 ("pgq", "plain COPY", "Spark JDBC floor")),
     ]
 
 

@@ -33,6 +33,8 @@ __all__ = [
     "SchemaNotReadyError",
     "TransactionAbortedError",
     "EmbeddedServerError",
+    "SparkSetupError",
+    "IngestError",
 ]
 
 
@@ -103,3 +105,16 @@ class TransactionAbortedError(PgqError):
 
 class EmbeddedServerError(PgqError):
     """The embedded PostgreSQL server could not be found, initialised or started."""
+
+
+class SparkSetupError(PgqError):
+    """Spark cannot be used: PySpark, Java or the PostgreSQL JDBC driver is missing."""
+
+
+class IngestError(PgqError):
+    """A bulk ingestion (``pgq.spark.write_jobs``) could not be completed.
+
+    Nothing half-done is ever visible: a node either merged all of its rows
+    in one transaction or none. Re-run with the same ``ingest_id`` to finish;
+    nodes that merged already are skipped.
+    """

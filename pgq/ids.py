@@ -39,6 +39,7 @@ __all__ = [
     "new_node_id",
     "new_job_id",
     "new_job_ids",
+    "ingest_job_id",
     "validate_job_id",
     "validate_job_ids",
     "ttl_minutes_field",
@@ -78,10 +79,9 @@ def ttl_minutes_field(ttl_seconds: float, retry_seconds: float) -> str:
 
 # Standard base64 alphabet -> the same 64 characters in ASCII order.
 _COUNTER_LIMIT = 1 << 24
-_SORTABLE_BASE64 = bytes.maketrans(
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/",
-    b"+/0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz",
-)
+STANDARD_BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+SORTABLE_BASE64 = "+/0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_SORTABLE_BASE64 = bytes.maketrans(STANDARD_BASE64.encode(), SORTABLE_BASE64.encode())
 
 
 def _sortable_base64(data: bytes) -> str:
@@ -116,6 +116,20 @@ def new_job_ids(node_id: str, ttl_seconds: float, retry_seconds: float, count: i
         ids.extend(f"{head}{counters[4 * i:4 * i + 4]}{randoms[12 * i:12 * i + 12]}{tail}"
                    for i in range(n))
     return ids
+
+
+def ingest_job_id(node_id: str, started_ms: int, ingest_key: int, seq: int, ttl_field: str) -> str:
+    """The ID of row ``seq`` of a bulk ingestion (see :mod:`pgq.spark.ingest`).
+
+    The 18 bytes are: 6 bytes of the ingestion's start time (ms), 4 bytes
+    of its key (a hash of its ``ingest_id``), 8 bytes of the row number.
+    Every attempt at the same ingestion, and every node holding a copy,
+    computes the same ID for the same row; IDs of one ingestion increase
+    with the row number. (Spark builds the same string column-wise; a test
+    checks the two agree.)
+    """
+    raw = started_ms.to_bytes(6, "big") + ingest_key.to_bytes(4, "big") + seq.to_bytes(8, "big")
+    return f"D-{node_id[:8]}-{_sortable_base64(raw)}-{ttl_field}"
 
 
 def validate_job_id(job_id: object) -> str:

@@ -133,3 +133,20 @@ def counters_match_jobs(conn: psycopg.Connection) -> bool:
         FROM pgq.jobs GROUP BY queue ORDER BY queue""").fetchall()
     return [tuple(int(x) if not isinstance(x, str) else x for x in r) for r in kept] == \
            [tuple(int(x) if not isinstance(x, str) else x for x in r) for r in counted]
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """One local SparkSession (2 cores, quiet, no UI) for every Spark test."""
+    from pgq.spark import spark_session
+
+    scratch = tmp_path_factory.mktemp("spark")
+    session = spark_session("local[2]", app_name="pgq-tests", config={
+        "spark.local.dir": str(scratch / "local"),
+        "spark.sql.warehouse.dir": str(scratch / "warehouse"),
+        "spark.driver.memory": "1g",
+    })
+    try:
+        yield session
+    finally:
+        session.stop()

@@ -26,8 +26,9 @@ def test_bench_smoke_run_reports_every_contender(tmp_path):
     assert set(burn) == {"pgq", "pgqueuer", "procrastinate", "raw SQL floor"}
     assert all(r["rate"] > 0 for runs in burn.values() for r in runs)
     assert set(data["runs"]["bulk add"]) >= {"pgq", "plain COPY"}
+    assert set(data["runs"]["Spark ingest (W=1)"]) == {"pgq", "plain COPY", "Spark JDBC floor"}
     assert {"W=1 sync", "W=2 sync", "W=3 sync", "W=3 async", "get+ack across nodes"} <= set(data["cluster"])
-    assert len(data["goals"]) == 6 and all("met" in g for g in data["goals"])
+    assert len(data["goals"]) == 7 and all("met" in g for g in data["goals"])
     markdown = (tmp_path / "results.md").read_text()
     assert "| burn-down batched (COUNT 100) |" in markdown and "## Goals" in markdown
     assert (tmp_path / "throughput.png").stat().st_size > 1000

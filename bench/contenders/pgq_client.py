@@ -121,6 +121,23 @@ def enqueue_bulk(dsn: str, n: int) -> dict[str, Any]:
     return {"jobs": n, "seconds": seconds}
 
 
+def spark_ingest(dsn: str, n: int) -> dict[str, Any]:
+    """pgq.spark.write_jobs of n rows (W=1) into the node database."""
+    from pgq.spark import write_jobs
+
+    from .spark_common import rows, session
+
+    spark = session()
+    write_jobs(rows(spark, 1000), "warm", nodes=dsn)  # a fresh JVM's first write is slow
+    df = rows(spark, n)
+    started = time.perf_counter()
+    result = write_jobs(df, QUEUE, nodes=dsn, replicate=1)
+    seconds = time.perf_counter() - started
+    spark.stop()
+    return {"jobs": result.jobs, "seconds": seconds}
+
+
 if __name__ == "__main__":
     main({"burn": burn, "burn_worker": burn_worker, "steady": steady,
-          "enqueue_single": enqueue_single, "enqueue_bulk": enqueue_bulk})
+          "enqueue_single": enqueue_single, "enqueue_bulk": enqueue_bulk,
+          "spark_ingest": spark_ingest})

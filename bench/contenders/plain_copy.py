@@ -24,4 +24,5 @@ def enqueue_bulk(dsn: str, n: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main({"enqueue_bulk": enqueue_bulk})
+    # The Spark ingestion workload compares against the same COPY of the same rows.
+    main({"enqueue_bulk": enqueue_bulk, "spark_ingest": enqueue_bulk})

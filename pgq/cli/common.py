@@ -82,11 +82,13 @@ def table(rows: Iterable[Sequence[Any]], columns: Sequence[str], as_json: bool,
         click.echo(to_json([dict(zip(columns, r, strict=True)) for r in rows]))
         return
     out = Table(title=title, show_edge=False, header_style="bold")
+    # Piped output is not wrapped to 80 columns: scripts and logs get whole rows.
+    printer = console if console.is_terminal else Console(width=max(console.width, 200))
     for column in columns:
         out.add_column(column, overflow="fold")
     for row in rows:
         out.add_row(*("" if v is None else text_of(v) if isinstance(v, bytes) else str(v) for v in row))
-    console.print(out)
+    printer.print(out)
 
 
 def node_dsn(data: str | None, dsn: str | None) -> str:

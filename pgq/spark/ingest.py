@@ -1,0 +1,428 @@
+"""Bulk ingestion: a Spark DataFrame becomes pgq jobs (:func:`write_jobs`).
+
+The protocol, per target node (see also :mod:`.plan` and docs/spark.md)::
+
+    begin    record the ingestion in pgq.ingests (state 'staging', start time
+             fixed by the first attempt); create an UNLOGGED staging table
+    stage    Spark writes the node's rows into it through its JDBC data
+             source (one transaction per partition, batched inserts)
+    merge    one transaction: lock the pgq.ingests row; if 'merged', stop;
+             INSERT the staged rows into pgq.jobs; check the count; mark
+             'merged'; drop the staging table; wake blocked consumers
+
+Why it is safe:
+
+* Nothing is visible to GETJOB before the merge commits, and the merge is
+  one transaction: a node has all of its rows or none.
+* Spark commits per partition, so a failed or retried task may leave rows
+  staged twice: job IDs are a function of the row number, so duplicates
+  collapse (ON CONFLICT DO NOTHING), and a row count check refuses input
+  that changed between passes instead of half-ingesting it.
+* A re-run with the same ``ingest_id`` skips nodes that merged (at most one
+  merge per node) and stages the others afresh; rows whose job was already
+  acknowledged (tombstone) are not recreated.
+* With ``replicate=W`` every row is merged on W nodes under one ID before
+  :func:`write_jobs` returns, so a job it reports added survives W-1 node
+  failures, as with ``add_job(replicate=W)``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+
+from .. import arguments as args
+from ..core import libpq_url
+from ..errors import (
+    IngestError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    NoReplError,
+    PausedError,
+    SchemaNotReadyError,
+)
+from ..ids import SORTABLE_BASE64, STANDARD_BASE64
+from ..migrate import SCHEMA_VERSION
+from . import sql
+from .environment import check_session
+from .jdbc import WRITE_STATEMENT_TIMEOUT_MS, JdbcTarget, jdbc_target
+from .plan import IngestPlan
+
+__all__ = ["write_jobs", "IngestResult", "Ingestion", "resolve_nodes"]
+
+Progress = Callable[[str], None]
+DEFAULT_REPLICATION = 3
+WRITE_BATCH_SIZE = 10_000
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What :func:`write_jobs` did."""
+
+    ingest_id: str
+    queue: str
+    jobs: int  # jobs created by this call (0 when an earlier run did it all)
+    replicate: int
+    copies_by_node: dict[str, int] = field(default_factory=dict)  # node name -> rows merged now
+    already_done: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class _Node:
+    dsn: str
+    node_id: str
+    name: str
+    active: bool
+    jdbc: JdbcTarget
+
+
+def resolve_nodes(nodes: str | Sequence[str] | None) -> list[str]:
+    """Target DSNs: the given ones, else ``$PGQ_DSN``, else the embedded server."""
+    if nodes is None:
+        import os
+
+        env = os.environ.get("PGQ_DSN")
+        if env:
+            return [libpq_url(env)]
+        from .. import embedded
+        from ..migrate import migrate
+
+        dsn = embedded.ensure_running().dsn
+        migrate(dsn)
+        return [dsn]
+    if isinstance(nodes, str):
+        nodes = [nodes]
+    if not isinstance(nodes, (list, tuple)) or not nodes or not all(isinstance(n, str) for n in nodes):
+        raise InvalidTypeError("nodes must be a DSN or a non-empty list of DSNs")
+    dsns = [libpq_url(n) for n in nodes]
+    if len(set(dsns)) != len(dsns):
+        raise InvalidArgumentError("nodes lists the same database twice")
+    return dsns
+
+
+def _connect(dsn: str) -> psycopg.Connection[Any]:
+    try:
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    except psycopg.OperationalError as exc:
+        raise IngestError(f"cannot reach node database {_safe(dsn)}: {exc}".strip()) from exc
+
+
+def _safe(dsn: str) -> str:
+    """A DSN without its password, for messages."""
+    import re
+
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+
+
+def _describe(dsn: str) -> _Node:
+    target = jdbc_target(dsn, statement_timeout_ms=WRITE_STATEMENT_TIMEOUT_MS)  # checks the DSN first
+    with _connect(dsn) as conn:
+        try:
+            version = conn.execute("SELECT version_num FROM pgq.alembic_version").fetchone()
+        except psycopg.errors.UndefinedTable:
+            version = None
+        if version is None or version[0] < SCHEMA_VERSION:
+            raise SchemaNotReadyError(
+                f"{_safe(dsn)} has no pgq schema {SCHEMA_VERSION} yet: run `pgq migrate --dsn DSN`")
+        node_id, name, active = conn.execute(sql.NODE).fetchone()  # type: ignore[misc]
+    # host:port/database when the node has no name (several databases may share a server)
+    fallback = target.url.split("//", 1)[1].split("?", 1)[0]
+    return _Node(dsn, node_id, name or fallback, bool(active), target)
+
+
+def _replication(params: args.JobParams, nodes: list[_Node]) -> int:
+    clustered = len(nodes) > 1 and all(n.active for n in nodes)
+    wanted = params.replicate
+    if wanted is None:
+        wanted = 1 if params.retry == 0 or not clustered else min(DEFAULT_REPLICATION, len(nodes))
+    if wanted > len(nodes):
+        raise NoReplError(
+            f"replicate={wanted} needs at least {wanted} target nodes, {len(nodes)} given: "
+            "list more nodes= or ask for fewer copies")
+    if wanted > 1:
+        if not clustered:
+            raise InvalidArgumentError(
+                f"replicate={wanted} needs target nodes of one running cluster (a node process "
+                "serving each database): start them with `pgq node start`, or use replicate=1")
+        with _connect(nodes[0].dsn) as conn:
+            members = {r[0] for r in conn.execute(sql.CLUSTER_MEMBERS)}
+        strangers = [n.name for n in nodes if n.node_id not in members]
+        if strangers:
+            raise InvalidArgumentError(
+                f"nodes {', '.join(strangers)} are not alive members of {nodes[0].name}'s cluster: "
+                "join them first (`pgq cluster meet`)")
+    return wanted
+
+
+class Ingestion:
+    """One bulk ingestion: begin, stage, merge (see the module doc)."""
+
+    def __init__(self, spark: Any, df: Any, queue: object, *, nodes: str | Sequence[str] | None,
+                 replicate: object, delay: object, retry: object, ttl: object, body_col: str,
+                 ingest_id: str | None, partitions: int | None, progress: Progress | None) -> None:
+        self.spark = spark
+        name = args.queue_name(queue)
+        params = args.job_params(replicate=replicate, delay=delay, retry=retry, ttl=ttl,
+                                 maxlen=None, asynchronous=False, timeout=None)
+        if ingest_id is None:
+            ingest_id = uuid.uuid4().hex
+        if not isinstance(ingest_id, str) or not 1 <= len(ingest_id) <= 200:
+            raise InvalidArgumentError("ingest_id must be a str of 1 to 200 characters")
+        if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
+            raise InvalidArgumentError("partitions must be a positive int")
+        self.body_col = _check_body_column(df, body_col)
+        self.df = df
+        self.partitions = partitions
+        self.progress = progress or (lambda _message: None)
+        self.nodes = [_describe(dsn) for dsn in resolve_nodes(nodes)]
+        w = _replication(params, self.nodes)
+        self.plan = IngestPlan(ingest_id, name, tuple(n.node_id for n in self.nodes), w, params)
+        self.started_ms = 0
+        self.merged: set[int] = set()
+        self.total = 0
+
+    # ------------------------------------------------------------ begin
+
+    def begin(self) -> None:
+        """Check the targets and how far earlier runs got (no change yet)."""
+        plan, states = self.plan, []
+        for node in self.nodes:
+            with _connect(node.dsn) as conn:
+                if conn.execute(sql.QUEUE_PAUSED_IN, {"queue": plan.queue}).fetchone()[0]:  # type: ignore[index]
+                    raise PausedError(f"queue {plan.queue!r} is paused for input on {node.name}: "
+                                      "unpause it (pgq pause QUEUE none) and run again")
+                states.append(conn.execute(sql.INGEST_STATE, {"ingest_id": plan.ingest_id}).fetchone())
+        for node, state in zip(self.nodes, states, strict=True):
+            if state is not None and (state[0] != plan.queue or state[3] != plan.fingerprint()):
+                raise InvalidArgumentError(
+                    f"ingestion {plan.ingest_id!r} was started on {node.name} with other options "
+                    f"(queue {state[0]!r}, {state[3]}): re-run it with the same ones, or use a new ingest_id")
+        known = [s[2] for s in states if s is not None]
+        self.started_ms = min(known) if known else time.time_ns() // 1_000_000
+        self.merged = {i for i, s in enumerate(states) if s is not None and s[1] == "merged"}
+
+    def open_staging(self) -> None:
+        """Record the ingestion where it is not merged, with a fresh staging table."""
+        plan = self.plan
+        for i in self.pending:
+            with _connect(self.nodes[i].dsn) as conn, conn.transaction():
+                conn.execute(sql.RECORD_INGEST, {"ingest_id": plan.ingest_id, "queue": plan.queue,
+                                                 "started_ms": self.started_ms,
+                                                 "params": plan.fingerprint()})
+                conn.execute(sql.staging(sql.DROP_STAGING, plan.staging_table))
+                conn.execute(sql.staging(sql.CREATE_STAGING, plan.staging_table))
+
+    @property
+    def pending(self) -> list[int]:
+        return [i for i in range(len(self.nodes)) if i not in self.merged]
+
+    # ------------------------------------------------------------ stage
+
+    def number_rows(self) -> None:
+        """Persist the input with a row number source and check every body
+        (one Spark pass; nothing is written anywhere yet)."""
+        from pyspark import StorageLevel
+        from pyspark.sql import functions as F
+
+        body = F.col(self.body_col)
+        if _is_string(self.df, self.body_col):
+            body = F.encode(body, "UTF-8")
+        source = self.df.select(body.alias("body"))
+        if self.partitions is not None:
+            source = source.repartition(self.partitions)
+        # Persisted, so that every later pass sees the same partitions and rows.
+        self._base = source.select(
+            "body", F.spark_partition_id().alias("pid"), F.monotonically_increasing_id().alias("mid"),
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        self.progress("counting rows")
+        stats = (self._base.groupBy("pid")
+                 .agg(F.count(F.lit(1)).alias("n"),
+                      F.sum(F.when(F.col("body").isNull(), 1).otherwise(0)).alias("nulls"),
+                      F.max(F.length("body")).alias("largest"))
+                 .collect())
+        nulls = sum(r["nulls"] for r in stats)
+        if nulls:
+            raise InvalidArgumentError(
+                f"column {self.body_col!r} has {nulls} null value(s): a job needs a body "
+                "(filter them out or fill them in)")
+        largest = max((r["largest"] or 0 for r in stats), default=0)
+        if largest > args.DEFAULT_MAX_BODY_SIZE:
+            raise InvalidArgumentError(
+                f"a body in column {self.body_col!r} has {largest} bytes, more than the "
+                f"{args.DEFAULT_MAX_BODY_SIZE} a job may carry")
+        self._offsets, total = {}, 0
+        for row in sorted(stats, key=lambda r: r["pid"]):
+            self._offsets[row["pid"]] = total
+            total += row["n"]
+        self.total = total
+
+    def with_ids(self) -> Any:
+        """The rows to stage: (seq, grp, id, body); None for an empty input."""
+        from pyspark.sql import functions as F
+
+        if not self.total:
+            return None
+        offsets = self._offsets
+        # seq: dense row number in DataFrame order (the partition's offset
+        # plus the row's index in it, which monotonically_increasing_id keeps
+        # in its low 33 bits).
+        offset_of = F.element_at(F.array(*[F.lit(offsets.get(p, 0)) for p in range(max(offsets) + 1)]),
+                                 F.col("pid") + 1)
+        seq = (offset_of + (F.col("mid") - F.shiftleft(F.col("pid").cast("long"), 33))).cast("long")
+        plan = self.plan
+        head = f"{self.started_ms:012x}{plan.key:08x}"
+        prefixes = F.array(*[F.lit(node_id[:8]) for node_id in plan.node_ids])
+        grp = F.pmod(seq, F.lit(plan.groups)).cast("int")
+        job_id = F.concat(
+            F.lit("D-"), F.element_at(prefixes, grp + 1), F.lit("-"),
+            F.translate(F.base64(F.unhex(F.concat(F.lit(head), F.lpad(F.hex(seq), 16, "0")))),
+                        STANDARD_BASE64, SORTABLE_BASE64),
+            F.lit("-" + plan.ttl_field))
+        return (self._base.withColumn("seq", seq).withColumn("grp", grp)
+                .select("seq", "grp", job_id.alias("id"), "body"))
+
+    def prepare(self) -> Any:
+        """number_rows, open_staging and with_ids: ready to stage."""
+        self.number_rows()
+        self.open_staging()
+        return self.with_ids()
+
+    def stage(self, prepared: Any, node: int) -> None:
+        """Spark writes node ``node``'s rows into its staging table (JDBC)."""
+        from pyspark.sql import functions as F
+
+        target = self.nodes[node]
+        rows = prepared.filter(F.col("grp").isin(self.plan.groups_of(node)))
+        self.progress(f"writing {self.plan.expected_rows(node, self.total):,} rows to {target.name}")
+        (rows.write.format("jdbc")
+         .options(**target.jdbc.options())
+         .option("dbtable", f"pgq_staging.{self.plan.staging_table}")
+         .option("batchsize", str(WRITE_BATCH_SIZE))
+         .option("isolationLevel", "READ_COMMITTED")
+         .mode("append")
+         .save())
+
+    # ------------------------------------------------------------ merge
+
+    def merge(self, node: int) -> int:
+        """Move node ``node``'s staged rows into pgq.jobs in one transaction."""
+        plan, target = self.plan, self.nodes[node]
+        expected = plan.expected_rows(node, self.total)
+        self.progress(f"merging {expected:,} jobs on {target.name}")
+        with _connect(target.dsn) as conn, conn.transaction():
+            state = conn.execute(sql.LOCK_INGEST, {"ingest_id": plan.ingest_id}).fetchone()
+            if state is None:
+                raise IngestError(f"ingestion {plan.ingest_id!r} vanished from {target.name}: run it again")
+            if state[0] == "merged":  # a concurrent run finished it
+                self.merged.add(node)
+                return 0
+            if conn.execute(sql.QUEUE_PAUSED_IN, {"queue": plan.queue}).fetchone()[0]:  # type: ignore[index]
+                raise PausedError(f"queue {plan.queue!r} was paused for input on {target.name} "
+                                  "during the ingestion: unpause it and run it again")
+            tombstoned = conn.execute(sql.staging(sql.TOMBSTONED, plan.staging_table)).fetchone()[0]  # type: ignore[index]
+            inserted = self._insert_staged(conn, node, skip_acked=tombstoned > 0)
+            if inserted + tombstoned != expected:
+                raise IngestError(
+                    f"{target.name} received {inserted + tombstoned} distinct rows of "
+                    f"ingestion {plan.ingest_id!r}, {expected} expected: the DataFrame changed "
+                    "between Spark's passes (non-deterministic input?); nothing was merged there. "
+                    "Make the input deterministic (a file, or sort it) and run again")
+            conn.execute(sql.MARK_MERGED, {"ingest_id": plan.ingest_id, "jobs": inserted})
+            conn.execute(sql.staging(sql.DROP_STAGING, plan.staging_table))
+            conn.execute(sql.NOTIFY_QUEUE, {"queue": plan.queue})
+        self.merged.add(node)
+        return inserted
+
+    def _insert_staged(self, conn: psycopg.Connection[Any], node: int, *, skip_acked: bool) -> int:
+        params = self.plan.merge_params(node, self.started_ms)
+        table = self.plan.staging_table
+        try:
+            with conn.transaction():  # a savepoint: the fast form may fail on a duplicate
+                fast = sql.staging(sql.merge_staged(deduplicate=False, skip_acked=skip_acked), table)
+                return conn.execute(fast, params).rowcount
+        except psycopg.errors.UniqueViolation:
+            # Rows staged twice (a retried Spark task): keep one of each.
+            careful = sql.staging(sql.merge_staged(deduplicate=True, skip_acked=skip_acked), table)
+            return conn.execute(careful, params).rowcount
+
+    def finish(self) -> None:
+        base = getattr(self, "_base", None)
+        if base is not None:
+            base.unpersist()
+
+    def run(self) -> IngestResult:
+        started = time.perf_counter()
+        self.begin()
+        pending = self.pending
+        if not pending:
+            return IngestResult(self.plan.ingest_id, self.plan.queue, 0, self.plan.replicate,
+                                already_done=True, seconds=time.perf_counter() - started)
+        try:
+            prepared = self.prepare()
+            if prepared is not None:
+                # One Spark job per node, run side by side (Spark schedules
+                # concurrent jobs from threads); then the merges, also in parallel.
+                with ThreadPoolExecutor(max_workers=len(pending)) as pool:
+                    list(pool.map(lambda i: self.stage(prepared, i), pending))
+            with ThreadPoolExecutor(max_workers=len(pending)) as pool:
+                counts = list(pool.map(self.merge, pending))
+        finally:
+            self.finish()
+        # A job is created where its origin merges; elsewhere it gets copies.
+        created = sum(self.plan.rows_of_group(g, self.total) for g in range(self.plan.groups)
+                      if self.plan.holders(g)[0] in pending)
+        return IngestResult(self.plan.ingest_id, self.plan.queue, created, self.plan.replicate,
+                            {self.nodes[i].name: c for i, c in zip(pending, counts, strict=True)},
+                            False, time.perf_counter() - started)
+
+
+def _check_body_column(df: Any, body_col: str) -> str:
+    if not hasattr(df, "schema") or not hasattr(df, "sparkSession"):
+        raise InvalidTypeError(f"df must be a pyspark.sql.DataFrame, not {type(df).__name__}")
+    if not isinstance(body_col, str) or body_col not in df.columns:
+        raise InvalidArgumentError(
+            f"the DataFrame has no column {body_col!r} (it has {', '.join(df.columns) or 'none'}): "
+            "pass body_col=")
+    kind = df.schema[body_col].dataType.typeName()
+    if kind not in ("string", "binary"):
+        raise InvalidArgumentError(
+            f"column {body_col!r} is {kind}: a body must be a string or binary column "
+            "(serialise it first, e.g. F.to_json(F.struct(...)))")
+    return body_col
+
+
+def _is_string(df: Any, column: str) -> bool:
+    return bool(df.schema[column].dataType.typeName() == "string")
+
+
+def write_jobs(df: Any, queue: str, *, nodes: str | Sequence[str] | None = None,
+               replicate: int | None = None, delay: float = 0, retry: float | None = None,
+               ttl: float | None = None, body_col: str = "body", ingest_id: str | None = None,
+               partitions: int | None = None, progress: Progress | None = None) -> IngestResult:
+    """Turn every row of ``df`` into a job of ``queue`` (Disque's ADDJOB options).
+
+    ``nodes``: target node DSNs (default ``$PGQ_DSN``, else the embedded
+    server); rows are spread evenly over them, each job on ``replicate``
+    of them (default: 3 copies in a running cluster, else 1). ``body_col``:
+    a string (stored as UTF-8) or binary column. ``ingest_id``: name the
+    ingestion to make re-runs idempotent (a re-run with the same id finishes
+    a failed run and never adds a job twice); default: a fresh id.
+    ``partitions``: repartition the input first (default: as it is; each
+    partition is one JDBC connection per node). Jobs keep the DataFrame's
+    order (ctime). Returns an :class:`IngestResult`; raises
+    :class:`~pgq.errors.IngestError` when a node could not be completed
+    (re-run with the same ``ingest_id``).
+    """
+    _check_body_column(df, body_col)
+    check_session(df.sparkSession)
+    ingestion = Ingestion(df.sparkSession, df, queue, nodes=nodes, replicate=replicate, delay=delay,
+                          retry=retry, ttl=ttl, body_col=body_col, ingest_id=ingest_id,
+                          partitions=partitions, progress=progress)
+    return ingestion.run()

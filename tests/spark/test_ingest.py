@@ -1,0 +1,175 @@
+"""Bulk ingestion from Spark into one node: real Spark, real PostgreSQL, JDBC."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+import pgq
+from pgq.errors import IngestError, InvalidArgumentError, NoReplError, PausedError
+from pgq.ids import ingest_job_id, is_at_least_once_id, validate_job_id
+from pgq.spark import write_jobs
+from pgq.spark.ingest import Ingestion
+
+from ..conftest import counters_match_jobs
+
+
+def frame(spark, bodies, partitions=3, column="body"):
+    """A DataFrame whose order is the order of ``bodies`` (no shuffle)."""
+    return spark.sparkContext.parallelize([(b,) for b in bodies], partitions).toDF([column])
+
+
+def ingestion(spark, df, dsn, **options):
+    defaults = dict(nodes=dsn, replicate=None, delay=0, retry=None, ttl=None, body_col="body",
+                    ingest_id=None, partitions=None, progress=None)
+    return Ingestion(spark, df, "lake", **{**defaults, **options})
+
+
+def test_a_dataframe_becomes_jobs_in_its_order(spark, client, db, dsn):
+    bodies = [f"event {i}" for i in range(600)]
+    result = write_jobs(frame(spark, bodies), "lake", nodes=dsn, retry=30, ttl=3600)
+    assert (result.jobs, result.replicate, result.already_done) == (600, 1, False)
+    assert client.qlen("lake") == 600
+    jobs = client.get_job("lake", count=1000, nohang=True)
+    assert [j.body for j in jobs] == [b.encode() for b in bodies]
+    assert len({validate_job_id(j.id) for j in jobs}) == 600
+    assert all(is_at_least_once_id(j.id) for j in jobs)
+    shown = client.show(jobs[0].id)
+    assert shown["retry"] == 30 and 3500 < shown["ttl"] <= 3600
+    assert counters_match_jobs(db)
+    assert db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'pgq_staging'").fetchone()[0] == 0
+
+
+def test_spark_builds_the_reference_job_ids(spark, dsn):
+    run = ingestion(spark, frame(spark, [f"b{i}" for i in range(50)], partitions=4), dsn,
+                    retry=0, ttl=7200)
+    run.begin()
+    prepared = run.prepare()
+    rows = prepared.select("seq", "id").collect()
+    run.finish()
+    assert sorted(r["seq"] for r in rows) == list(range(50))
+    node_id = run.plan.node_ids[0]
+    for row in rows:
+        assert row["id"] == ingest_job_id(node_id, run.started_ms, run.plan.key, row["seq"],
+                                          run.plan.ttl_field)
+    assert not is_at_least_once_id(rows[0]["id"])  # retry=0: even TTL field
+    by_seq = sorted(rows, key=lambda r: r["seq"])
+    assert [r["id"] for r in by_seq] == sorted(r["id"] for r in rows)  # IDs grow with the row
+
+
+def test_binary_bodies_delay_and_at_most_once(spark, client, dsn):
+    bodies = [bytes([i % 256, 0, 255]) for i in range(300)]
+    result = write_jobs(frame(spark, bodies), "lake", nodes=dsn, delay=60, retry=0)
+    assert result.jobs == 300
+    assert client.qlen("lake") == 0  # delayed: active, not queued
+    ids = [row[0] for row in psycopg.connect(dsn).execute(
+        "SELECT id FROM pgq.jobs ORDER BY ctime").fetchall()]
+    assert len(ids) == 300 and not any(is_at_least_once_id(i) for i in ids)
+    assert client.show(ids[0])["state"] == "active"
+    assert bytes(client.show(ids[7])["body"]) == bodies[7]
+
+
+def test_a_rerun_adds_nothing_even_after_jobs_were_acked(spark, client, dsn):
+    df = frame(spark, [f"order {i}" for i in range(400)])
+    first = write_jobs(df, "lake", nodes=dsn, ingest_id="orders-2026-11-21")
+    assert first.jobs == 400
+    done = client.get_job("lake", count=150, nohang=True)
+    client.ack_job(*(j.id for j in done))
+    again = write_jobs(df, "lake", nodes=dsn, ingest_id="orders-2026-11-21")
+    assert again.already_done and again.jobs == 0
+    assert client.qlen("lake") == 250
+
+
+def test_rows_staged_twice_become_one_job_each(spark, client, db, dsn):
+    # A Spark task that committed and then was retried (or ran speculatively)
+    # stages its partition twice: the merge keeps one job per row.
+    run = ingestion(spark, frame(spark, [f"x{i}" for i in range(500)]), dsn)
+    run.begin()
+    prepared = run.prepare()
+    run.stage(prepared, 0)
+    run.stage(prepared, 0)
+    staged = db.execute(f"SELECT count(*) FROM pgq_staging.{run.plan.staging_table}").fetchone()[0]
+    assert staged == 1000
+    assert run.merge(0) == 500
+    run.finish()
+    assert client.qlen("lake") == 500
+    assert db.execute("SELECT count(DISTINCT body) FROM pgq.jobs").fetchone()[0] == 500
+    assert counters_match_jobs(db)
+
+
+def test_an_interrupted_ingestion_shows_nothing_and_a_rerun_finishes_it(spark, client, dsn):
+    df = frame(spark, [f"y{i}" for i in range(300)])
+    run = ingestion(spark, df, dsn, ingest_id="interrupted")
+    run.begin()
+    run.stage(run.prepare(), 0)
+    run.finish()  # the driver died before merging
+    assert client.qlen("lake") == 0 and client.get_job("lake", nohang=True) == []
+    result = write_jobs(df, "lake", nodes=dsn, ingest_id="interrupted")
+    assert result.jobs == 300 and not result.already_done
+    assert sorted(j.body for j in client.get_job("lake", count=500, nohang=True)) == \
+        sorted(f"y{i}".encode() for i in range(300))
+
+
+def test_input_that_changes_between_passes_is_refused_not_half_merged(spark, client, db, dsn):
+    run = ingestion(spark, frame(spark, [f"z{i}" for i in range(200)]), dsn)
+    run.begin()
+    prepared = run.prepare()
+    # Stage only part of the rows, as a DataFrame that lost rows between passes would.
+    run.stage(prepared.filter("seq < 150"), 0)
+    with pytest.raises(IngestError, match="150 distinct rows .* 200 expected"):
+        run.merge(0)
+    run.finish()
+    assert client.qlen("lake") == 0
+    assert db.execute("SELECT state FROM pgq.ingests").fetchone()[0] == "staging"
+
+
+def test_bad_input_is_refused_before_anything_is_written(spark, client, db, dsn):
+    good = frame(spark, ["a", "b"])
+    with pytest.raises(InvalidArgumentError, match="no column 'payload'"):
+        write_jobs(good, "lake", nodes=dsn, body_col="payload")
+    numbers = spark.createDataFrame([(1,), (2,)], ["body"])
+    with pytest.raises(InvalidArgumentError, match="string or binary"):
+        write_jobs(numbers, "lake", nodes=dsn)
+    with_nulls = spark.createDataFrame([("a",), (None,)], "body string")
+    with pytest.raises(InvalidArgumentError, match="1 null value"):
+        write_jobs(with_nulls, "lake", nodes=dsn)
+    with pytest.raises(InvalidArgumentError, match="TCP host"):
+        write_jobs(good, "lake", nodes="dbname=pgq host=/var/run/postgresql")
+    with pytest.raises(NoReplError, match="at least 2 target nodes"):
+        write_jobs(good, "lake", nodes=dsn, replicate=2)
+    with pytest.raises(InvalidArgumentError, match="delay"):
+        write_jobs(good, "lake", nodes=dsn, delay=100, ttl=10)
+    with pytest.raises(InvalidArgumentError, match="queue"):
+        write_jobs(good, "", nodes=dsn)
+    write_jobs(good, "lake", nodes=dsn, ingest_id="fixed", retry=10)
+    with pytest.raises(InvalidArgumentError, match="other options"):
+        write_jobs(good, "lake", nodes=dsn, ingest_id="fixed", retry=20)
+    client.pause("paused", "in")
+    with pytest.raises(PausedError):
+        write_jobs(good, "paused", nodes=dsn)
+    assert client.qlen("lake") == 2 and client.qlen("paused") == 0
+    assert db.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'pgq_staging'").fetchone()[0] == 0
+
+
+def test_two_standalone_nodes_share_the_rows(spark, server, dsn):
+    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS pgq_spark_second")
+        conn.execute("CREATE DATABASE pgq_spark_second TEMPLATE pgq_template")
+    second = server.dsn("pgq_spark_second")
+    try:
+        with psycopg.connect(second, autocommit=True) as conn:  # its own node id
+            conn.execute("UPDATE pgq.meta SET value = repeat('e', 40) WHERE key = 'node_id'")
+        result = write_jobs(frame(spark, [f"s{i}" for i in range(101)]), "lake", nodes=[dsn, second])
+        assert result.jobs == 101 and sorted(result.copies_by_node.values()) == [50, 51]
+        with pytest.raises(InvalidArgumentError, match="one running cluster"):
+            write_jobs(frame(spark, ["a"]), "lake", nodes=[dsn, second], replicate=2)
+        taken = []
+        for target in (dsn, second):
+            with pgq.Client(target) as client:
+                jobs = client.get_job("lake", count=200, nohang=True)
+                assert {j.id[2:10] for j in jobs} == {client.node_id[:8]}  # each node's own prefix
+                taken += [j.body for j in jobs]
+        assert sorted(taken) == sorted(f"s{i}".encode() for i in range(101))
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP DATABASE IF EXISTS pgq_spark_second WITH (FORCE)")
