@@ -193,5 +193,8 @@ def report(out: str, as_json: bool, nodes: tuple[str, ...], master: str | None) 
              "" if q.wait_p50_s is None else q.wait_p50_s, "" if q.wait_p95_s is None else q.wait_p95_s,
              q.deliveries_per_job, q.redeliveries, q.nacks, q.dead_letters_waiting)
             for q in figures.queues]
-    table(rows, columns, False, title="pgq queues")
+    if not rows:
+        click.echo("no job history yet: jobs appear here once acknowledged, expired or dead-lettered")
+    else:
+        table(rows, columns, False, title="pgq queues")
     click.echo(f"chart: {chart}  ({time.perf_counter() - started:.1f} s)")
