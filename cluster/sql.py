@@ -54,23 +54,32 @@ SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM removed)
 # -------------------------------------------------------------------- outbox
 
 # Drain the outbox and read, in the same round trip, every job it asks us to
-# replicate (the hot path of a replicated add).
+# replicate (the hot path of a replicated add). Written so that the plan is
+# right whatever the planner believes of the tables' sizes (the node runs
+# generic plans, often made while the tables were empty): the DELETE touches
+# the rows locked by the subquery by ctid, and each 'replicate' event reads
+# its job with one primary-key probe (LIMIT 1 keeps the LATERAL subquery from
+# being flattened into a hash join that scans all of pgq.jobs per drain).
 DRAIN_OUTBOX_WITH_JOBS = """
 WITH relaxed AS MATERIALIZED (  -- replaying an event after a crash is harmless
     SELECT set_config('synchronous_commit', 'off', true)
 ), drained AS (
     DELETE FROM pgq.outbox
-    WHERE seq IN (SELECT seq FROM pgq.outbox ORDER BY seq LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
+    WHERE ctid = ANY (ARRAY(SELECT ctid FROM pgq.outbox ORDER BY seq LIMIT %(limit)s
+                            FOR UPDATE SKIP LOCKED))
     RETURNING seq, kind, job_id, queue, arg
 )
-SELECT d.seq, d.kind, d.job_id, d.queue, d.arg,
-       j.id, j.queue, j.body, j.ctime, j.repl, j.retry, j.delay,
-       extract(epoch FROM j.expires_at)::float8, j.nacks, j.additional_deliveries,
-       coalesce(j.nodes_delivered, '{}'::text[]), j.state, j.repl_waiter,
-       greatest(0, extract(epoch FROM j.expires_at - statement_timestamp()))::float8,
-       coalesce(j.nodes_confirmed, '{}'::text[])
+SELECT d.seq, d.kind, d.job_id, d.queue, d.arg, j.*
 FROM drained d
-LEFT JOIN pgq.jobs j ON d.kind = 'replicate' AND j.id = d.job_id
+LEFT JOIN LATERAL (
+    SELECT j.id, j.queue, j.body, j.ctime, j.repl, j.retry, j.delay,
+           extract(epoch FROM j.expires_at)::float8, j.nacks, j.additional_deliveries,
+           coalesce(j.nodes_delivered, '{}'::text[]), j.state, j.repl_waiter,
+           greatest(0, extract(epoch FROM j.expires_at - statement_timestamp()))::float8,
+           coalesce(j.nodes_confirmed, '{}'::text[])
+    FROM pgq.jobs j WHERE d.kind = 'replicate' AND j.id = d.job_id
+    LIMIT 1
+) j ON true
 WHERE (SELECT count(*) FROM relaxed) = 1
 ORDER BY d.seq
 """
@@ -106,9 +115,10 @@ WITH incoming AS (
                          %(delays)s::float8[], %(expires)s::float8[], %(nacks)s::int[],
                          %(adds)s::int[], %(nodes)s::text[])
         AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes)
-), acked AS (
+), acked AS (  -- id = ANY: an index probe per copy, never a scan of pgq.acks
     SELECT i.id, coalesce(array_to_string(a.nodes, ','), i.nodes) AS nodes
-    FROM incoming i JOIN pgq.acks a ON a.id = i.id
+    FROM pgq.acks a JOIN incoming i ON i.id = a.id
+    WHERE a.id = ANY (%(ids)s::text[])
 ), accepted AS (
     SELECT i.* FROM incoming i
     WHERE NOT %(leaving)s

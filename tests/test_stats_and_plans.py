@@ -7,9 +7,11 @@ queues: claims that slow down as the table grows, and count(*) monitoring)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
+from cluster import sql as node_sql
 from pgq import statements as sql
 
 from .conftest import counters_match_jobs
@@ -135,3 +137,30 @@ def test_truncate_resets_state_counts(client, db):
     client.add_jobs("t", [b"x"] * 10)
     db.execute("TRUNCATE pgq.jobs")
     assert client.qlen("t") == 0 and counters_match_jobs(db)
+
+
+def _generic_plan(db, statement):
+    """The generic plan of a statement written with psycopg's %(name)s
+    placeholders, as a node's connection (force_generic_plan) caches it."""
+    names: list[str] = []
+
+    def number(match):
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    db.execute("SET plan_cache_mode = force_generic_plan")
+    db.execute("PREPARE planned AS " + re.sub(r"%\((\w+)\)s", number, statement))
+    nulls = ", ".join(["NULL"] * len(names))
+    return db.execute(f"EXPLAIN (FORMAT JSON) EXECUTE planned({nulls})").fetchone()[0]
+
+
+@pytest.mark.parametrize("name", ["DRAIN_OUTBOX_WITH_JOBS", "STORE_COPIES"])
+def test_node_hot_statements_probe_by_key_even_when_planned_on_empty_tables(db, name):
+    # A node process caches generic plans, usually made right after it
+    # started, when pgq.jobs and pgq.acks were empty. A plan that scans them
+    # (a hash join against an unnest() of ids) then runs on every replicated
+    # add for the life of the connection, and costs O(jobs held) each time.
+    plan = _generic_plan(db, getattr(node_sql, name))
+    scanned = list(_seq_scans(plan))
+    assert "jobs" not in scanned and "acks" not in scanned, scanned
