@@ -86,6 +86,37 @@ def _copies_params(copies: list[m.JobCopy]) -> dict[str, Any]:
     }
 
 
+def batched_notices(events: Iterable[tuple[str, str, str, str]]
+                    ) -> list[tuple[str, str, str, tuple[str, ...]]]:
+    """Group QUEUED / WORKING notices ``(peer, kind, counter, job_id)`` into
+    few messages ``(peer, kind, counter, ids)`` without changing what a peer
+    sees for any one job.
+
+    A message names a job at most once (the peer applies it with one UPDATE,
+    so a repeated id would count a nack once), and two notices for the same
+    job reach the peer in their original order: a job seen again for a peer
+    first flushes everything pending for that peer.
+    """
+    out: list[tuple[str, str, str, tuple[str, ...]]] = []
+    pending: dict[str, dict[tuple[str, str], list[str]]] = {}
+    seen: dict[str, set[str]] = {}
+
+    def flush(peer: str) -> None:
+        for (kind, counter), ids in pending.pop(peer, {}).items():
+            for i in range(0, len(ids), MESSAGE_BATCH):
+                out.append((peer, kind, counter, tuple(ids[i:i + MESSAGE_BATCH])))
+        seen.pop(peer, None)
+
+    for peer, kind, counter, job_id in events:
+        if job_id in seen.get(peer, ()):
+            flush(peer)
+        pending.setdefault(peer, {}).setdefault((kind, counter), []).append(job_id)
+        seen.setdefault(peer, set()).add(job_id)
+    for peer in list(pending):
+        flush(peer)
+    return out
+
+
 class Node:
     def __init__(self, settings: NodeSettings, clock: Any = time.monotonic,
                  rng: random.Random | None = None) -> None:
@@ -101,6 +132,7 @@ class Node:
         self.bus: Bus | None = None
         self.metrics: Any = None
         self.leaving = False
+        self._handed_over = True  # a previous run may have left handed-over jobs
         self._members_dirty = True
         self._forgotten: list[str] = []
         self._announced: dict[str, float] = {}
@@ -271,7 +303,12 @@ class Node:
                 beat = now
                 await self._all(sql.HEARTBEAT)
                 await self._set_meta(bus_stats=json.dumps(self.bus.stats.as_dict()))
-                await self._all(sql.DROP_HANDED_OVER, {"myself": self.node_id})
+                # Only after a hand-over (or once after start): the statement
+                # scans pgq.jobs, which must not happen every second on a
+                # node holding a million copies.
+                handed_over, self._handed_over = self._handed_over, False
+                if handed_over:  # reset first: a hand-over meanwhile sets it again
+                    await self._all(sql.DROP_HANDED_OVER, {"myself": self.node_id})
             await anyio.sleep(0.25)
 
     async def _doorbell_loop(self) -> None:
@@ -309,7 +346,7 @@ class Node:
         # Sent together after the loop: one message (one statement at the
         # peer) per peer and kind, not one per job.
         deljobs: dict[str, list[str]] = {}
-        notices: dict[tuple[str, str, str], list[str]] = {}  # (peer, kind, counter) -> ids
+        notices: list[tuple[str, str, str, str]] = []  # (peer, kind, counter, job id)
         finished_gc: list[Any] = []
         for row in rows:
             _seq, kind, job_id, queue, arg = row[:5]
@@ -334,9 +371,7 @@ class Node:
                     deljobs.setdefault(peer, []).append(job_id)
             elif kind in ("queued", "working"):
                 counter, _, holders = (arg or "").partition(":")
-                for peer in holders.split(","):
-                    if peer:
-                        notices.setdefault((peer, kind, counter), []).append(job_id)
+                notices += [(peer, kind, counter, job_id) for peer in holders.split(",") if peer]
             elif kind == "pause":
                 for peer in self._everyone():
                     self._send(peer, m.Pause(queue, arg or "none"))
@@ -350,10 +385,8 @@ class Node:
                 self.leaving = arg == "yes"
                 self._act(self.membership.set_leaving(self.leaving, now))
         self._send_deljobs(deljobs)
-        for (peer, kind, counter), ids in notices.items():
-            for i in range(0, len(ids), MESSAGE_BATCH):
-                chunk = tuple(ids[i:i + MESSAGE_BATCH])
-                self._send(peer, m.Queued(chunk, counter) if kind == "queued" else m.Working(chunk))
+        for peer, kind, counter, ids in batched_notices(notices):
+            self._send(peer, m.Queued(ids, counter) if kind == "queued" else m.Working(ids))
         await self._finish_gcs(finished_gc)
         if to_replicate:
             await self._start_replication(to_replicate)
@@ -418,6 +451,7 @@ class Node:
             for entry in sync:
                 self._send(sorted(entry.confirmed)[0], m.Enqueue((entry.copy.id,)))
             await self._all(sql.HANDED_OVER, params(sync))
+            self._handed_over = True
         if others:
             await self._all(sql.REPLICATION_PROGRESS, params(others))
 

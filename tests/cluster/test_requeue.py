@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+from cluster.node import batched_notices
+
 from .conftest import wait_until
 
 
@@ -103,3 +105,20 @@ def test_ttl_expiry_on_all_copies(make_cluster):
         with node.client() as client:
             client.sweep()
     assert cluster.holders(job) == {}
+
+
+def test_two_nacks_drained_together_count_twice_on_every_peer():
+    # Two NACKs of one job often leave the outbox in the same drain. Batched
+    # into one QUEUED message naming the job twice, the peer's single UPDATE
+    # counted one nack (a flaky counter test found it): a repeated job now
+    # starts a new message, after everything pending for that peer.
+    events = [("p1", "queued", "nacks", "A"), ("p2", "queued", "nacks", "A"),
+              ("p1", "working", "", "B"), ("p1", "queued", "nacks", "C"),
+              ("p1", "queued", "nacks", "A"), ("p2", "queued", "nacks", "A")]
+    assert batched_notices(events) == [
+        ("p1", "queued", "nacks", ("A", "C")), ("p1", "working", "", ("B",)),
+        ("p2", "queued", "nacks", ("A",)),
+        ("p1", "queued", "nacks", ("A",)), ("p2", "queued", "nacks", ("A",)),
+    ]
+    many = [("p", "working", "", f"j{i}") for i in range(4500)]
+    assert [len(ids) for *_, ids in batched_notices(many)] == [2000, 2000, 500]
