@@ -61,12 +61,24 @@ def test_worker_metrics(make_cluster, tmp_path):
     try:
         text = wait_until(lambda: _try_scrape(port, "pgq_worker_jobs_total", 3.0), 20,
                           message="the worker to report 3 jobs")
+        # a job counts as succeeded when its handler returns; its batched ack
+        # is timed when the ack statement returns, a moment later
+        text = wait_until(lambda: _scrape_when(port, "pgq_worker_ack_seconds_count"), 10,
+                          message="the worker to time its ack")
         assert metric(text, "pgq_worker_jobs_total", queue="metered", outcome="succeeded") == 3
         assert metric(text, "pgq_worker_claim_seconds_count") >= 1
         assert metric(text, "pgq_worker_ack_seconds_count") >= 1
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.communicate(timeout=30)
+
+
+def _scrape_when(port: int, name: str) -> str | None:
+    try:
+        text = scrape("127.0.0.1", port)
+    except OSError:  # socket.timeout is an OSError
+        return None
+    return text if (metric(text, name) or 0) >= 1 else None
 
 
 def _try_scrape(port: int, name: str, value: float) -> str | None:
