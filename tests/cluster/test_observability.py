@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Callable
 
 from .conftest import free_port, wait_until
 
@@ -59,11 +59,13 @@ def test_worker_metrics(make_cluster, tmp_path):
                                "--metrics", f"127.0.0.1:{port}"], cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        text = wait_until(lambda: _try_scrape(port, "pgq_worker_jobs_total", 3.0), 20,
+        text = wait_until(lambda: _scrape_if(port, lambda t: metric(
+            t, "pgq_worker_jobs_total", outcome="succeeded") == 3), 20,
                           message="the worker to report 3 jobs")
         # a job counts as succeeded when its handler returns; its batched ack
         # is timed when the ack statement returns, a moment later
-        text = wait_until(lambda: _scrape_when(port, "pgq_worker_ack_seconds_count"), 10,
+        text = wait_until(lambda: _scrape_if(port, lambda t: (metric(
+            t, "pgq_worker_ack_seconds_count") or 0) >= 1), 10,
                           message="the worker to time its ack")
         assert metric(text, "pgq_worker_jobs_total", queue="metered", outcome="succeeded") == 3
         assert metric(text, "pgq_worker_claim_seconds_count") >= 1
@@ -73,17 +75,11 @@ def test_worker_metrics(make_cluster, tmp_path):
         worker.communicate(timeout=30)
 
 
-def _scrape_when(port: int, name: str) -> str | None:
+def _scrape_if(port: int, wanted: Callable[[str], bool]) -> str | None:
+    """The metrics text once ``wanted`` holds for it, else None (also while
+    the endpoint is not up yet)."""
     try:
         text = scrape("127.0.0.1", port)
     except OSError:  # socket.timeout is an OSError
         return None
-    return text if (metric(text, name) or 0) >= 1 else None
-
-
-def _try_scrape(port: int, name: str, value: float) -> str | None:
-    try:
-        text = scrape("127.0.0.1", port)
-    except (OSError, socket.timeout):
-        return None
-    return text if metric(text, name, outcome="succeeded") == value else None
+    return text if wanted(text) else None
