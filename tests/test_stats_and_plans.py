@@ -43,10 +43,7 @@ def test_claim_walks_the_partial_index_on_a_100k_table(big_table):
 def test_generic_claim_plan_is_the_index_plan(big_table):
     # pgq's own connections run prepared statements with generic plans
     # (plan_cache_mode = force_generic_plan): pin that plan too.
-    big_table.execute("SET plan_cache_mode = force_generic_plan")
-    big_table.execute("PREPARE claim(text[], int) AS "
-                      + sql.CLAIM_RELAXED.replace("%(queues)s", "$1").replace("%(count)s", "$2"))
-    plan = big_table.execute("EXPLAIN (FORMAT JSON) EXECUTE claim('{big,small}', 100)").fetchone()[0]
+    plan = _generic_plan(big_table, sql.CLAIM_RELAXED)
     assert "jobs_queued_idx" in json.dumps(plan) and "jobs_timer_idx" in json.dumps(plan)
     # The tiny pgq.queues table (paused flags) may be scanned; the jobs table must not be.
     assert "jobs" not in list(_seq_scans(plan))
