@@ -37,8 +37,11 @@ def test_leaving_node_drains_and_refuses_to_block(make_cluster):
             client.get_job("nothing-here", timeout=1)  # it would block: refused
         assert client.get_job("nothing-here", nohang=True) == []  # nohang never blocks
         new = client.add_job("ext", b"x")  # kept elsewhere, on W other nodes
+    # One read: the leaver drops its handed-over copy within a second, so a
+    # second read (cluster.copies) could disagree with this one.
     holders = cluster.holders(new)
-    assert holders.get("n3") in (None, "active") and cluster.copies(new) - ("n3" in holders) == 2
+    elsewhere = [node for node, state in holders.items() if node != "n3" and state != "acked"]
+    assert holders.get("n3") in (None, "active") and len(elsewhere) == 2, holders
     with cluster[0].client() as client:  # nobody gets new copies onto the leaving node
         with pytest.raises(pgq.errors.NoReplError):
             client.add_job("x", b"x", replicate=3)
