@@ -90,8 +90,20 @@ def test_nack_and_additional_deliveries_counters_on_all_copies(make_cluster):
     wait_until(lambda: set(counters().values()) == {(2, 0)}, 5, message="nacks on every copy")
     with cluster[0].client() as client:
         client.get_job("cnt")  # delivered, not acked: re-queued after retry
-    wait_until(lambda: set(counters().values()) == {(2, 1)}, 10,
-               message="the additional delivery on every copy")
+
+    def one_requeue_counted_everywhere() -> bool:
+        # Two holders' timers may both fire before either hears the other's
+        # QUEUED (Disque's race: jittered, but possible on a loaded machine);
+        # each re-queue then counts once on every copy: 2 everywhere. What
+        # may never happen is copies that disagree, or a count that is lost.
+        values = set(counters().values())
+        return len(values) == 1 and values.pop() in ((2, 1), (2, 2))
+
+    try:
+        wait_until(one_requeue_counted_everywhere, 10,
+                   message="the additional delivery on every copy")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {counters()}, holders {cluster.holders(job)}") from None
 
 
 def test_ttl_expiry_on_all_copies(make_cluster):
