@@ -42,7 +42,10 @@ def test_two_killed_nodes_of_five_are_detected_and_rejoin(make_cluster):
 
     wait_until(detected, 20, 0.2, "the killed nodes to be declared dead")
     detection = time.monotonic() - start
-    assert detection <= 12, detection  # defaults aim at ~10 s
+    # Typically 6-8 s here. Lifeguard stretches a suspicion from 5 s towards
+    # suspicion_max (15 s) while confirmations are slow to arrive, which a
+    # loaded 2-core machine running the whole suite does (12.4 s seen once).
+    assert detection <= 15, detection
     assert all(s.view()[ids[o.name]] == "alive" for s in survivors for o in survivors if o is not s)
     with survivors[0].client() as client:
         priorities = {n["id"]: n["priority"] for n in client.hello()["nodes"]}
