@@ -74,6 +74,15 @@ def emit(data: Any, as_json: bool) -> None:
         click.echo(data)
 
 
+
+def emit_found(data: Any, as_json: bool, missing: str) -> None:
+    """Print ``data`` like :func:`emit`; when it is None, say ``missing``
+    (``null`` on stdout with --json) and exit 3, the "not found" code."""
+    if data is None:
+        click.echo("null" if as_json else missing, err=not as_json)
+        sys.exit(3)
+    emit(data, as_json)
+
 def table(rows: Iterable[Sequence[Any]], columns: Sequence[str], as_json: bool,
           title: str | None = None) -> None:
     """Print rows as a table (or a JSON list of objects)."""

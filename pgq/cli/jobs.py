@@ -8,7 +8,7 @@ import sys
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .common import client_for, emit, handles_errors, table, target_options, text_of, to_json
+from .common import client_for, emit_found, handles_errors, table, target_options, text_of, to_json
 
 
 def _progress() -> Progress:
@@ -116,10 +116,7 @@ def show(job_id: str, as_json: bool, dsn: str | None, data: str | None) -> None:
     """Everything known about a job. Exit 3 if it is unknown."""
     with client_for(dsn, data) as client:
         info = client.show(job_id)
-    if info is None:
-        click.echo("null" if as_json else "unknown job", err=not as_json)
-        sys.exit(3)
-    emit(info, as_json)
+    emit_found(info, as_json, "unknown job")
 
 
 @click.command()
@@ -141,10 +138,7 @@ def qstat(queue: str, as_json: bool, dsn: str | None, data: str | None) -> None:
     """Statistics of QUEUE. Exit 3 if it does not exist."""
     with client_for(dsn, data) as client:
         stat = client.qstat(queue)
-    if stat is None:
-        click.echo("null" if as_json else "no such queue", err=not as_json)
-        sys.exit(3)
-    emit(stat, as_json)
+    emit_found(stat, as_json, "no such queue")
 
 
 @click.command()
