@@ -115,8 +115,7 @@ class Server:
         os.chmod(self.home, 0o711)
         self.instance = embedded.ensure_running(self.home)
         self.counter = 0
-        with self.admin() as conn:
-            conn.execute("CREATE DATABASE pgq_bench_template")
+        embedded.create_database(self.instance, "pgq_bench_template")
         pgq.migrate(self.instance.dsn_for("pgq_bench_template"))
         with self.admin() as conn:
             self.version = conn.execute("SHOW server_version").fetchone()[0]
@@ -126,14 +125,16 @@ class Server:
             ).fetchall())
 
     def admin(self) -> psycopg.Connection:
-        return psycopg.connect(self.instance.dsn_for("postgres"), autocommit=True)
+        return psycopg.connect(self.instance.admin_dsn_for("postgres"), autocommit=True)
 
     def fresh(self, pgq_schema: bool, turbo: bool) -> str:
         self.counter += 1
         name = f"bench_{self.counter}"
         with self.admin() as conn:
             template = "TEMPLATE pgq_bench_template" if pgq_schema else ""
-            conn.execute(f"CREATE DATABASE {name} {template}")
+            # Owned by the role every contender uses: the peers create their
+            # own tables (in schema public) when they start.
+            conn.execute(f"CREATE DATABASE {name} OWNER {self.instance.role} {template}")
             if turbo:
                 conn.execute(f"ALTER DATABASE {name} SET synchronous_commit = off")
         return name

@@ -6,8 +6,13 @@ Invariants:
   several processes migrating the same database at once are serialised and the
   losers find the work done.
 * Alembic's version table lives in schema ``pgq`` (``pgq.alembic_version``),
-  next to the objects it versions; the schema is created here first because
-  alembic writes that table before the first revision runs.
+  next to the objects it versions; the schema is created here first (only
+  when missing: a role that owns the schema but may not create schemas in
+  the database, like the embedded server's ``pgq``, can still migrate)
+  because alembic writes that table before the first revision runs.
+* A schema ``pgq`` that holds objects but no ``pgq.alembic_version`` is not
+  ours (Skytools PgQ uses the same name): nothing is touched and the
+  migration stops with :class:`~pgq.errors.SchemaNotReadyError`.
 """
 
 from __future__ import annotations
@@ -15,16 +20,39 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import text
 
+from pgq.errors import SchemaNotReadyError
 from pgq.schema import metadata
 
 MIGRATION_LOCK_KEY = 0x70677100  # "pgq\0": one advisory lock for all migrators
+
+
+FOREIGN_OBJECTS = """
+SELECT (SELECT count(*) FROM pg_class WHERE relnamespace = 'pgq'::regnamespace)
+     + (SELECT count(*) FROM pg_proc WHERE pronamespace = 'pgq'::regnamespace),
+       to_regclass('pgq.alembic_version') IS NOT NULL
+"""
+
+
+def _claim_schema(connection) -> None:  # type: ignore[no-untyped-def]
+    exists = connection.execute(
+        text("SELECT 1 FROM pg_namespace WHERE nspname = 'pgq'")).scalar()
+    if not exists:
+        connection.execute(text("CREATE SCHEMA pgq"))
+        return
+    objects, ours = connection.execute(text(FOREIGN_OBJECTS)).one()
+    if objects and not ours:
+        raise SchemaNotReadyError(
+            "this database already has a schema named pgq that pgq did not create "
+            f"({objects} tables and functions, no pgq.alembic_version: Skytools PgQ uses "
+            "that name too). Nothing was changed. Use another database for pgq, or drop "
+            "or rename that schema if it is unused (ALTER SCHEMA pgq RENAME TO ...)")
 
 
 def run_migrations_online() -> None:
     connection = context.config.attributes["connection"]
     connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
     try:
-        connection.execute(text("CREATE SCHEMA IF NOT EXISTS pgq"))
+        _claim_schema(connection)
         connection.commit()
         context.configure(
             connection=connection,

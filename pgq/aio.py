@@ -25,9 +25,11 @@ from .core import ClientCore, CommandFactory, translate_database_error
 from .driver import AsyncDriver
 from .errors import DatabaseUnavailableError
 from .job import Job
+from .connecting import first_connection_async
+from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations
-from .statements import NODE_ID, SCHEMA_VERSION, SWEEP
+from .statements import HAS_SCHEMA, SCHEMA_AND_NODE, SWEEP
 
 __all__ = ["AsyncClient"]
 
@@ -58,17 +60,16 @@ class AsyncClient(ClientCore):
                 return
             if self._closed:
                 raise DatabaseUnavailableError("this AsyncClient is closed")
-            if self.should_migrate:
+            # As in pgq.Client: fail fast, with the cause, on the first contact.
+            index, (version, node_id) = await first_connection_async(
+                self._dsns, self._read_node, timeout=self.first_connect_timeout)
+            self.use_dsn(index)
+            if self.should_migrate and version != SCHEMA:
                 await anyio.to_thread.run_sync(run_migrations, self._dsn)
-            pool = await self._open_pool()
-            self._pool = pool
-            try:
-                version, self._node_id = await self._run_on_pool(self._read_node)
-                check_schema(version)
-            except BaseException:
-                self._pool = None
-                await pool.close()
-                raise
+                _, (version, node_id) = await first_connection_async([self._dsn], self._read_node)
+            check_schema(version)
+            self._node_id = node_id
+            self._pool = await self._open_pool()
 
     async def _open_pool(self) -> AsyncConnectionPool:
         pool = AsyncConnectionPool(
@@ -106,11 +107,10 @@ class AsyncClient(ClientCore):
 
     @staticmethod
     async def _read_node(conn: psycopg.AsyncConnection[Any]) -> tuple[str | None, str]:
-        version = (await (await conn.execute(SCHEMA_VERSION)).fetchone())[0]  # type: ignore[index]
-        if version is None:
+        if not (await (await conn.execute(HAS_SCHEMA)).fetchone())[0]:  # type: ignore[index]
             return None, ""
-        row = await (await conn.execute(NODE_ID)).fetchone()
-        return version, row[0] if row else ""
+        version, node_id = await (await conn.execute(SCHEMA_AND_NODE)).fetchone()  # type: ignore[misc]
+        return version, node_id or ""
 
     async def _housekeeping(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if self.sweep_due():

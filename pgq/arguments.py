@@ -115,6 +115,20 @@ def queue_name(value: object) -> str:
     return value
 
 
+def text(name: str, value: object, max_chars: int) -> str:
+    """Free text stored in the database (a dead letter's reason, say): a str
+    without NUL and of valid Unicode; longer text is cut at ``max_chars``."""
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"{name} must be a str, not {type(value).__name__}")
+    if "\x00" in value:
+        raise InvalidArgumentError(f"{name} must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{name} must be valid Unicode (no lone surrogates)") from None
+    return value[:max_chars]
+
+
 def queue_names(values: Iterable[object]) -> list[str]:
     """One or more queue names, in priority order; duplicates keep their first position."""
     names: list[str] = []

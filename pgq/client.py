@@ -30,9 +30,11 @@ from . import commands
 from .core import ClientCore, CommandFactory, translate_database_error
 from .driver import SyncDriver
 from .job import Job
+from .connecting import first_connection
+from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations
-from .statements import NODE_ID, SCHEMA_VERSION, SWEEP
+from .statements import HAS_SCHEMA, SCHEMA_AND_NODE, SWEEP
 
 __all__ = ["Client"]
 
@@ -55,16 +57,19 @@ class Client(ClientCore):
 
     def __init__(self, dsn: str | list[str] | None = None, **options: Any) -> None:
         super().__init__(dsn, options)
-        if self.should_migrate:
+        # One direct connection first: a refusal (password, unknown database)
+        # or an unreachable server fails here within seconds, with libpq's
+        # cause, rather than in a pool that retries for reconnect_timeout.
+        index, (version, node_id) = first_connection(
+            self._dsns, self._read_node, timeout=self.first_connect_timeout)
+        self.use_dsn(index)
+        if self.should_migrate and version != SCHEMA:
             run_migrations(self._dsn)
+            _, (version, node_id) = first_connection([self._dsn], self._read_node)
+        check_schema(version)
+        self._node_id = node_id
         self._switching = threading.Lock()
         self._pool = self._open_pool()
-        try:
-            version, self._node_id = self._run_on_pool(self._read_node)
-            check_schema(version)
-        except BaseException:
-            self._pool.close()
-            raise
 
     def _open_pool(self) -> ConnectionPool:
         pool = ConnectionPool(
@@ -103,11 +108,10 @@ class Client(ClientCore):
 
     @staticmethod
     def _read_node(conn: psycopg.Connection[Any]) -> tuple[str | None, str]:
-        version = conn.execute(SCHEMA_VERSION).fetchone()[0]  # type: ignore[index]
-        if version is None:
+        if not conn.execute(HAS_SCHEMA).fetchone()[0]:  # type: ignore[index]
             return None, ""
-        row = conn.execute(NODE_ID).fetchone()
-        return version, row[0] if row else ""
+        version, node_id = conn.execute(SCHEMA_AND_NODE).fetchone()  # type: ignore[misc]
+        return version, node_id or ""
 
     def _housekeeping(self, conn: psycopg.Connection[Any]) -> None:
         if self.sweep_due():

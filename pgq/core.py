@@ -14,13 +14,13 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
-from urllib.parse import quote
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 from . import arguments as args
 from . import commands
+from .dsn import host_and_port as _host_and_port
+from .dsn import libpq_url
 from .errors import (
     DatabaseUnavailableError,
     InvalidArgumentError,
@@ -106,37 +106,6 @@ class ClientOptions:
             raise InvalidTypeError("migrate must be a bool or None")
 
 
-def libpq_url(dsn: str) -> str:
-    """``dsn`` as a libpq URL (key=value strings are converted)."""
-    if dsn.startswith(("postgresql://", "postgres://")):
-        return dsn
-    try:
-        params = conninfo_to_dict(dsn)
-    except psycopg.ProgrammingError as exc:
-        raise InvalidArgumentError(f"invalid DSN: {exc}") from None
-    user = params.pop("user", None)
-    password = params.pop("password", None)
-    host = params.pop("host", None) or ""
-    port = params.pop("port", None)
-    dbname = params.pop("dbname", None) or ""
-    auth = ""
-    if user:
-        auth = quote(str(user), safe="")
-        if password:
-            auth += ":" + quote(str(password), safe="")
-        auth += "@"
-    netloc = (f"[{host}]" if ":" in host else quote(host, safe="")) + (f":{port}" if port else "")
-    query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items())
-    return f"postgresql://{auth}{netloc}/{quote(dbname, safe='')}" + (f"?{query}" if query else "")
-
-
-def _host_and_port(dsn: str) -> tuple[str, int]:
-    params = conninfo_to_dict(dsn)
-    host = str(params.get("host") or "localhost").split(",")[0]
-    port = int(str(params.get("port") or 5432).split(",")[0])
-    return host, port
-
-
 def translate_database_error(exc: psycopg.Error) -> Exception | None:
     """A typed pgq error for database failures that are not pgq bugs, else None."""
     if isinstance(exc, (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
@@ -193,6 +162,21 @@ class ClientCore:
         if len(self._dsns) > 1:
             return min(self.options.reconnect_timeout, 3.0)
         return self.options.reconnect_timeout
+
+    @property
+    def first_connect_timeout(self) -> float:
+        """How long the first connection may take before the client gives up."""
+        from .connecting import FIRST_CONNECT_TIMEOUT
+
+        return max(min(FIRST_CONNECT_TIMEOUT, self.options.reconnect_timeout), 1.0)
+
+    def use_dsn(self, index: int) -> None:
+        """Talk to ``self._dsns[index]`` from now on."""
+        if index != self._dsn_index:
+            self._dsn_index = index
+            self._dsn = self._dsns[index]
+            self._host, self._port = _host_and_port(self._dsn)
+            self._cluster.fetched_at = float("-inf")
 
     def next_dsn(self) -> bool:
         """Move to the next DSN; False if there is only one."""
@@ -281,9 +265,8 @@ class ClientCore:
         return self.ids_command("nack_jobs", ids, delay=wait)
 
     def dead_letter_command(self, ids: tuple[object, ...], reason: object) -> CommandFactory[int]:
-        if not isinstance(reason, str):
-            raise InvalidTypeError("reason must be a str")
-        return self.ids_command("dead_letter_jobs", ids, reason=reason[:10_000])
+        text = args.text("reason", reason, max_chars=10_000)
+        return self.ids_command("dead_letter_jobs", ids, reason=text)
 
     def dead_letters_command(self, queue: object, after: object,
                              count: object) -> CommandFactory[list[dict[str, Any]]]:
@@ -355,6 +338,9 @@ class ClientCore:
             states = (states,)
         if not isinstance(states, Iterable):
             raise InvalidTypeError("states must be a sequence of state names")
+        states = tuple(states)
+        if not all(isinstance(state, str) for state in states):
+            raise InvalidTypeError("states must be a sequence of state names (str)")
         wanted = tuple(dict.fromkeys(states))
         bad = [s for s in wanted if s not in commands.JOB_STATES]
         if bad:
@@ -388,7 +374,18 @@ def _job_ids(ids: tuple[object, ...]) -> list[str]:
 
 
 def _cursor(value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    """A scan cursor: 0, or one a previous call returned (it encodes the last
+    key seen: a UTF-8 queue name or job ID, without NUL)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidArgumentError(
+            f"cursor must be 0 or a cursor returned by the previous call, not a {type(value).__name__}")
+    problem = value < 0 or value.bit_length() > 8 * args.MAX_QUEUE_NAME_BYTES
+    if not problem:
+        try:
+            problem = "\x00" in commands.decode_cursor(value)
+        except UnicodeDecodeError:
+            problem = True
+    if problem:
         raise InvalidArgumentError("cursor must be 0 or a cursor returned by the previous call")
     return value
 

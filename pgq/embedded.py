@@ -7,7 +7,7 @@ under ``PGQ_HOME``:
 ``PGQ_HOME/`` (default: the user's data dir, e.g. ``~/.local/share/pgq``;
 ``/var/lib/pgq`` for root)
     ``lock``           advisory lock serialising start/stop across processes
-    ``instance.json``  port, role, password (mode 0600)
+    ``instance.json``  port, roles, passwords (mode 0600)
     ``data/``          the PostgreSQL cluster (owned by the server user)
     ``log/postgres.log``
 
@@ -20,16 +20,40 @@ Invariants:
 
 * Start and stop happen under an exclusive ``flock`` on ``PGQ_HOME/lock``, so
   concurrent processes never initialise or start the same data dir twice.
+* **A server is used only once it is proven to be this directory's own.**
+  Nothing recorded earlier is trusted: after a crash the recorded port may
+  belong to another process (another node's new server, anything), the
+  ``postmaster.pid`` left behind may name a dead process (a zombie, when
+  nobody reaps it) or a recycled pid, and a restarted server may still be in
+  crash recovery. The launcher reads ``data/postmaster.pid``, checks that its
+  process is alive and runs in this data directory (``/proc``), waits while
+  it reports ``starting`` (crash recovery) or ``stopping``, removes the file
+  when it names anything else, and starts its own server otherwise. It then
+  connects to the port the live postmaster wrote and checks that the server
+  answering there started when that postmaster did.
+* **The password never goes to a server not proven to be ours**: every DSN
+  of an instance carries ``require_auth=scram-sha-256`` (libpq 16+), so
+  libpq refuses a server that asks for the password in clear; SCRAM proves
+  knowledge of the password without revealing it, and a server that does not
+  hold our verifier cannot complete it.
+* Two roles: ``pgq_admin`` (the bootstrap superuser: initdb, creating
+  databases, tests) and ``pgq``, what clients use: it can log in and owns
+  schemas ``pgq`` and ``pgq_staging`` of database ``pgq``, nothing more (no
+  superuser, no CREATEDB, no CREATEROLE). An instance made before this split
+  has one superuser role ``pgq`` and keeps working.
 * The server listens on 127.0.0.1 only (TCP, because Spark's JDBC driver needs
-  it), on a port chosen free at start; no unix socket is created.
-* Authentication is SCRAM with a random password kept in ``instance.json``
-  (mode 0600): other local users cannot connect.
+  it), on a port chosen free at start; no unix socket is created. The port
+  and listen address are written to ``data/pgq_runtime.conf`` (quoted), never
+  passed through a shell.
+* Authentication is SCRAM with random passwords kept in ``instance.json``
+  (created 0600, replaced atomically): other local users cannot connect.
 * Durability is PostgreSQL's default (``fsync=on``, ``synchronous_commit=on``).
 * For containers (docker/compose.yaml) four variables open the server to
   other hosts on purpose: ``PGQ_EMBEDDED_LISTEN`` (listen address, e.g.
   ``*``), ``PGQ_EMBEDDED_PORT`` (a fixed port), ``PGQ_EMBEDDED_PASSWORD`` (a
-  known password instead of a random one) and ``PGQ_EMBEDDED_HBA`` (an
-  extra ``pg_hba.conf`` source, e.g. ``samenet``; SCRAM is still required).
+  known password for role ``pgq`` instead of a random one) and
+  ``PGQ_EMBEDDED_HBA`` (an extra ``pg_hba.conf`` source, e.g. ``samenet``;
+  SCRAM is still required). Each is validated before use.
 * PostgreSQL refuses to run as root: when the caller is root, ``initdb`` and
   ``pg_ctl`` run as an unprivileged user (``PGQ_SERVER_USER``, default
   ``postgres``), who owns ``data/`` and ``log/``.
@@ -42,26 +66,34 @@ import fcntl
 import json
 import os
 import pwd
+import re
 import secrets
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from urllib.parse import quote
 
 import psycopg
+from psycopg import sql
 
 from .errors import EmbeddedServerError
 from .pgbinaries import find_server_binaries
 
-__all__ = ["Instance", "home_directory", "ensure_running", "stop", "status"]
+__all__ = ["Instance", "home_directory", "ensure_running", "stop", "status",
+           "create_database", "read_postmaster", "Postmaster", "write_private"]
 
 ROLE = "pgq"
+ADMIN_ROLE = "pgq_admin"
 DATABASE = "pgq"
+SCHEMAS = ("pgq", "pgq_staging")
 START_TIMEOUT = 60
+RUNTIME_CONF = "pgq_runtime.conf"
 
-SERVER_SETTINGS = """
+SERVER_SETTINGS = f"""
 # --- written by pgq (embedded server) ---
 listen_addresses = '127.0.0.1'
 unix_socket_directories = ''
@@ -73,25 +105,51 @@ timezone = 'UTC'
 log_timezone = 'UTC'
 log_line_prefix = '%m [%p] '
 log_min_messages = warning
+password_encryption = 'scram-sha-256'
+# port and listen address of this start (pgq rewrites it before each start)
+include_if_exists = '{RUNTIME_CONF}'
 """
+
+# libpq learned require_auth in 16: with it, a server that asks for the
+# password in clear (or md5) is refused before the password leaves.
+_REQUIRE_SCRAM = psycopg.pq.version() >= 160000
 
 
 @dataclass(frozen=True)
 class Instance:
-    """What a client needs to reach the embedded server."""
+    """What a client needs to reach the embedded server.
+
+    ``admin_role``/``admin_password`` are the superuser's (``None`` on an
+    instance made before the role split, whose one role is a superuser).
+    """
 
     port: int
     password: str
     role: str = ROLE
     database: str = DATABASE
     host: str = "127.0.0.1"
+    admin_role: str | None = None
+    admin_password: str | None = None
 
     @property
     def dsn(self) -> str:
-        return f"postgresql://{self.role}:{self.password}@{self.host}:{self.port}/{self.database}"
+        return self.dsn_for(self.database)
 
     def dsn_for(self, database: str) -> str:
-        return f"postgresql://{self.role}:{self.password}@{self.host}:{self.port}/{database}"
+        """A DSN of role ``pgq`` (owner of the pgq schemas) on ``database``."""
+        return _url(self.role, self.password, self.host, self.port, database)
+
+    def admin_dsn_for(self, database: str = "postgres") -> str:
+        """A superuser DSN, for creating databases and roles (never for clients)."""
+        if self.admin_role is None or self.admin_password is None:
+            return self.dsn_for(database)  # an instance from before the role split
+        return _url(self.admin_role, self.admin_password, self.host, self.port, database)
+
+
+def _url(role: str, password: str, host: str, port: int, database: str) -> str:
+    auth = f"{quote(role, safe='')}:{quote(password, safe='')}"
+    url = f"postgresql://{auth}@{host}:{port}/{quote(database, safe='')}"
+    return url + ("?require_auth=scram-sha-256" if _REQUIRE_SCRAM else "")
 
 
 def home_directory(home: str | os.PathLike[str] | None = None) -> Path:
@@ -168,6 +226,75 @@ def _server_user() -> str | None:
     return name
 
 
+# ---------------------------------------------------------------- the postmaster
+
+
+@dataclass(frozen=True)
+class Postmaster:
+    """What ``data/postmaster.pid`` says (PostgreSQL writes it at start and
+    updates its status line; see miscadmin.h, LOCK_FILE_LINE_*)."""
+
+    pid: int
+    data_dir: str
+    started: int  # unix time the postmaster started
+    port: int
+    status: str  # 'starting' (incl. crash recovery), 'ready', 'stopping', 'standby', ''
+
+
+def read_postmaster(data: Path) -> Postmaster | None:
+    """The postmaster.pid of ``data``, or None if missing or unreadable."""
+    try:
+        lines = (data / "postmaster.pid").read_text().splitlines()
+        return Postmaster(int(lines[0]), lines[1], int(lines[2]), int(lines[3]),
+                          lines[7].strip() if len(lines) > 7 else "")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _process_state(pid: int) -> str | None:
+    """The kernel's state letter of ``pid`` (``Z``: a zombie), '' if /proc
+    cannot tell, None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ""
+    return stat.rpartition(")")[2].split()[0]
+
+
+def _owns(postmaster: Postmaster, data: Path) -> bool | None:
+    """Is the process of ``postmaster`` a live postmaster of ``data``?
+
+    True or False where ``/proc`` can tell (Linux); None where it cannot, in
+    which case only ``kill(pid, 0)`` is known (PostgreSQL's own test).
+    """
+    state = _process_state(postmaster.pid)
+    if state is None or state in ("Z", "X", "x"):
+        return False  # gone, or a zombie nobody reaped: not serving anything
+    if state == "":
+        try:
+            os.kill(postmaster.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return None
+    try:
+        cwd = os.readlink(f"/proc/{postmaster.pid}/cwd")
+    except OSError:
+        cwd = None  # another user's process and we are not root
+    if cwd is not None:
+        # The postmaster changes into its data directory at start.
+        return os.path.realpath(cwd) == os.path.realpath(data)
+    try:
+        cmdline = Path(f"/proc/{postmaster.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return bool(cmdline) and cmdline[0].endswith(b"postgres") and \
+        os.fsencode(str(data)) in cmdline
+
+
 # ---------------------------------------------------------------- files
 
 
@@ -180,6 +307,20 @@ def _locked(home: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically, readable by its owner only from
+    the first byte (no window in which another user could read it)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _read_instance(home: Path) -> Instance | None:
@@ -196,12 +337,7 @@ def _read_instance(home: Path) -> Instance | None:
 
 
 def _write_instance(home: Path, instance: Instance) -> None:
-    path = home / "instance.json"
-    fd, tmp = tempfile.mkstemp(dir=home, prefix=".instance-")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(asdict(instance), handle)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    write_private(home / "instance.json", json.dumps(asdict(instance)))
 
 
 def _free_port(preferred: int | None, host: str = "127.0.0.1") -> int:
@@ -218,13 +354,56 @@ def _free_port(preferred: int | None, host: str = "127.0.0.1") -> int:
     raise EmbeddedServerError(f"no free TCP port on {host}")
 
 
-def _answers(instance: Instance, database: str = "postgres") -> bool:
-    try:
-        with psycopg.connect(instance.dsn_for(database), connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-        return True
-    except psycopg.Error:
-        return False
+# ---------------------------------------------------------------- settings
+
+_LISTEN = re.compile(r"\*|[A-Za-z0-9.:_-]{1,253}(,[A-Za-z0-9.:_-]{1,253})*\Z")
+_HBA_SOURCE = re.compile(r"(all|samehost|samenet|[0-9A-Fa-f.:]{2,45}(/[0-9]{1,3})?)\Z")
+
+
+def _listen_addresses(host: str) -> str:
+    listen = os.environ.get("PGQ_EMBEDDED_LISTEN") or host
+    if not _LISTEN.match(listen):
+        raise EmbeddedServerError(
+            f"PGQ_EMBEDDED_LISTEN={listen!r} is not a listen address: give '*', an IP "
+            "address or host name, or a comma-separated list of them")
+    return listen
+
+
+def _fixed_port() -> int | None:
+    fixed = os.environ.get("PGQ_EMBEDDED_PORT")
+    if not fixed:
+        return None
+    if not fixed.isdigit() or not 0 < int(fixed) < 65536:
+        raise EmbeddedServerError(f"PGQ_EMBEDDED_PORT={fixed!r} is not a TCP port (1-65535)")
+    return int(fixed)
+
+
+def _hba_source() -> str | None:
+    source = os.environ.get("PGQ_EMBEDDED_HBA")
+    if source and not _HBA_SOURCE.match(source):
+        raise EmbeddedServerError(
+            f"PGQ_EMBEDDED_HBA={source!r} is not a pg_hba.conf address: give samenet, "
+            "samehost, all, or an address with an optional /mask")
+    return source or None
+
+
+def _include_runtime_conf(data: Path) -> None:
+    """Servers made by older pgq versions took port and address from pg_ctl
+    -o; they now read them from RUNTIME_CONF, which their conf must include."""
+    conf = data / "postgresql.conf"
+    if f"include_if_exists = '{RUNTIME_CONF}'" not in conf.read_text():
+        with open(conf, "a") as handle:  # appending keeps the owner and mode
+            handle.write(f"\ninclude_if_exists = '{RUNTIME_CONF}'\n")
+
+
+def _write_runtime_conf(data: Path, runner: _Runner, port: int, listen: str) -> None:
+    # Values are quoted for postgresql.conf (a quote doubled) and never
+    # reach a shell: pg_ctl is started without -o.
+    conf = (f"port = {int(port)}\n"
+            f"listen_addresses = '{listen.replace(chr(39), chr(39) * 2)}'\n")
+    path = data / RUNTIME_CONF
+    write_private(path, conf)
+    runner.chown(path)
 
 
 # ---------------------------------------------------------------- lifecycle
@@ -247,15 +426,16 @@ def _prepare_directories(home: Path, runner: _Runner) -> tuple[Path, Path]:
     return data, log
 
 
-def _initdb(home: Path, data: Path, runner: _Runner) -> str:
-    password = os.environ.get("PGQ_EMBEDDED_PASSWORD") or secrets.token_urlsafe(24)
+def _initdb(home: Path, data: Path, runner: _Runner) -> Instance:
+    admin_password = secrets.token_urlsafe(32)
+    password = os.environ.get("PGQ_EMBEDDED_PASSWORD") or secrets.token_urlsafe(32)
+    hba = _hba_source()
     pwfile = home / ".pwfile"
-    pwfile.write_text(password + "\n")
-    os.chmod(pwfile, 0o600)
+    write_private(pwfile, admin_password + "\n")
     runner.chown(pwfile)
     try:
         done = runner.run(
-            "initdb", "-D", str(data), "-U", ROLE, f"--pwfile={pwfile}",
+            "initdb", "-D", str(data), "-U", ADMIN_ROLE, f"--pwfile={pwfile}",
             "--auth-host=scram-sha-256", "--auth-local=scram-sha-256",
             "--encoding=UTF8", "--locale=C", "--no-instructions",
         )
@@ -265,30 +445,41 @@ def _initdb(home: Path, data: Path, runner: _Runner) -> str:
         raise EmbeddedServerError(f"initdb failed in {data}:\n{done.stderr.strip()}")
     with open(data / "postgresql.conf", "a") as conf:
         conf.write(SERVER_SETTINGS)
-    source = os.environ.get("PGQ_EMBEDDED_HBA")
-    if source:
-        with open(data / "pg_hba.conf", "a") as hba:
-            hba.write(f"\n# added by pgq (PGQ_EMBEDDED_HBA)\nhost all all {source} scram-sha-256\n")
-    return password
+    if hba:
+        with open(data / "pg_hba.conf", "a") as rules:
+            rules.write(f"\n# added by pgq (PGQ_EMBEDDED_HBA)\nhost all all {hba} scram-sha-256\n")
+    instance = Instance(port=0, password=password, admin_role=ADMIN_ROLE,
+                        admin_password=admin_password)
+    _write_instance(home, instance)
+    return instance
+
+
+_TRANSIENT_START = ("could not bind", "Address already in use", "shared memory block",
+                    "lock file", "is another postmaster")
 
 
 def _start(data: Path, log: Path, runner: _Runner, preferred_port: int | None,
-           host: str) -> int:
+           listen: str, deadline: float) -> None:
+    """Start our server (pg_ctl -w); retry while the failure is one that
+    passes (a port taken meanwhile, old backends still detaching)."""
+    fixed = _fixed_port()
     last_error = ""
-    listen = os.environ.get("PGQ_EMBEDDED_LISTEN") or host
-    fixed = os.environ.get("PGQ_EMBEDDED_PORT")
-    for _attempt in range(3):
-        port = int(fixed) if fixed else _free_port(preferred_port, host)
+    while True:
+        probe = "0.0.0.0" if listen == "*" else listen.split(",")[0]
+        port = fixed or _free_port(preferred_port, probe)
+        _write_runtime_conf(data, runner, port, listen)
         done = runner.run(
             "pg_ctl", "start", "-D", str(data), "-l", str(log / "postgres.log"),
-            "-w", "-t", str(START_TIMEOUT), "-o", f"-p {port} -c listen_addresses='{listen}'",
+            "-w", "-t", str(max(int(deadline - time.monotonic()), 5)),
         )
         if done.returncode == 0:
-            return port
-        last_error = (done.stdout + done.stderr).strip()
+            return
+        last_error = (done.stdout + done.stderr).strip() + "\n" + _log_tail(log / "postgres.log")
+        if time.monotonic() >= deadline or not any(t in last_error for t in _TRANSIENT_START):
+            break
         preferred_port = None  # the port was taken in between: pick another one
-    tail = _log_tail(log / "postgres.log")
-    raise EmbeddedServerError(f"PostgreSQL did not start in {data}:\n{last_error}\n{tail}")
+        time.sleep(0.2)
+    raise EmbeddedServerError(f"PostgreSQL did not start in {data}:\n{last_error}")
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -298,39 +489,115 @@ def _log_tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def _running_port(data: Path) -> int | None:
-    """The port from postmaster.pid if a postmaster claims the data dir."""
-    try:
-        fields = (data / "postmaster.pid").read_text().splitlines()
-        pid, port = int(fields[0]), int(fields[3])
-    except (OSError, ValueError, IndexError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # alive, owned by the server user
-    return port
+def _our_postmaster(data: Path, log: Path, runner: _Runner, instance: Instance,
+                    listen: str, deadline: float) -> Postmaster:
+    """The ready postmaster of ``data``: found (proven ours) or started."""
+    started = False
+    while True:
+        postmaster = read_postmaster(data)
+        if postmaster is not None:
+            owned = _owns(postmaster, data)
+            if owned is False:
+                # Not a server of this directory (dead, a zombie, a recycled
+                # pid): PostgreSQL would refuse to start while it is there.
+                (data / "postmaster.pid").unlink(missing_ok=True)
+                postmaster = None
+            elif postmaster.status == "ready":
+                return postmaster
+            elif postmaster.status == "standby":
+                raise EmbeddedServerError(f"the server in {data} runs as a standby")
+        if postmaster is None and not started:
+            _start(data, log, runner, instance.port or None, listen, deadline)
+            started = True
+            continue
+        if postmaster is None and started:
+            raise EmbeddedServerError(
+                f"PostgreSQL in {data} exited right after its start; see {log / 'postgres.log'}:\n"
+                + _log_tail(log / "postgres.log"))
+        # 'starting' (crash recovery can take a while) or 'stopping': wait.
+        if time.monotonic() >= deadline:
+            raise EmbeddedServerError(
+                f"PostgreSQL in {data} is still {postmaster.status or 'starting'} (crash "
+                f"recovery?) after waiting for it; see {log / 'postgres.log'}")
+        time.sleep(0.1)
 
 
-def _ensure_database(instance: Instance) -> None:
-    with psycopg.connect(instance.dsn_for("postgres"), autocommit=True, connect_timeout=10) as conn:
-        exists = conn.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (instance.database,)
-        ).fetchone()
-        if not exists:
-            conn.execute(f'CREATE DATABASE "{instance.database}"')
+def _connect(dsn: str, timeout: int = 10) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=timeout)
+
+
+_IDENTITY = ("SELECT extract(epoch FROM pg_postmaster_start_time())::float8, "
+             "inet_server_port()")
+
+
+def _check_identity(row: tuple[float, int] | None, postmaster: Postmaster, data: Path) -> None:
+    assert row is not None
+    if abs(float(row[0]) - postmaster.started) > 2 or int(row[1]) != postmaster.port:
+        raise EmbeddedServerError(
+            f"the server on port {postmaster.port} is not the one running in {data} "
+            "(it started at another time): refusing to use it")
+
+
+def _verify_and_provision(instance: Instance, postmaster: Postmaster, data: Path,
+                          log: Path) -> None:
+    """Check that the server answering on the port is ``postmaster`` (the
+    one running in our data directory) and that role ``pgq`` can use its
+    database. One connection when all is in place (the common case); the
+    admin role provisions what is missing."""
+    try:
+        with _connect(instance.dsn) as conn:
+            _check_identity(conn.execute(_IDENTITY).fetchone(), postmaster, data)
+            return
+    except psycopg.OperationalError as exc:
+        if instance.admin_role is None:
+            raise EmbeddedServerError(
+                f"PostgreSQL of {data} runs on port {postmaster.port} but pgq cannot log in "
+                f"({str(exc).strip()}); see {log / 'postgres.log'}") from exc
+    try:
+        with _connect(instance.admin_dsn_for("postgres")) as conn:
+            _check_identity(conn.execute(_IDENTITY).fetchone(), postmaster, data)
+            if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s",
+                                (instance.role,)).fetchone():
+                conn.execute(sql.SQL(
+                    "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}"
+                ).format(sql.Identifier(instance.role), sql.Literal(instance.password)))
+    except psycopg.Error as exc:
+        raise EmbeddedServerError(
+            f"PostgreSQL of {data} runs on port {postmaster.port} but pgq cannot log in "
+            f"({str(exc).strip()}); see {log / 'postgres.log'}") from exc
+    create_database(instance, instance.database)
+
+
+def create_database(instance: Instance, name: str, template: str | None = None) -> None:
+    """Create database ``name`` (from ``template``) if missing, with schemas
+    ``pgq`` and ``pgq_staging`` owned by the instance's role (so it can
+    migrate and use it without any other privilege)."""
+    ident = sql.Identifier
+    with _connect(instance.admin_dsn_for("postgres")) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            statement = sql.SQL("CREATE DATABASE {}").format(ident(name))
+            if template:
+                statement += sql.SQL(" TEMPLATE {}").format(ident(template))
+            with contextlib.suppress(psycopg.errors.DuplicateDatabase):
+                conn.execute(statement)
+    if instance.admin_role is None:
+        return
+    with _connect(instance.admin_dsn_for(name)) as conn:
+        for schema in SCHEMAS:
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(
+                ident(schema), ident(instance.role)))
 
 
 def ensure_running(home: str | os.PathLike[str] | None = None,
-                   host: str | None = None) -> Instance:
+                   host: str | None = None, timeout: float = START_TIMEOUT) -> Instance:
     """Start the embedded server under ``home`` if needed; return how to reach it.
 
     ``host`` is the loopback address to listen on (default 127.0.0.1, or the
     one the instance used before); a cluster node uses its bus address.
-    Safe to call from many processes at once. Does not apply migrations: the
-    client does that (see :func:`pgq.migrate`).
+    Safe to call from many processes at once, and after any crash: see the
+    module's invariants; ``timeout`` bounds the wait for a server to start
+    or to finish its crash recovery. Does not apply migrations: the client
+    does that (see :func:`pgq.migrate`).
     """
     directory = home_directory(home)
     with _locked(directory):
@@ -339,33 +606,25 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
             raise EmbeddedServerError(
                 f"the server in {directory} listens on {instance.host}, not {host}: "
                 "stop it first to move it")
-        if instance is not None and _answers(instance):
-            _ensure_database(instance)
-            return instance
         runner = _Runner(find_server_binaries(), _server_user())
         data, log = _prepare_directories(directory, runner)
         if not (data / "PG_VERSION").exists():
-            password = _initdb(directory, data, runner)
+            instance = _initdb(directory, data, runner)
         elif instance is None:
             raise EmbeddedServerError(
                 f"{data} exists but {directory / 'instance.json'} (its password) is "
                 f"missing; stop any server using it and remove {directory} to start afresh"
             )
-        else:
-            password = instance.password
-        address = host or (instance.host if instance else "127.0.0.1")
-        port = _running_port(data)
-        if port is None:
-            port = _start(data, log, runner, instance.port if instance else None, address)
-        instance = Instance(port=port, password=password, host=address)
-        _write_instance(directory, instance)
-        if not _answers(instance):
-            raise EmbeddedServerError(
-                f"PostgreSQL in {data} runs on port {port} but refuses pgq's credentials; "
-                f"see {log / 'postgres.log'}"
-            )
-        _ensure_database(instance)
-        return instance
+        _include_runtime_conf(data)
+        address = host or instance.host
+        deadline = time.monotonic() + timeout
+        postmaster = _our_postmaster(data, log, runner, instance, _listen_addresses(address),
+                                     deadline)
+        current = replace(instance, port=postmaster.port, host=address)
+        if current != instance:
+            _write_instance(directory, current)
+        _verify_and_provision(current, postmaster, data, log)
+        return current
 
 
 def stop(home: str | os.PathLike[str] | None = None, mode: str = "fast") -> bool:
@@ -382,27 +641,40 @@ def stop(home: str | os.PathLike[str] | None = None, mode: str = "fast") -> bool
     if not (data / "PG_VERSION").exists():
         return False
     with _locked(directory):
-        if _running_port(data) is None:
+        postmaster = read_postmaster(data)
+        if postmaster is None:
+            return False
+        if _owns(postmaster, data) is False:
+            (data / "postmaster.pid").unlink(missing_ok=True)  # a stale file: nothing runs
             return False
         runner = _Runner(find_server_binaries(), _server_user())
         done = runner.run("pg_ctl", "stop", "-D", str(data), "-m", mode, "-w",
                           "-t", str(START_TIMEOUT))
         if done.returncode != 0:
+            if _owns(postmaster, data) is False:  # died meanwhile (and nobody reaped it)
+                (data / "postmaster.pid").unlink(missing_ok=True)
+                return True
             raise EmbeddedServerError(f"pg_ctl stop failed:\n{(done.stdout + done.stderr).strip()}")
         return True
 
 
 def status(home: str | os.PathLike[str] | None = None) -> dict[str, object]:
-    """Describe the embedded server under ``home`` (never starts it)."""
+    """Describe the embedded server under ``home`` (never starts it). The DSN
+    shown has its password masked (``Instance.dsn`` has it)."""
+    from .dsn import redact
+
     directory = home_directory(home)
     data = directory / "data"
-    instance = _read_instance(directory) if directory.exists() else None
-    port = _running_port(data)
+    postmaster = read_postmaster(data)
+    running = postmaster is not None and _owns(postmaster, data) is not False
+    instance = _read_instance(directory) if running else None
     return {
+        "dsn": redact(replace(instance, port=postmaster.port).dsn)
+        if instance is not None and postmaster is not None else None,
         "home": str(directory),
         "initialized": (data / "PG_VERSION").exists(),
-        "running": port is not None,
-        "port": port,
-        "dsn": instance.dsn if instance is not None and port is not None else None,
+        "running": running,
+        "state": (postmaster.status or "starting") if running and postmaster else "stopped",
+        "port": postmaster.port if running and postmaster else None,
         "log": str(directory / "log" / "postgres.log"),
     }

@@ -48,8 +48,15 @@ def migrate(dsn: str, revision: str = "head") -> str:
     """Upgrade the database at ``dsn`` to ``revision``; return the revision it is at.
 
     Safe to run concurrently from several processes (an advisory lock
-    serialises them) and idempotent.
+    serialises them) and idempotent. A database already at the newest
+    revision costs one query (alembic is not even imported).
     """
+    from .connecting import first_connection
+
+    if revision == "head":
+        _, version = first_connection([dsn], schema_version)
+        if version == SCHEMA_VERSION:
+            return version
     from alembic import command
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
@@ -64,19 +71,16 @@ def migrate(dsn: str, revision: str = "head") -> str:
             command.upgrade(config, revision)
     finally:
         engine.dispose()
-    with psycopg.connect(dsn) as conn:
-        return schema_version(conn) or ""
+    return first_connection([dsn], schema_version)[1] or ""
 
 
 def schema_version(conn: psycopg.Connection) -> str | None:
     """The revision the database is at, or None if pgq was never migrated there."""
-    row = conn.execute(
-        "SELECT to_regclass('pgq.alembic_version') IS NOT NULL"
-    ).fetchone()
-    if not row or not row[0]:
+    from .statements import HAS_SCHEMA, SCHEMA_AND_NODE
+
+    if not conn.execute(HAS_SCHEMA).fetchone()[0]:  # type: ignore[index]
         return None
-    version = conn.execute("SELECT version_num FROM pgq.alembic_version").fetchone()
-    return version[0] if version else None
+    return conn.execute(SCHEMA_AND_NODE).fetchone()[0]  # type: ignore[index,no-any-return]
 
 
 def check_schema(version: str | None, dsn_hint: str = "DSN") -> None:

@@ -22,11 +22,14 @@ from __future__ import annotations
 
 # --------------------------------------------------------------------- node
 
-NODE_ID = "SELECT value FROM pgq.meta WHERE key = 'node_id'"
-
-SCHEMA_VERSION = """
-SELECT CASE WHEN to_regclass('pgq.alembic_version') IS NULL THEN NULL
-            ELSE (SELECT version_num FROM pgq.alembic_version) END
+# A client's first statements: is pgq there (a reference to a missing table
+# fails at parse time, so this is asked first), then its revision and node.
+HAS_SCHEMA = """
+SELECT to_regclass('pgq.alembic_version') IS NOT NULL AND to_regclass('pgq.meta') IS NOT NULL
+"""
+SCHEMA_AND_NODE = """
+SELECT (SELECT version_num FROM pgq.alembic_version),
+       (SELECT value FROM pgq.meta WHERE key = 'node_id')
 """
 
 SWEEP = "SELECT expired, requeued, acks_expired FROM pgq.sweep()"

@@ -46,6 +46,15 @@ class Server:
     def restartable(self) -> bool:
         return self.home is not None
 
+    def create_database(self, name: str, template: str | None = None) -> None:
+        """A new database pgq's role can migrate and use (dropped first if it exists)."""
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            if self.home is None:
+                conn.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
+                return
+        embedded.create_database(embedded.ensure_running(self.home), name, template)
+
     def stop(self, mode: str = "fast") -> None:
         assert self.home is not None
         embedded.stop(self.home, mode)
@@ -71,7 +80,7 @@ def _embedded_server() -> Iterator[Server]:
     home = Path(tempfile.mkdtemp(prefix="pgq-test-"))
     try:
         instance = embedded.ensure_running(home)
-        yield Server(instance.dsn_for("postgres"), instance.dsn_for, home)
+        yield Server(instance.admin_dsn_for("postgres"), instance.dsn_for, home)
     finally:
         try:
             embedded.stop(home)
@@ -86,9 +95,7 @@ def server() -> Iterator[Server]:
     servers = _docker_server() if use_docker else _embedded_server()
     srv = next(servers)
     try:
-        with psycopg.connect(srv.admin_dsn, autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
-            conn.execute(f"CREATE DATABASE {TEMPLATE}")
+        srv.create_database(TEMPLATE)  # pgq's role owns the pgq schemas there, nothing more
         pgq.migrate(srv.dsn(TEMPLATE))
         yield srv
     finally:

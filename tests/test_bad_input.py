@@ -125,3 +125,78 @@ def test_pool_exhaustion_is_explained(dsn):
                 small.qlen("held")
         finally:
             holder.join()
+
+
+# ---------------------------------------------------------------- issue 10 §4, issue 15 §2
+
+
+@pytest.mark.parametrize("cursor", [2**63, 2**64 - 1, 2**4200, int.from_bytes(b"a\x00b", "big"), -1])
+def test_scan_cursors_that_no_call_returned_are_argument_errors(client, cursor):
+    for scan in (client.qscan, client.jscan):
+        with pytest.raises(InvalidArgumentError, match="cursor"):
+            scan(cursor)
+
+
+def test_a_real_cursor_round_trips_past_2_63(client):
+    long_name = "q" * 40  # a cursor naming it is far above 2**63
+    client.add_job(long_name, b"x")
+    client.add_job("r", b"y")
+    cursor, names = client.qscan(count=1)
+    assert cursor > 2**63 and names
+    assert client.qscan(cursor, count=10)[1]
+
+
+@pytest.mark.parametrize("reason", ["bad\x00reason", "lone \ud800 surrogate"])
+def test_dead_letter_reason_must_be_storable_text(client, reason):
+    job_id = client.add_job("dl", b"x")
+    with pytest.raises(InvalidArgumentError, match="reason"):
+        client.dead_letter(job_id, reason=reason)
+    assert client.qlen("dl") == 1  # nothing changed
+
+
+def test_jscan_states_must_be_names(client):
+    with pytest.raises(InvalidTypeError, match="states"):
+        client.jscan(states=[["queued"]])
+
+
+@pytest.mark.parametrize("dsn", ["host=x port=abc", "postgresql://u@h:99999/db"])
+def test_a_dsn_with_a_bad_port_is_an_argument_error(dsn):
+    with pytest.raises(InvalidArgumentError, match="port"):
+        pgq.Client(dsn)
+
+
+def test_wrong_password_fails_at_once_with_the_servers_reason(dsn):
+    import time
+
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    params = conninfo_to_dict(dsn)
+    params["password"] = "not-the-password"
+    started = time.monotonic()
+    with pytest.raises(pgq.errors.DatabaseUnavailableError) as info:
+        pgq.Client(make_conninfo(**params))  # default reconnect_timeout: 30 s
+    assert time.monotonic() - started < 3  # an authentication error is never retried
+    message = str(info.value)
+    assert "password authentication failed" in message and "not-the-password" not in message
+
+
+def test_missing_database_fails_at_once_with_the_servers_reason(dsn):
+    import time
+
+    missing = dsn.rsplit("/", 1)[0] + "/no_such_database_here"
+    if "?" in dsn:
+        missing += "?" + dsn.split("?", 1)[1]
+    started = time.monotonic()
+    with pytest.raises(pgq.errors.DatabaseUnavailableError, match="does not exist"):
+        pgq.Client(missing)
+    assert time.monotonic() - started < 3
+
+
+def test_nobody_answering_fails_within_seconds_with_the_cause():
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(pgq.errors.DatabaseUnavailableError, match="Connection refused"):
+        pgq.Client("postgresql://pgq:x@127.0.0.1:1/pgq")  # default reconnect_timeout: 30 s
+    # the first connection gets a few seconds (a server may be starting up)
+    assert time.monotonic() - started < 8

@@ -6,9 +6,11 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import psycopg
@@ -54,7 +56,7 @@ def test_concurrent_processes_share_one_server(home):
 def test_server_listens_on_tcp_loopback_with_a_password(home):
     instance = embedded.ensure_running(home)
     assert instance.dsn.startswith("postgresql://pgq:") and "@127.0.0.1:" in instance.dsn
-    with psycopg.connect(instance.dsn) as conn:
+    with psycopg.connect(instance.admin_dsn_for("postgres")) as conn:
         listen, sockets, fsync, sync = conn.execute(
             "SELECT current_setting('listen_addresses'), current_setting('unix_socket_directories'),"
             " current_setting('fsync'), current_setting('synchronous_commit')").fetchone()
@@ -145,10 +147,202 @@ def test_container_settings_open_the_server_on_purpose(tmp_path, monkeypatch):
     try:
         instance = embedded.ensure_running(home)
         assert instance.port == port and instance.password == "known-password-for-containers"
-        with psycopg.connect(instance.dsn) as conn:
+        with psycopg.connect(instance.admin_dsn_for("postgres")) as conn:
             listen = conn.execute("SHOW listen_addresses").fetchone()[0]
             rules = conn.execute("SELECT address FROM pg_hba_file_rules").fetchall()
         assert listen == "*" and ("samenet",) in rules
+    finally:
+        embedded.stop(home)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ roles
+
+
+def test_clients_use_a_role_that_owns_the_pgq_schemas_and_nothing_more(home):
+    instance = embedded.ensure_running(home)
+    with psycopg.connect(instance.dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT rolsuper, rolcreatedb, rolcreaterole, rolreplication, rolbypassrls "
+            "FROM pg_roles WHERE rolname = current_user").fetchone()
+        assert row == (False, False, False, False, False)
+        owners = dict(conn.execute(
+            "SELECT nspname, pg_get_userbyid(nspowner) FROM pg_namespace "
+            "WHERE nspname IN ('pgq', 'pgq_staging')").fetchall())
+        assert owners == {"pgq": "pgq", "pgq_staging": "pgq"}
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CREATE DATABASE not_allowed")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CREATE SCHEMA not_allowed")
+    pgq.migrate(instance.dsn)  # the role can migrate its own schemas
+
+
+# ------------------------------------------------------------------ crashes
+
+
+def _postmaster_pid(home: Path) -> int:
+    return int((home / "data" / "postmaster.pid").read_text().split()[0])
+
+
+def _kill_postmaster(home: Path) -> None:
+    pid = _postmaster_pid(home)
+    os.kill(pid, signal.SIGKILL)
+    # SIGKILL is not instant: wait until the process is dead (a zombie counts).
+    deadline = time.monotonic() + 10
+    while embedded._process_state(pid) not in (None, "Z", "X"):
+        assert time.monotonic() < deadline, "the postmaster did not die"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def fresh_home():
+    directory = Path(tempfile.mkdtemp(prefix="pgq-crash-"))
+    os.chmod(directory, 0o711)
+    yield directory
+    embedded.stop(directory)
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_restart_after_kill9_when_another_server_took_the_port(fresh_home, monkeypatch):
+    """kill -9 of the postmaster, then another PostgreSQL takes its old port
+    before the restart: the launcher must not trust the recorded port, nor a
+    postmaster.pid naming a dead (or zombie) process, and must come up with
+    every job it held."""
+    instance = embedded.ensure_running(fresh_home)
+    with pgq.Client(instance.dsn, migrate=True) as client:
+        kept = client.add_job("crash", b"survive", retry=30)
+    _kill_postmaster(fresh_home)
+    other = Path(tempfile.mkdtemp(prefix="pgq-squatter-"))
+    monkeypatch.setenv("PGQ_EMBEDDED_PORT", str(instance.port))
+    try:
+        squatter = embedded.ensure_running(other)  # a server of another directory on our port
+        monkeypatch.delenv("PGQ_EMBEDDED_PORT")
+        assert squatter.port == instance.port
+        again = embedded.ensure_running(fresh_home)
+        assert again.port != instance.port and again.password == instance.password
+        with pgq.Client(again.dsn) as client:
+            assert [j.id for j in client.get_job("crash", nohang=True)] == [kept]
+        assert embedded.status(fresh_home)["running"] is True
+    finally:
+        embedded.stop(other)
+        shutil.rmtree(other, ignore_errors=True)
+
+
+def test_restart_right_after_kill9_runs_crash_recovery(fresh_home):
+    instance = embedded.ensure_running(fresh_home)
+    with pgq.Client(instance.dsn, migrate=True) as client:
+        ids = client.add_jobs("recover", [b"%d" % i for i in range(500)], retry=30)
+    _kill_postmaster(fresh_home)
+    again = embedded.ensure_running(fresh_home)
+    with pgq.Client(again.dsn) as client:
+        assert client.qlen("recover") == 500
+        assert {j.id for j in client.get_job("recover", count=500, nohang=True)} == set(ids)
+
+
+def test_a_server_still_starting_is_waited_for_not_replaced(fresh_home):
+    """A postmaster of this directory that says 'starting' (crash recovery)
+    is waited for: no second server is started beside it, and when it does
+    not get ready the error says so (not "refuses pgq's credentials")."""
+    embedded.ensure_running(fresh_home)
+    embedded.stop(fresh_home)
+    data = fresh_home / "data"
+    user = embedded._server_user()
+    # A stand-in postmaster: a process running in the data directory.
+    stand_in = subprocess.Popen(["sleep", "60"], cwd=data,
+                                **({"user": user} if user else {}))
+    try:
+        (data / "postmaster.pid").write_text(
+            f"{stand_in.pid}\n{data}\n{int(time.time())}\n5999\n\n127.0.0.1\n 0 0\nstarting\n")
+        started = time.monotonic()
+        with pytest.raises(EmbeddedServerError, match="still starting"):
+            embedded.ensure_running(fresh_home, timeout=1.0)
+        assert time.monotonic() - started >= 1.0
+        assert embedded.read_postmaster(data).pid == stand_in.pid  # nothing else started
+    finally:
+        stand_in.kill()
+        stand_in.wait()
+    again = embedded.ensure_running(fresh_home)  # the stand-in is gone: start our own
+    with psycopg.connect(again.dsn) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_a_pid_file_naming_another_live_process_is_stale(fresh_home):
+    embedded.ensure_running(fresh_home)
+    embedded.stop(fresh_home)
+    data = fresh_home / "data"
+    # a recycled pid: alive, but not a postmaster of this directory
+    (data / "postmaster.pid").write_text(
+        f"{os.getpid()}\n{data}\n{int(time.time())}\n5999\n\n127.0.0.1\n 0 0\nready   \n")
+    assert embedded.status(fresh_home)["running"] is False
+    instance = embedded.ensure_running(fresh_home)
+    assert embedded.read_postmaster(data).pid != os.getpid()
+    with psycopg.connect(instance.dsn) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+def test_the_password_is_never_sent_to_a_server_asking_for_it_in_clear(home):
+    """A server that is not ours could ask for the password in clear: the
+    instance's DSNs refuse anything but SCRAM, so it never receives it."""
+    import socket
+    import threading
+
+    instance = embedded.ensure_running(home)
+    received: list[bytes] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        fake_port = listener.getsockname()[1]
+
+        def fake_server() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                # the startup packet (the DSN below turns SSL and GSS probes off)
+                length = int.from_bytes(conn.recv(4, socket.MSG_WAITALL), "big")
+                conn.recv(length - 4, socket.MSG_WAITALL)
+                conn.sendall(b"R" + (8).to_bytes(4, "big") + (3).to_bytes(4, "big"))  # cleartext
+                conn.settimeout(2)
+                try:
+                    while chunk := conn.recv(65536):
+                        received.append(chunk)
+                except OSError:
+                    pass
+
+        thread = threading.Thread(target=fake_server, daemon=True)
+        thread.start()
+        fake = instance.dsn.replace(f":{instance.port}/", f":{fake_port}/")
+        with pytest.raises(psycopg.OperationalError, match="password"):
+            psycopg.connect(fake + "&sslmode=disable&gssencmode=disable", connect_timeout=5)
+        thread.join(5)
+    assert not any(instance.password.encode() in chunk for chunk in received)
+    assert not any(chunk.startswith(b"p") for chunk in received)  # no PasswordMessage at all
+
+
+def test_odd_passwords_are_quoted_in_dsns(tmp_path, monkeypatch):
+    monkeypatch.setenv("PGQ_EMBEDDED_PASSWORD", "p@ss:w/rd%?#&=' x")
+    home = Path(tempfile.mkdtemp(prefix="pgq-quote-"))
+    try:
+        instance = embedded.ensure_running(home)
+        with psycopg.connect(instance.dsn) as conn:
+            assert conn.execute("SELECT current_user").fetchone() == ("pgq",)
+        assert "p@ss" not in embedded.status(home)["dsn"]  # shown redacted
+    finally:
+        embedded.stop(home)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.parametrize("variable, value", [
+    ("PGQ_EMBEDDED_LISTEN", "127.0.0.1' -c log_directory='/tmp"),
+    ("PGQ_EMBEDDED_LISTEN", "127.0.0.1; touch /tmp/pgq-pwned"),
+    ("PGQ_EMBEDDED_HBA", "samenet\nhost all all 0.0.0.0/0 trust"),
+    ("PGQ_EMBEDDED_PORT", "5432 -c fsync=off"),
+])
+def test_settings_cannot_inject_server_options(variable, value, monkeypatch):
+    monkeypatch.setenv(variable, value)
+    home = Path(tempfile.mkdtemp(prefix="pgq-inject-"))
+    try:
+        with pytest.raises(EmbeddedServerError, match=variable):
+            embedded.ensure_running(home)
+        assert embedded.read_postmaster(home / "data") is None  # nothing runs
     finally:
         embedded.stop(home)
         shutil.rmtree(home, ignore_errors=True)

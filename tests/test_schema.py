@@ -88,9 +88,7 @@ def test_views_and_functions_exist(db):
 
 
 def test_migrate_is_idempotent_and_serialised(server):
-    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS pgq_migrate_race")
-        conn.execute("CREATE DATABASE pgq_migrate_race")
+    server.create_database("pgq_migrate_race")
     target = server.dsn("pgq_migrate_race")
     results, errors = [], []
 
@@ -118,9 +116,7 @@ def test_migrate_is_idempotent_and_serialised(server):
 
 
 def test_client_refuses_an_unmigrated_database_with_the_fix(server):
-    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS pgq_bare")
-        conn.execute("CREATE DATABASE pgq_bare")
+    server.create_database("pgq_bare")
     try:
         with pytest.raises(pgq.errors.SchemaNotReadyError, match="pgq migrate"):
             pgq.Client(server.dsn("pgq_bare"), reconnect_timeout=2)
@@ -136,9 +132,7 @@ def test_downgrade_removes_everything_but_the_version_table(server):
 
     from pgq.migrate import _alembic_config
 
-    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS pgq_down")
-        conn.execute("CREATE DATABASE pgq_down")
+    server.create_database("pgq_down")
     target = server.dsn("pgq_down")
     try:
         pgq.migrate(target)
@@ -159,3 +153,35 @@ def test_downgrade_removes_everything_but_the_version_table(server):
     finally:
         with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
             conn.execute("DROP DATABASE pgq_down WITH (FORCE)")
+
+
+def test_migrate_refuses_a_pgq_schema_that_is_not_ours(server):
+    """Skytools PgQ also names its schema pgq: pgq migrate must stop, say so,
+    and touch nothing."""
+    server.create_database("pgq_skytools")
+    target = server.dsn("pgq_skytools")
+    try:
+        with psycopg.connect(target, autocommit=True) as conn:
+            conn.execute("DO $$ BEGIN IF to_regnamespace('pgq') IS NULL THEN CREATE SCHEMA pgq; "
+                         "END IF; END $$")
+            conn.execute("CREATE TABLE pgq.queue (queue_id serial PRIMARY KEY, queue_name text)")
+            conn.execute("CREATE FUNCTION pgq.version() RETURNS text LANGUAGE sql AS $$ SELECT '3.5' $$")
+        before = _objects(target)
+        with pytest.raises(pgq.errors.SchemaNotReadyError, match="Skytools") as info:
+            pgq.migrate(target)
+        assert "Nothing was changed" in str(info.value)
+        assert _objects(target) == before
+        with pytest.raises(pgq.errors.SchemaNotReadyError):
+            pgq.Client(target, migrate=True)
+        assert _objects(target) == before
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP DATABASE pgq_skytools WITH (FORCE)")
+
+
+def _objects(dsn: str) -> list[tuple[str, str]]:
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(
+            "SELECT relname, relkind::text FROM pg_class WHERE relnamespace = 'pgq'::regnamespace "
+            "UNION ALL SELECT proname, 'f' FROM pg_proc WHERE pronamespace = 'pgq'::regnamespace "
+            "ORDER BY 1").fetchall()

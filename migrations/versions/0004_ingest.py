@@ -35,7 +35,10 @@ TS = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
-    op.execute("CREATE SCHEMA IF NOT EXISTS pgq_staging")
+    # Only when missing: the embedded server's role owns it already and may
+    # not create schemas (CREATE SCHEMA IF NOT EXISTS checks that first).
+    op.execute("DO $$ BEGIN IF to_regnamespace('pgq_staging') IS NULL THEN "
+               "CREATE SCHEMA pgq_staging; END IF; END $$")
     op.create_table(
         "ingests",
         sa.Column("ingest_id", sa.Text(collation=C), nullable=False),
@@ -77,4 +80,9 @@ WHERE j.expires_at > statement_timestamp();
 def downgrade() -> None:
     op.execute("DROP VIEW pgq.live_jobs, pgq.dead_letter_jobs")
     op.drop_table("ingests", schema="pgq")
-    op.execute("DROP SCHEMA IF EXISTS pgq_staging CASCADE")
+    # The schema itself stays (it may have been made for the role by an
+    # admin, and the role could not make it again); its tables go.
+    op.execute("""DO $$ DECLARE t record; BEGIN
+        FOR t IN SELECT tablename FROM pg_tables WHERE schemaname = 'pgq_staging' LOOP
+            EXECUTE format('DROP TABLE pgq_staging.%I', t.tablename);
+        END LOOP; END $$""")

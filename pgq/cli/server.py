@@ -28,15 +28,19 @@ def embedded_group() -> None:
 @embedded_group.command("start")
 @click.option("--home", envvar="PGQ_HOME", help="Server directory (default: $PGQ_HOME or the user data dir).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--show-password", is_flag=True,
+              help="Print the DSN with its password (default: masked).")
 @handles_errors
-def embedded_start(home: str | None, as_json: bool) -> None:
+def embedded_start(home: str | None, as_json: bool, show_password: bool) -> None:
     """Start the embedded server (or find it running) and migrate it; print its DSN."""
     from .. import embedded
+    from ..dsn import redact
     from ..migrate import migrate as run
 
     instance = embedded.ensure_running(home)
     run(instance.dsn)
-    emit({"dsn": instance.dsn, "port": instance.port}, as_json)
+    emit({"dsn": instance.dsn if show_password else redact(instance.dsn),
+          "port": instance.port}, as_json)
 
 
 @embedded_group.command("stop")

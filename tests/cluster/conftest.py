@@ -65,7 +65,7 @@ class Server:
         return self.instance.dsn_for(database)
 
     def admin(self) -> psycopg.Connection:
-        return psycopg.connect(self.dsn("postgres"), autocommit=True)
+        return psycopg.connect(self.instance.admin_dsn_for("postgres"), autocommit=True)
 
 
 @pytest.fixture(scope="session")
@@ -81,7 +81,7 @@ def servers() -> Iterator[list[Server]]:
         for server in started:
             with server.admin() as conn:
                 conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
-                conn.execute(f"CREATE DATABASE {TEMPLATE}")
+            embedded.create_database(server.instance, TEMPLATE)
             pgq.migrate(server.dsn(TEMPLATE))
         yield started
     finally:

@@ -152,9 +152,7 @@ def test_bad_input_is_refused_before_anything_is_written(spark, client, db, dsn)
 
 
 def test_two_standalone_nodes_share_the_rows(spark, server, dsn):
-    with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS pgq_spark_second")
-        conn.execute("CREATE DATABASE pgq_spark_second TEMPLATE pgq_template")
+    server.create_database("pgq_spark_second", template="pgq_template")
     second = server.dsn("pgq_spark_second")
     try:
         with psycopg.connect(second, autocommit=True) as conn:  # its own node id

@@ -1,0 +1,77 @@
+"""DSNs: checking them, normalising them to libpq URLs, and showing them safely.
+
+Invariants:
+
+* A DSN that libpq could not use (bad syntax, a port that is not a number)
+  raises :class:`~pgq.errors.InvalidArgumentError` here, before any
+  connection attempt.
+* Credentials are URL-quoted when a URL is built, so any password
+  round-trips.
+* :func:`redact` is what pgq prints: a DSN with its password masked. A DSN
+  with its password is shown only when a user asks for it.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from .errors import InvalidArgumentError
+
+__all__ = ["libpq_url", "host_and_port", "redact", "MASK"]
+
+MASK = "***"
+
+
+def _params(dsn: str) -> dict[str, object]:
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidArgumentError(f"invalid DSN: {redact(str(exc))}") from None
+    for port in str(params.get("port") or "").split(","):
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise InvalidArgumentError(
+                f"invalid DSN: port {port!r} is not a TCP port (1-65535)")
+    return params
+
+
+def libpq_url(dsn: str) -> str:
+    """``dsn`` as a libpq URL (key=value strings are converted), checked."""
+    params = _params(dsn)
+    if dsn.startswith(("postgresql://", "postgres://")):
+        return dsn
+    user = params.pop("user", None)
+    password = params.pop("password", None)
+    host = str(params.pop("host", None) or "")
+    port = params.pop("port", None)
+    dbname = str(params.pop("dbname", None) or "")
+    auth = ""
+    if user:
+        auth = quote(str(user), safe="")
+        if password:
+            auth += ":" + quote(str(password), safe="")
+        auth += "@"
+    netloc = (f"[{host}]" if ":" in host else quote(host, safe="")) + (f":{port}" if port else "")
+    query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items())
+    return f"postgresql://{auth}{netloc}/{quote(dbname, safe='')}" + (f"?{query}" if query else "")
+
+
+def host_and_port(dsn: str) -> tuple[str, int]:
+    """The first host and port a DSN names (libpq's defaults otherwise)."""
+    params = _params(dsn)
+    host = str(params.get("host") or "localhost").split(",")[0]
+    port = int(str(params.get("port") or 5432).split(",")[0])
+    return host, port
+
+
+_URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@?#\s]*:)([^@\s]*)(@)")
+_KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+
+
+def redact(text: str) -> str:
+    """``text`` (a DSN, or a message quoting one) with every password masked."""
+    text = _URL_PASSWORD.sub(lambda m: m.group(1) + MASK + m.group(3), text)
+    return _KV_PASSWORD.sub(lambda m: m.group(1) + MASK, text)
