@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -77,12 +78,14 @@ class _Link:
 
 
 class Bus:
-    def __init__(self, node_id: str, secret: bytes, host: str, port: int, handler: Handler) -> None:
+    def __init__(self, node_id: str, secret: bytes, host: str, port: int, handler: Handler,
+                 listener: socket.socket | None = None) -> None:
         self.node_id = node_id
         self.secret = secret
         self.host = host
         self.port = port
         self.handler = handler
+        self.listener = listener
         self.stats = BusStats()
         self._links: dict[tuple[str, int], _Link] = {}
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -91,8 +94,12 @@ class Bus:
 
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Listen, accept links, and run outbound links until cancelled."""
-        listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port,
-                                                   reuse_port=False)
+        if self.listener is not None:  # bound by the process before anything started
+            listener: anyio.abc.Listener[SocketStream] = await anyio.abc.SocketListener.from_socket(
+                self.listener)
+        else:
+            listener = await anyio.create_tcp_listener(local_host=self.host,
+                                                       local_port=self.port, reuse_port=False)
         async with listener, anyio.create_task_group() as tasks:
             self._tasks = tasks
             task_status.started()

@@ -119,8 +119,9 @@ def batched_notices(events: Iterable[tuple[str, str, str, str]]
 
 class Node:
     def __init__(self, settings: NodeSettings, clock: Any = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None, listener: Any = None) -> None:
         self.settings = settings
+        self.listener = listener  # the bus socket, bound before the node started
         self.clock = clock
         self.rng = rng or random.Random()
         self.pool: AsyncConnectionPool | None = None
@@ -159,7 +160,7 @@ class Node:
         try:
             await self._load()
             self.bus = Bus(self.node_id, self.settings.secret, self.settings.bus_host,
-                           self.settings.bus_port, self._on_message)
+                           self.settings.bus_port, self._on_message, listener=self.listener)
             async with anyio.create_task_group() as tasks:
                 await tasks.start(self.bus.serve)
                 now = self.clock()
@@ -174,10 +175,13 @@ class Node:
                          self.settings.bus_host, self.settings.bus_port)
                 task_status.started()
         finally:
-            with anyio.CancelScope(shield=True):
+            # Bounded: a stop must not wait for a database that went away
+            # (the pool would wait 30 s for a connection).
+            with anyio.move_on_after(1.5, shield=True):
                 with contextlib.suppress(Exception):
                     await self._set_meta(process_state="stopped", heartbeat_at="-infinity")
-                await pool.close()
+            with anyio.CancelScope(shield=True):
+                await pool.close(timeout=1.0)
 
     async def _forever(self, loop: Any) -> None:
         while True:

@@ -1,94 +1,77 @@
-"""Running a node process: settings, its state file, signals.
+"""Running a node process: start-up order, clean failure, signals.
 
-``pgq node start`` ends up in :func:`run_node`. A node's directory
-(``--data DIR``) holds::
+``pgq node start`` ends up in :func:`run_node`. The node's directory, its
+lock and its state file are :mod:`.nodedir`'s.
 
-    DIR/postgres/     the node's embedded PostgreSQL (unless --dsn is given)
-    DIR/node.json     name, id, DSN, bus address, pid, state - for `pgq node status`
-    DIR/cluster.secret  created on first start if no secret is given
+Start-up order, chosen so that a start that cannot succeed changes nothing
+and leaves nothing behind:
+
+1. check the arguments and the cluster secret;
+2. take the node directory (a second start of the same node stops here:
+   "n1 is already running (pid N)");
+3. bind the bus address (in use: one line saying so);
+4. start (or find) the node's embedded PostgreSQL, migrate it, and take the
+   database's node lock (one node process per database);
+5. serve. A failure in 4 or 5 before the node served stops the PostgreSQL
+   this start launched.
 
 Invariants: the node's identity (40-hex id) lives in its database, so a
-restart with the same data keeps it; SIGTERM or SIGINT stop the node cleanly
-(``state`` becomes ``stopped``, clients see the node process gone); the
-database is migrated before the node serves.
+restart with the same data keeps it; SIGTERM or SIGINT stop the node within
+a couple of seconds (``state`` becomes ``stopped``, clients see the node
+process gone); the database is migrated before the node serves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
-import secrets
 import signal
+import socket
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from pgq.errors import InvalidArgumentError
+from pgq.errors import InvalidArgumentError, PgqError
 
-__all__ = ["NodeFiles", "parse_address", "load_secret", "run_node", "read_state"]
+from . import secret as cluster_secret
+from .addresses import parse_address
+from .nodedir import NodeDirectory, read_state
+
+__all__ = ["parse_address", "load_secret", "run_node", "read_state", "bind_bus",
+           "NODE_LOCK_KEY", "BusAddressInUse"]
 
 log = logging.getLogger("pgq.cluster")
-MIN_SECRET = 16
+NODE_LOCK_KEY = 0x7067716E  # "pgqn": held by the node process serving a database
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise InvalidArgumentError(f"expected HOST:PORT, not {text!r}")
-    return host, int(port)
+class BusAddressInUse(PgqError):
+    """The bus address is taken (by another node, or anything else)."""
 
 
 def load_secret(secret_file: str | None, data: Path | None) -> bytes:
-    """The cluster secret: --secret-file, else $PGQ_CLUSTER_SECRET, else DIR/cluster.secret."""
-    if secret_file:
-        secret = Path(secret_file).read_bytes().strip()
-    elif os.environ.get("PGQ_CLUSTER_SECRET"):
-        secret = os.environ["PGQ_CLUSTER_SECRET"].encode()
-    elif data is not None:
-        path = data / "cluster.secret"
-        if not path.exists():
-            path.write_text(secrets.token_urlsafe(32) + "\n")
-            os.chmod(path, 0o600)
-            log.warning("created a new cluster secret in %s: give the same file to every "
-                        "other node with --secret-file", path)
-        secret = path.read_bytes().strip()
-    else:
-        raise InvalidArgumentError(
-            "a cluster secret is needed: --secret-file FILE or PGQ_CLUSTER_SECRET")
-    if len(secret) < MIN_SECRET:
-        raise InvalidArgumentError(f"the cluster secret must be at least {MIN_SECRET} bytes")
-    return secret
+    """The cluster secret (see :mod:`.secret`)."""
+    return cluster_secret.load(secret_file, data)
 
 
-@dataclass
-class NodeFiles:
-    """The node's state file (``DIR/node.json``)."""
-
-    data: Path
-
-    @property
-    def path(self) -> Path:
-        return self.data / "node.json"
-
-    def write(self, **state: Any) -> None:
-        current = read_state(self.data) or {}
-        current.update(state)
-        fd, tmp = tempfile.mkstemp(dir=self.data, prefix=".node-")
-        with os.fdopen(fd, "w") as handle:
-            json.dump(current, handle)
-        os.replace(tmp, self.path)
-
-
-def read_state(data: Path) -> dict[str, Any] | None:
+def bind_bus(host: str, port: int) -> socket.socket:
+    """Bind and listen on the bus address now, before anything is started."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        return json.loads((Path(data) / "node.json").read_text())
-    except (OSError, ValueError):
-        return None
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        raise BusAddressInUse(
+            f"cannot listen on the bus address {host}:{port}: {exc.strerror or exc} "
+            "(another node there? choose another --bus port)") from None
+    sock.setblocking(False)
+    return sock
 
 
 class JsonFormatter(logging.Formatter):
@@ -118,6 +101,22 @@ def setup_logging(name: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level, logging.INFO))
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+
+def _database_lock(dsn: str, name: str) -> Any:
+    """Take the node lock of the database (held while this connection lives)."""
+    import psycopg
+
+    conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+    taken = conn.execute("SELECT pg_try_advisory_lock(%s)", (NODE_LOCK_KEY,)).fetchone()
+    if not taken or not taken[0]:
+        holder = conn.execute("SELECT pgq.meta_value('process_pid')").fetchone()
+        conn.close()
+        raise PgqError(
+            f"another node process (pid {holder[0] if holder else '?'}) already serves "
+            f"this database: stop it before starting {name} on it")
+    return conn
 
 
 def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = None,
@@ -127,41 +126,68 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
     from pgq import embedded
     from pgq.migrate import migrate
 
-    from .node import Node, NodeSettings
-
     setup_logging(name)
     host, port = parse_address(bus)
     peers = [parse_address(j) for j in joins]
-    directory = Path(data).absolute() if data else None
-    files = None
+    if dsn is None and data is None:
+        raise InvalidArgumentError("give the node a database: --data DIR or --dsn DSN")
+    directory = NodeDirectory(Path(data).absolute()) if data else None
+    secret = load_secret(secret_file, directory.path if directory else None)
     if directory is not None:
-        directory.mkdir(parents=True, exist_ok=True)
-        files = NodeFiles(directory)
-        files.write(name=name, bus=f"{host}:{port}", pid=os.getpid(), state="starting")
-    if dsn is None:
-        if directory is None:
-            raise InvalidArgumentError("give the node a database: --data DIR or --dsn DSN")
-        dsn = embedded.ensure_running(directory / "postgres", host=host).dsn
-    migrate(dsn)
+        directory.acquire(name)
+    listener: socket.socket | None = None
+    lock_conn = None
+    launched = False  # this start launched the embedded PostgreSQL
+    served = False
+    try:
+        listener = bind_bus(host, port)
+        if directory is not None:
+            directory.write(name=name, bus=f"{host}:{port}", pid=os.getpid(), state="starting")
+        if dsn is None:
+            assert directory is not None
+            launched = not embedded.status(directory.postgres)["running"]
+            dsn = embedded.ensure_running(directory.postgres, host=host).dsn
+        migrate(dsn)
+        lock_conn = _database_lock(dsn, name)
+        served = True
+        return _serve(name, dsn, host, port, peers, secret, metrics, listener, directory)
+    except BaseException:
+        if launched and not served and directory is not None:
+            with contextlib.suppress(Exception):
+                embedded.stop(directory.postgres)
+        raise
+    finally:
+        if listener is not None:
+            with contextlib.suppress(OSError):
+                listener.close()
+        if lock_conn is not None:
+            with contextlib.suppress(Exception):
+                lock_conn.close()
+        if directory is not None:
+            with contextlib.suppress(OSError):
+                directory.write(state="stopped")
+            directory.release()
+
+
+def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int]],
+           secret: bytes, metrics: str | None, listener: socket.socket,
+           directory: NodeDirectory | None) -> int:
+    from .node import Node, NodeSettings
+
     settings = NodeSettings(name=name, dsn=dsn, bus_host=host, bus_port=port,
-                            secret=load_secret(secret_file, directory), joins=peers,
-                            metrics=metrics)
-    node = Node(settings)
+                            secret=secret, joins=peers, metrics=metrics)
+    node = Node(settings, listener=listener)
 
     async def main() -> None:
         async with anyio.create_task_group() as tasks:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 await tasks.start(node.run)
-                if files is not None:
-                    files.write(id=node.node_id, dsn=dsn, state="running")
+                if directory is not None:
+                    directory.write(id=node.node_id, dsn=dsn, state="running")
                 async for _signal in signals:
                     log.info("stopping on signal")
                     tasks.cancel_scope.cancel()
                     break
 
-    try:
-        anyio.run(main)
-    finally:
-        if files is not None:
-            files.write(state="stopped")
+    anyio.run(main)
     return 0

@@ -56,6 +56,15 @@ def test_every_environment_variable_is_read_by_the_code():
             assert variable in code or variable == "PYTHONUNBUFFERED", variable
 
 
+def test_no_known_default_secret_or_password():
+    """Every secret in docker/ comes from the environment, with no fallback."""
+    for service in COMPOSE["services"].values():
+        for name, value in service.get("environment", {}).items():
+            if "SECRET" in name or "PASSWORD" in name or name == "PGQ_DSN":
+                assert ":?" in str(value) and ":-" not in str(value), (name, value)
+    assert "secret" not in DOCKERFILE.lower().replace("pgq_cluster_secret", "")
+
+
 def test_the_worker_target_imports():
     target = COMPOSE["services"]["worker"]["command"][1]
     module, _, function = target.partition(":")

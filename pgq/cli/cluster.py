@@ -7,6 +7,7 @@ for the node process go through its outbox (and doorbell).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -61,18 +62,77 @@ def node_group() -> None:
               help="File holding the cluster secret (default: $PGQ_CLUSTER_SECRET or DIR/cluster.secret).")
 @click.option("--metrics", metavar="HOST:PORT", envvar="PGQ_METRICS",
               help="Serve Prometheus metrics on this address.")
+@click.option("--detach", is_flag=True,
+              help="Run in the background (log in DIR/node.log) and return once the node serves.")
+@click.option("--wait-timeout", type=float, default=90.0, show_default=True,
+              help="With --detach: seconds to wait for the node to serve.")
 def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tuple[str, ...],
-               secret_file: str | None, metrics: str | None) -> None:
-    """Start a node in the foreground (stop it with SIGTERM or `pgq node stop`)."""
+               secret_file: str | None, metrics: str | None, detach: bool,
+               wait_timeout: float) -> None:
+    """Start a node (in the foreground; stop it with SIGTERM or `pgq node stop`)."""
     from ..cluster.process import run_node
 
     if not data and not dsn:
         raise click.UsageError("give the node a database: --data DIR or --dsn DSN")
+    if detach:
+        if not data:
+            raise click.UsageError("--detach needs --data DIR (its node.log and node.json)")
+        _start_detached(Path(data), wait_timeout)
+        return
     try:
         sys.exit(run_node(name, bus, data=data, dsn=dsn, joins=joins, secret_file=secret_file,
                           metrics=metrics))
     except PgqError as exc:
         fail(exc)
+
+
+def _start_detached(data: Path, timeout: float) -> None:
+    """Run this same `node start` without --detach in a new session."""
+    import subprocess
+
+    from ..cluster.nodedir import NodeDirectory
+
+    args = [a for a in sys.argv[1:] if a != "--detach"]
+    directory = NodeDirectory(data.absolute())
+    directory.path.mkdir(parents=True, exist_ok=True)
+    with open(directory.log_file, "ab") as log:
+        child = subprocess.Popen([sys.executable, "-m", "pgq.cli", *args], stdin=subprocess.DEVNULL,
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    state = _wait_serving(directory, timeout, child)
+    click.echo(f"{state.get('name')} serves (pid {child.pid}, id {str(state.get('id'))[:12]}, "
+               f"bus {state.get('bus')}); log: {directory.log_file}")
+
+
+def _wait_serving(directory: Any, timeout: float, child: Any = None) -> dict[str, Any]:
+    """Wait until the node of ``directory`` serves; fail with its log if it
+    exits (or does not serve) first."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        state = directory.read() or {}
+        pid = directory.running_pid()
+        if pid is not None and state.get("state") == "running" and state.get("dsn"):
+            return state
+        exited = child is not None and child.poll() is not None
+        if exited or time.monotonic() >= deadline:
+            tail = ""
+            if directory.log_file.exists():
+                tail = "\n".join(directory.log_file.read_text(errors="replace").splitlines()[-5:])
+            what = "exited" if exited else f"did not serve within {timeout:g} s"
+            fail(PgqError(f"the node in {directory.path} {what}" + (f":\n{tail}" if tail else "")))
+        time.sleep(0.1)
+
+
+@node_group.command("wait")
+@click.option("--data", type=click.Path(file_okay=False), required=True, help="Node directory.")
+@click.option("--timeout", type=float, default=90.0, show_default=True, help="Seconds to wait.")
+def node_wait(data: str, timeout: float) -> None:
+    """Wait until the node in DIR serves (after `pgq node start ... &`)."""
+    from ..cluster.nodedir import NodeDirectory
+
+    state = _wait_serving(NodeDirectory(Path(data).absolute()), timeout)
+    click.echo(f"{state.get('name')} serves (id {str(state.get('id'))[:12]}, bus {state.get('bus')})")
 
 
 @node_group.command("stop")
@@ -81,46 +141,55 @@ def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tu
 @click.option("--postgres/--no-postgres", default=True, show_default=True,
               help="Also stop the node's embedded PostgreSQL.")
 def node_stop(data: str, timeout: float, postgres: bool) -> None:
-    """Stop the node running in DIR (SIGTERM, then wait)."""
+    """Stop the node running in DIR: its process (SIGTERM, then wait), then
+    its embedded PostgreSQL. Exit 3 when nothing runs there."""
     import signal
     import time
 
     from .. import embedded
-    from ..cluster.process import read_state
+    from ..cluster.nodedir import NodeDirectory
 
-    state = read_state(Path(data)) or {}
-    pid = state.get("pid")
-    if pid and state.get("state") != "stopped":
-        try:
-            os.kill(int(pid), signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                os.kill(int(pid), 0)
-                time.sleep(0.1)
-            fail(PgqError(f"node pid {pid} did not stop within {timeout:g} s"))
-        except ProcessLookupError:
-            pass
-    if postgres and (Path(data) / "postgres").exists():
-        embedded.stop(Path(data) / "postgres")
-    click.echo("stopped")
+    directory = NodeDirectory(Path(data).absolute())
+    if not directory.is_node_directory():
+        fail(PgqError(f"{data} is not a node directory (no node.json): nothing to stop"))
+    name = (directory.read() or {}).get("name") or str(data)
+    stopped = []
+    pid = directory.running_pid()
+    if pid is not None:
+        if pid > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while directory.running_pid() is not None:  # the lock goes when the process exits
+            if time.monotonic() >= deadline:
+                fail(PgqError(f"{name} (pid {pid}) did not stop within {timeout:g} s; "
+                              f"`kill -9 {pid}` stops it for sure"))
+            time.sleep(0.05)
+        stopped.append(f"node process (pid {pid})")
+    if postgres and directory.postgres.exists() and embedded.stop(directory.postgres):
+        stopped.append("its PostgreSQL")
+    if not stopped:
+        click.echo(f"{name} is not running", err=True)
+        sys.exit(3)
+    click.echo(f"stopped {name}: " + " and ".join(stopped))
 
 
 @node_group.command("status")
 @_node_target
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def node_status(data: str | None, dsn: str | None, as_json: bool) -> None:
+@click.option("--show-password", is_flag=True, help="Show the DSN with its password (default: masked).")
+def node_status(data: str | None, dsn: str | None, as_json: bool, show_password: bool) -> None:
     """Report a node's id, DSN, bus address and state."""
-    from ..cluster.process import read_state
+    from ..cluster.nodedir import NodeDirectory
+    from ..dsn import redact
 
     info: dict[str, Any] = {}
     if data:
-        info.update(read_state(Path(data)) or {})
-        pid = info.get("pid")
-        if pid and info.get("state") in ("starting", "running"):
-            try:
-                os.kill(int(pid), 0)
-            except ProcessLookupError:
-                info["state"] = "dead"
+        directory = NodeDirectory(Path(data).absolute())
+        info.update(directory.read() or {})
+        pid = directory.running_pid()
+        if info and pid is None and info.get("state") in ("starting", "running"):
+            info["state"] = "dead"  # no process holds the directory
     try:
         target = node_dsn(data, dsn)
         cluster = _cluster_state(target)
@@ -132,9 +201,11 @@ def node_status(data: str | None, dsn: str | None, as_json: bool) -> None:
         if not info:
             raise
     except Exception as exc:  # database down: report what the state file says
-        info["database_error"] = str(exc).splitlines()[0]
+        info["database_error"] = redact(str(exc).splitlines()[0])
     if not info:
         fail(PgqError("no node found"))
+    if info.get("dsn") and not show_password:
+        info["dsn"] = redact(str(info["dsn"]))
     emit(info, as_json)
 
 
@@ -143,12 +214,21 @@ def cluster_group() -> None:
     """Cluster membership: meet, nodes, forget, leaving, leave."""
 
 
+@cluster_group.command("secret")
+def cluster_secret() -> None:
+    """Print a new cluster secret (32 random bytes): `pgq cluster secret > FILE`,
+    then give FILE to every node with --secret-file."""
+    from ..cluster.secret import new_secret
+
+    click.echo(new_secret())
+
+
 @cluster_group.command("meet")
 @click.argument("address")
 @_node_target
 def cluster_meet(address: str, data: str | None, dsn: str | None) -> None:
     """Make the node contact another node at ADDRESS (HOST:PORT) and join its cluster."""
-    from ..cluster.process import parse_address
+    from ..cluster.addresses import parse_address
 
     try:
         parse_address(address)

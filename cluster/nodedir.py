@@ -1,0 +1,125 @@
+"""A node's directory (``pgq node start --data DIR``) and who owns it.
+
+::
+
+    DIR/node.lock       held (flock) by the node process while it runs; holds its pid
+    DIR/node.json       name, id, DSN, bus address, pid, state - for `pgq node status`
+    DIR/node.log        the output of a node started with --detach
+    DIR/postgres/       the node's embedded PostgreSQL (unless --dsn is given)
+    DIR/cluster.secret  created on first start if no secret is given
+
+Invariants:
+
+* At most one node process runs per directory: it takes an exclusive
+  ``flock`` on ``node.lock`` before it writes anything, and keeps it until
+  it exits (the kernel drops it then, even on kill -9). A second start finds
+  the lock held, says who holds it, and changes nothing.
+* "Is a node running here?" is answered by the lock, never by a pid in a
+  file (pids are recycled; a killed process may linger as a zombie).
+* Files are replaced atomically and created 0600.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from pgq.embedded import write_private
+from pgq.errors import PgqError
+
+__all__ = ["NodeDirectory", "NodeRunningError", "read_state"]
+
+
+class NodeRunningError(PgqError):
+    """Another node process already runs in this directory."""
+
+
+def read_state(data: Path) -> dict[str, Any] | None:
+    try:
+        state = json.loads((Path(data) / "node.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+@dataclass
+class NodeDirectory:
+    path: Path
+    _lock: IO[str] | None = field(default=None, repr=False)
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / "node.json"
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / "node.lock"
+
+    @property
+    def log_file(self) -> Path:
+        return self.path / "node.log"
+
+    @property
+    def postgres(self) -> Path:
+        return self.path / "postgres"
+
+    def is_node_directory(self) -> bool:
+        return self.state_file.exists() or self.lock_file.exists()
+
+    # ------------------------------------------------------------ the lock
+
+    def acquire(self, name: str) -> None:
+        """Take the directory for this process, or raise NodeRunningError."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        handle = open(self.lock_file, "a+")  # noqa: SIM115 - kept open while the node runs
+        os.chmod(self.lock_file, 0o600)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            handle.close()
+            raise NodeRunningError(
+                f"{name} is already running in {self.path} (pid {holder}): stop it first "
+                f"(`pgq node stop --data {self.path}`)") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        self._lock = handle
+
+    def release(self) -> None:
+        if self._lock is not None:
+            with contextlib.suppress(OSError):
+                self._lock.close()
+            self._lock = None
+
+    def running_pid(self) -> int | None:
+        """The pid of the node process that holds the directory, or None."""
+        try:
+            handle = open(self.lock_file)  # noqa: SIM115
+        except FileNotFoundError:
+            return None
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                text = handle.read().strip()
+                return int(text) if text.isdigit() else -1
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return None
+
+    # ------------------------------------------------------------ node.json
+
+    def read(self) -> dict[str, Any] | None:
+        return read_state(self.path)
+
+    def write(self, **state: Any) -> None:
+        current = self.read() or {}
+        current.update(state)
+        write_private(self.state_file, json.dumps(current))

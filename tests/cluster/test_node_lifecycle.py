@@ -1,0 +1,147 @@
+"""A node's lifecycle from the command line, against real node processes:
+one node per directory, stop that stops, a clean failed start, waiting for
+a node, and SIGTERM that is quick even when the database is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pgq import embedded
+from pgq.cluster.nodedir import NodeDirectory
+
+from .conftest import free_port, wait_until
+
+CLI = [sys.executable, "-m", "pgq.cli"]
+
+
+def pgq_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def node_dir():
+    root = Path(tempfile.mkdtemp(prefix="pgq-lifecycle-"))
+    os.chmod(root, 0o711)
+    secret = root / "secret"
+    secret.write_text(pgq_cli("cluster", "secret").stdout)
+    yield root, secret
+    for child in root.iterdir():
+        pid = NodeDirectory(child).running_pid() if child.is_dir() else None
+        if pid and pid > 0:
+            os.kill(pid, signal.SIGKILL)
+        if (child / "postgres").exists():
+            embedded.stop(child / "postgres")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_one_node_per_directory_and_a_stop_that_stops(node_dir):
+    root, secret = node_dir
+    data = root / "n1"
+    bus = f"127.0.0.1:{free_port('127.0.0.1')}"
+    started = pgq_cli("node", "start", "--name", "n1", "--data", str(data), "--bus", bus,
+                      "--secret-file", str(secret), "--detach")
+    assert started.returncode == 0, started.stderr
+    assert "n1 serves" in started.stdout
+    state = json.loads((data / "node.json").read_text())
+    pid = NodeDirectory(data).running_pid()
+    assert pid and pid == state["pid"] and state["state"] == "running"
+
+    # A second start of the same node says who runs it and changes nothing.
+    other_bus = f"127.0.0.1:{free_port('127.0.0.1')}"
+    again = pgq_cli("node", "start", "--name", "n1", "--data", str(data), "--bus", other_bus,
+                    "--secret-file", str(secret))
+    assert again.returncode == 1
+    assert f"n1 is already running in {data} (pid {pid})" in again.stderr
+    assert json.loads((data / "node.json").read_text()) == state
+    assert pgq_cli("node", "wait", "--data", str(data), "--timeout", "5").returncode == 0
+
+    # The node's status hides the password unless asked.
+    status = json.loads(pgq_cli("node", "status", "--data", str(data), "--json").stdout)
+    assert ":***@" in status["dsn"] and status["state"] == "running"
+
+    stopped = pgq_cli("node", "stop", "--data", str(data))
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout.strip() == f"stopped n1: node process (pid {pid}) and its PostgreSQL"
+    assert NodeDirectory(data).running_pid() is None
+    assert embedded.status(data / "postgres")["running"] is False
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # the process may linger as a zombie for a moment
+            os.kill(pid, 0)
+            if Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z":
+                raise ProcessLookupError
+            time.sleep(0.05)
+
+    # Nothing runs any more: say so (exit 3); a directory that is no node: exit 1.
+    twice = pgq_cli("node", "stop", "--data", str(data))
+    assert twice.returncode == 3 and "n1 is not running" in twice.stderr
+    nowhere = pgq_cli("node", "stop", "--data", str(root / "no-such-dir"))
+    assert nowhere.returncode == 1 and "not a node directory" in nowhere.stderr
+
+
+def test_a_start_that_fails_leaves_nothing_behind(node_dir):
+    root, secret = node_dir
+    data = root / "n2"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        failed = pgq_cli("node", "start", "--name", "n2", "--data", str(data),
+                         "--bus", f"127.0.0.1:{port}", "--secret-file", str(secret))
+    assert failed.returncode == 1
+    lines = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and f"127.0.0.1:{port}" in lines[0]
+    assert not (data / "postgres" / "data" / "postmaster.pid").exists()  # no PostgreSQL left
+    assert NodeDirectory(data).running_pid() is None
+
+    weak = root / "weak"
+    weak.write_text("a long shared cluster secret")
+    refused = pgq_cli("node", "start", "--name", "n2", "--data", str(data),
+                      "--bus", f"127.0.0.1:{free_port('127.0.0.1')}", "--secret-file", str(weak))
+    assert refused.returncode == 1 and "pgq cluster secret" in refused.stderr
+
+
+def test_sigterm_stops_a_node_quickly_even_without_its_database(node_dir):
+    root, secret = node_dir
+    data = root / "n3"
+    bus = f"127.0.0.1:{free_port('127.0.0.1')}"
+    process = subprocess.Popen([*CLI, "node", "start", "--name", "n3", "--data", str(data),
+                                "--bus", bus, "--secret-file", str(secret)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        waited = pgq_cli("node", "wait", "--data", str(data), "--timeout", "90")
+        assert waited.returncode == 0, waited.stderr
+        listed = pgq_cli("cluster", "nodes", "--data", str(data), "--json")  # right after wait
+        assert listed.returncode == 0 and json.loads(listed.stdout)[0]["name"] == "n3"
+        embedded.stop(data / "postgres")  # the database goes away first
+        began = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=15)
+        # A couple of seconds: the last state write is bounded at 1.5 s and
+        # the pool closes with a 1 s limit; 5 s leaves room for a loaded box.
+        assert time.monotonic() - began < 5
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_two_node_processes_never_serve_one_database(make_cluster):
+    cluster = make_cluster(1, mesh=False)
+    node = cluster[0]
+    second = pgq_cli("node", "start", "--name", "twin", "--dsn", node.dsn,
+                     "--bus", f"{node.server.host}:{free_port(node.server.host)}",
+                     "--secret-file", str(node.secret_file))
+    assert second.returncode == 1
+    assert "already serves this database" in second.stderr
+    wait_until(node.serving, 10, message="the first node to keep serving")
