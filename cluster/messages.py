@@ -3,7 +3,12 @@
 Payloads are msgpack maps ``{"k": kind, ...}``. Decoding checks every field's
 type and bounds and raises :class:`MessageError` on the first mismatch, so a
 malformed message (even one correctly authenticated) is dropped whole; no
-partial message ever reaches the node's state.
+partial message ever reaches the node's state. Every field is checked as
+the database and the node will use it: hosts are IP addresses or ASCII host
+names (never something the IDNA codec rejects), ports 1..65535, queue
+names non-empty UTF-8 of at most 512 bytes without NUL, durations finite
+and non-negative, integers within what a BIGINT (and one increment) holds,
+incarnations below 2^62, lists and bodies bounded.
 
 Kinds (Disque's inter-node protocol plus SWIM membership):
 
@@ -15,11 +20,14 @@ Kinds (Disque's inter-node protocol plus SWIM membership):
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgpack
+
+from .addresses import valid_host
 
 __all__ = [
     "MessageError", "Member", "JobCopy", "Message", "encode", "decode",
@@ -33,6 +41,13 @@ _NODE_RE = re.compile(r"[0-9a-f]{40}\Z")
 _JOB_RE = re.compile(r"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}\Z")
 MAX_ITEMS = 100_000
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
+# Incarnations grow by one per refutation: far below 2^63 so that neither
+# an increment nor the BIGINT they are stored in can overflow.
+MAX_INCARNATION = 2**62
+MAX_QUEUE_BYTES = 512
+MAX_SECONDS = 10 * 365 * 86400.0  # the longest TTL
+MAX_BODY = 64 * 1024 * 1024
+MAX_INT = 2**62
 
 
 class MessageError(Exception):
@@ -57,18 +72,32 @@ def _job(value: Any) -> str:
     return value
 
 
-def _int(value: Any, low: int = 0, high: int = 2**63 - 1) -> int:
+def _int(value: Any, low: int = 0, high: int = MAX_INT) -> int:
     _need(isinstance(value, int) and not isinstance(value, bool) and low <= value <= high, "bad int")
     return value
 
 
-def _num(value: Any) -> float:
+def _num(value: Any, low: float = 0.0, high: float = MAX_SECONDS) -> float:
+    """A finite number in [low, high] (NaN, infinities and negatives are refused)."""
     _need(isinstance(value, (int, float)) and not isinstance(value, bool), "bad number")
-    return float(value)
+    number = float(value)
+    _need(math.isfinite(number) and low <= number <= high, "number out of range")
+    return number
+
+
+def _queue(value: Any) -> str:
+    _need(isinstance(value, str) and value != "" and "\x00" not in value
+          and len(value.encode("utf-8")) <= MAX_QUEUE_BYTES, "bad queue name")
+    return value
+
+
+def _host(value: Any) -> str:
+    _need(valid_host(value), "bad host")
+    return value
 
 
 def _str(value: Any, limit: int = 1024) -> str:
-    _need(isinstance(value, str) and len(value) <= limit, "bad string")
+    _need(isinstance(value, str) and len(value) <= limit and "\x00" not in value, "bad string")
     return value
 
 
@@ -106,8 +135,8 @@ class Member:
         _need(len(r) == 7, "bad member")
         status = _str(r[4], 16)
         _need(status in MEMBER_STATES, "bad member status")
-        return cls(_node(r[0]), _str(r[1], 255), _int(r[2], 1, 65535), _int(r[3]), status,
-                   _bool(r[5]), _str(r[6], 255))
+        return cls(_node(r[0]), _host(r[1]), _int(r[2], 1, 65535), _int(r[3], 0, MAX_INCARNATION),
+                   status, _bool(r[5]), _str(r[6], 255))
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,9 +163,9 @@ class JobCopy:
     def from_wire(cls, raw: Any) -> JobCopy:
         r = _list(raw, 11)
         _need(len(r) == 11, "bad job copy")
-        _need(isinstance(r[2], bytes), "bad job body")
-        return cls(_job(r[0]), _str(r[1], 1024), r[2], _int(r[3]), _int(r[4], 1, 65535),
-                   _num(r[5]), _num(r[6]), _num(r[7]), _int(r[8], 0, 2**31 - 1),
+        _need(isinstance(r[2], bytes) and len(r[2]) <= MAX_BODY, "bad job body")
+        return cls(_job(r[0]), _queue(r[1]), r[2], _int(r[3]), _int(r[4], 1, 65535),
+                   _num(r[5]), _num(r[6]), _num(r[7], 0.0, 2.0**40), _int(r[8], 0, 2**31 - 1),
                    _int(r[9], 0, 2**31 - 1), tuple(_node(n) for n in _list(r[10], 1000)))
 
 
@@ -373,7 +402,7 @@ class NeedJobs(Message):
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> NeedJobs:
-        return cls(_str(raw.get("q"), 1024), _int(raw.get("n"), 1, 1000))
+        return cls(_queue(raw.get("q")), _int(raw.get("n"), 1, 1000))
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,7 +433,7 @@ class Pause(Message):
     def parse(cls, raw: dict[str, Any]) -> Pause:
         state = _str(raw.get("p"), 8)
         _need(state in ("none", "in", "out", "all"), "bad pause state")
-        return cls(_str(raw.get("q"), 1024), state)
+        return cls(_queue(raw.get("q")), state)
 
 
 KINDS: dict[str, type[Message]] = {
@@ -421,8 +450,9 @@ def encode(message: Message) -> bytes:
 def decode(payload: bytes) -> Message:
     """Decode one message. Raises MessageError for anything that is not exactly valid."""
     try:
-        raw = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=2**30,
-                              max_str_len=2**20, max_array_len=MAX_ITEMS, max_map_len=64)
+        raw = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=MAX_BODY,
+                              max_str_len=2**20, max_array_len=MAX_ITEMS, max_map_len=64,
+                              max_ext_len=0)
     except Exception as exc:  # msgpack raises several types for garbage
         raise MessageError(f"undecodable payload: {type(exc).__name__}") from None
     _need(isinstance(raw, dict), "payload is not a map")

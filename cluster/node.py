@@ -37,7 +37,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from . import messages as m
 from . import sql
+from pgq.errors import PgqError
+
 from .acks import AckCollector
+from .addresses import parse_address
 from .bus import Bus
 from .federation import Federation, export_count
 from .membership import Changed, Config, Membership, Send
@@ -48,7 +51,9 @@ __all__ = ["Node", "NodeSettings"]
 log = logging.getLogger("pgq.cluster.node")
 DOORBELL = "pgq_node"
 REPLJOB_BATCH = 500
-INBOX_LIMIT = 20_000
+BATCH_BYTES = 4 * 1024 * 1024  # job bodies per REPLJOB / YOURJOBS message (frames stay small)
+INBOX_LIMIT = 20_000  # messages waiting to be applied: the bus stops reading beyond
+INBOX_BYTES = 256 * 1024 * 1024
 OUTBOX_BATCH = 2000
 MESSAGE_BATCH = 2000  # ids per DELJOB / SETACK message
 
@@ -84,6 +89,30 @@ def _copies_params(copies: list[m.JobCopy]) -> dict[str, Any]:
         "nacks": [c.nacks for c in copies], "adds": [c.additional_deliveries for c in copies],
         "nodes": [_csv(c.nodes) for c in copies],
     }
+
+
+def by_size(copies: list[m.JobCopy], count: int = REPLJOB_BATCH,
+            size: int = BATCH_BYTES) -> list[tuple[m.JobCopy, ...]]:
+    """Copies cut into messages of at most ``count`` jobs and about ``size``
+    bytes of bodies (one bigger job travels alone)."""
+    out: list[tuple[m.JobCopy, ...]] = []
+    batch: list[m.JobCopy] = []
+    weight = 0
+    for copy in copies:
+        if batch and (len(batch) >= count or weight + len(copy.body) > size):
+            out.append(tuple(batch))
+            batch, weight = [], 0
+        batch.append(copy)
+        weight += len(copy.body)
+    if batch:
+        out.append(tuple(batch))
+    return out
+
+
+def _weight(message: m.Message) -> int:
+    """Roughly what a message holds in memory (its job bodies dominate)."""
+    jobs = getattr(message, "jobs", ())
+    return 256 + sum(len(job.body) for job in jobs)
 
 
 def batched_notices(events: Iterable[tuple[str, str, str, str]]
@@ -139,7 +168,9 @@ class Node:
         self._announced: dict[str, float] = {}
         self._doorbell = anyio.Event()
         self._inbox: list[tuple[str, m.Message]] = []
+        self._inbox_bytes = 0
         self._inbox_ready = anyio.Event()
+        self._inbox_room = anyio.Event()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -380,8 +411,12 @@ class Node:
                 for peer in self._everyone():
                     self._send(peer, m.Pause(queue, arg or "none"))
             elif kind == "meet":
-                host, _, port = (arg or "").rpartition(":")
-                self._act(self.membership.join(host, int(port), now))
+                try:
+                    host, port = parse_address(arg or "")
+                except PgqError as exc:
+                    log.warning("ignoring a meet request: %s", exc)
+                    continue
+                self._act(self.membership.join(host, port, now))
             elif kind == "forget":
                 self._act(self.membership.forget(arg, now))
                 finished_gc += self.acks.forget_node(arg)
@@ -413,8 +448,8 @@ class Node:
     def _push_replication(self) -> None:
         sends = self.replicator.sends(self.clock(), self._reachable(), keep_local=not self.leaving)
         for peer, copies in sends.items():
-            for i in range(0, len(copies), REPLJOB_BATCH):
-                self._send(peer, m.ReplJob(tuple(copies[i:i + REPLJOB_BATCH])))
+            for batch in by_size(copies):
+                self._send(peer, m.ReplJob(batch))
 
     async def _replication_loop(self) -> None:
         while True:
@@ -652,7 +687,8 @@ class Node:
         rows = await self._all(sql.EXPORT_JOBS, {"queue": message.queue, "count": count,
                                                  "myself": self.node_id, "requester": peer})
         if rows:
-            self._send(peer, m.YourJobs(tuple(_copy(r) for r in rows)))
+            for batch in by_size([_copy(r) for r in rows]):
+                self._send(peer, m.YourJobs(batch))
 
     async def _on_yourjobs(self, peer: str, message: m.YourJobs) -> None:
         if not message.jobs:
@@ -677,10 +713,14 @@ class Node:
         if self.membership.get(peer) is None:
             return  # jobs only from members we know (they gossip before anything else)
         if type(message) in self._handlers or type(message) in self._batch_handlers:
+            # Back-pressure: the bus does not read the sender's link again
+            # until the inbox has room, so a flood costs the flooder.
+            while len(self._inbox) >= INBOX_LIMIT or self._inbox_bytes >= INBOX_BYTES:
+                self._inbox_room = anyio.Event()
+                await self._inbox_room.wait()
             self._inbox.append((peer, message))
+            self._inbox_bytes += _weight(message)
             self._inbox_ready.set()
-            if len(self._inbox) > INBOX_LIMIT:  # back-pressure on the sending links
-                await anyio.sleep(0.01)
 
     async def _inbox_loop(self) -> None:
         """Apply job messages in arrival order; a run of messages of one kind
@@ -690,6 +730,8 @@ class Node:
             await self._inbox_ready.wait()
             self._inbox_ready = anyio.Event()
             items, self._inbox = self._inbox, []
+            self._inbox_bytes = 0
+            self._inbox_room.set()
             for kind, group in itertools.groupby(items, key=lambda item: type(item[1])):
                 run = list(group)
                 batch = self._batch_handlers.get(kind)

@@ -1,33 +1,43 @@
-"""The cluster bus wire format: handshake, framing and authentication (no I/O).
+"""The cluster bus wire format: handshake, encryption and framing (no I/O).
 
 A bus connection is a one-way pipe from the node that opened it (the
 *initiator*) to the node that accepted it (the *acceptor*); every node opens
 its own connection to each peer it talks to, as Disque does.
 
-Handshake (all fields fixed-size, before any message)::
+``K`` is the bus key: the cluster secret stretched by scrypt
+(:func:`.secret.stretch`). Handshake, fixed-size fields, before any frame::
 
-    initiator -> acceptor  HELLO   magic "PGQB", version, initiator node id, nonce_i
-    acceptor  -> initiator CHALLENGE  version, acceptor node id, nonce_a,
-                                   HMAC(secret, "acceptor" | nonce_i | nonce_a | ids)
-    initiator -> acceptor  PROOF   HMAC(secret, "initiator" | nonce_i | nonce_a | ids)
+    initiator -> acceptor  HELLO      magic "PGQB", version, id_i, nonce_i
+    acceptor  -> initiator CHALLENGE  version, id_a, nonce_a
+    initiator -> acceptor  PROOF      HMAC(K, "initiator" | T)
+    acceptor  -> initiator ACCEPT     HMAC(K, "acceptor" | T)
 
-Both sides then derive the session key ``HMAC(secret, "session" | nonce_i |
-nonce_a | ids)``. Each later frame is::
+    T = nonce_i | nonce_a | id_i | id_a         (32-byte nonces, 40-hex ids)
+    frame key = HMAC(K, "frames" | T)
 
-    length u32 | version u8 | sequence u64 | payload | HMAC(session key, version|sequence|payload)
+Each later frame (initiator to acceptor only) is::
+
+    length u32 | ChaCha20-Poly1305(frame key, nonce = sequence, aad = "PGQB" | length)(payload)
 
 Why this is safe:
 
-* Only holders of the cluster secret can complete the handshake: the PROOF
-  is bound to the acceptor's fresh nonce, so a recorded handshake cannot be
-  replayed on a new connection.
-* Within a connection the sequence number must grow by exactly one, and it is
-  covered by the MAC: a frame cannot be replayed, dropped or reordered
-  without detection.
-* The first byte that fails a check raises :class:`WireError`; the caller
-  counts it and closes the connection. Nothing in a rejected frame is
-  interpreted, so a bad frame can never change node state.
-* Frame lengths are bounded before anything is buffered.
+* **The initiator proves first.** The acceptor sends nothing that depends
+  on ``K`` until the initiator proved it knows ``K``: whoever can merely
+  connect learns a nonce and the acceptor's id, nothing to test guesses
+  against. An impostor that lures a node into connecting gets one PROOF,
+  and each offline guess at the secret then costs a scrypt (about 50 ms).
+* **Identities are bound**: both ids are in every MAC and in the frame
+  key, so a handshake made for one pair of nodes is useless for any other;
+  the acceptor refuses an initiator claiming the acceptor's own id (the bus
+  also refuses an id that already has a live connection).
+* **Frames are encrypted and authenticated** (AEAD). The sequence number is
+  the AEAD nonce and is never sent: a frame replayed, dropped or reordered
+  fails authentication, as does any change to its length. Nonces are fresh
+  per connection, so a recorded connection cannot be replayed either.
+* The first check that fails raises :class:`WireError`; the caller counts it
+  and closes the connection. Nothing in a rejected frame is interpreted.
+* Frame lengths are bounded (:data:`MAX_FRAME`) before anything is buffered,
+  and a payload too big for one frame is refused on the sending side.
 """
 
 from __future__ import annotations
@@ -38,10 +48,14 @@ import os
 import struct
 from dataclasses import dataclass, field
 
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
 __all__ = [
     "WIRE_VERSION",
     "MAX_FRAME",
     "WireError",
+    "FrameTooBig",
     "Initiator",
     "Acceptor",
     "FrameWriter",
@@ -49,27 +63,36 @@ __all__ = [
     "HELLO_SIZE",
     "CHALLENGE_SIZE",
     "PROOF_SIZE",
+    "ACCEPT_SIZE",
 ]
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 MAGIC = b"PGQB"
-NONCE = 16
+NONCE = 32
 NODE_ID = 40
 MAC = 32
-MAX_FRAME = 1024 * 1024 * 1024  # a batch of jobs; bounded before it is buffered
+TAG = 16
+# A frame carries one message; senders split batches well below this
+# (REPLJOB batches are cut at a few MiB), so it only bounds the damage a
+# peer can do to our memory.
+MAX_FRAME = 64 * 1024 * 1024
 
 _HELLO = struct.Struct(f"!4sB{NODE_ID}s{NONCE}s")
-_CHALLENGE = struct.Struct(f"!B{NODE_ID}s{NONCE}s{MAC}s")
-_PROOF = struct.Struct(f"!{MAC}s")
-_HEADER = struct.Struct("!IBQ")  # length of (version..payload+mac), version, sequence
+_CHALLENGE = struct.Struct(f"!B{NODE_ID}s{NONCE}s")
+_LENGTH = struct.Struct("!I")
 
 HELLO_SIZE = _HELLO.size
 CHALLENGE_SIZE = _CHALLENGE.size
-PROOF_SIZE = _PROOF.size
+PROOF_SIZE = MAC
+ACCEPT_SIZE = MAC
 
 
 class WireError(Exception):
     """A frame or handshake failed a check; the connection must be closed."""
+
+
+class FrameTooBig(ValueError):
+    """A payload does not fit in one frame (the sender must split it)."""
 
 
 def _mac(key: bytes, *parts: bytes) -> bytes:
@@ -93,48 +116,60 @@ def _decode_id(raw: bytes) -> str:
     return text
 
 
+def _transcript(nonce_i: bytes, nonce_a: bytes, id_i: str, id_a: str) -> bytes:
+    return nonce_i + nonce_a + _ascii_id(id_i) + _ascii_id(id_a)
+
+
 @dataclass
 class Initiator:
     """The handshake as seen by the node that opens the connection."""
 
-    secret: bytes
+    key: bytes  # the stretched cluster secret
     node_id: str
     nonce: bytes = field(default_factory=lambda: os.urandom(NONCE))
     peer_id: str = ""
-    session_key: bytes = b""
+    frame_key: bytes = b""
+    _transcript: bytes = b""
 
     def hello(self) -> bytes:
         return _HELLO.pack(MAGIC, WIRE_VERSION, _ascii_id(self.node_id), self.nonce)
 
     def answer(self, challenge: bytes) -> bytes:
-        """Check the acceptor's CHALLENGE; return our PROOF. Raises WireError."""
+        """Read the acceptor's CHALLENGE; return our PROOF. Raises WireError."""
         if len(challenge) != CHALLENGE_SIZE:
             raise WireError("bad challenge size")
-        version, peer, nonce_a, mac = _CHALLENGE.unpack(challenge)
+        version, peer, nonce_a = _CHALLENGE.unpack(challenge)
         if version != WIRE_VERSION:
             raise WireError(f"peer speaks wire version {version}, we speak {WIRE_VERSION}")
         self.peer_id = _decode_id(peer)
-        ids = _ascii_id(self.node_id) + peer
-        if not hmac.compare_digest(mac, _mac(self.secret, b"acceptor", self.nonce, nonce_a, ids)):
+        if self.peer_id == self.node_id:
+            raise WireError("the peer claims our own node id (is it ourselves?)")
+        self._transcript = _transcript(self.nonce, nonce_a, self.node_id, self.peer_id)
+        return _mac(self.key, b"initiator", self._transcript)
+
+    def accepted(self, accept: bytes) -> None:
+        """Check the acceptor's ACCEPT (it knows the key too). Raises WireError."""
+        if not self._transcript or len(accept) != ACCEPT_SIZE:
+            raise WireError("bad accept")
+        if not hmac.compare_digest(accept, _mac(self.key, b"acceptor", self._transcript)):
             raise WireError("peer does not know the cluster secret")
-        self.session_key = _mac(self.secret, b"session", self.nonce, nonce_a, ids)
-        return _PROOF.pack(_mac(self.secret, b"initiator", self.nonce, nonce_a, ids))
+        self.frame_key = _mac(self.key, b"frames", self._transcript)
 
 
 @dataclass
 class Acceptor:
     """The handshake as seen by the node that accepts the connection."""
 
-    secret: bytes
+    key: bytes
     node_id: str
     nonce: bytes = field(default_factory=lambda: os.urandom(NONCE))
     peer_id: str = ""
-    session_key: bytes = b""
-    _peer_nonce: bytes = b""
-    _expected_proof: bytes = b""
+    frame_key: bytes = b""
+    _transcript: bytes = b""
 
     def challenge(self, hello: bytes) -> bytes:
-        """Check the initiator's HELLO; return our CHALLENGE. Raises WireError."""
+        """Read the initiator's HELLO; return our CHALLENGE (which reveals
+        nothing about the key). Raises WireError."""
         if len(hello) != HELLO_SIZE:
             raise WireError("bad hello size")
         magic, version, peer, nonce_i = _HELLO.unpack(hello)
@@ -143,66 +178,80 @@ class Acceptor:
         if version != WIRE_VERSION:
             raise WireError(f"peer speaks wire version {version}, we speak {WIRE_VERSION}")
         self.peer_id = _decode_id(peer)
-        ids = peer + _ascii_id(self.node_id)
-        self._peer_nonce = nonce_i
-        self._expected_proof = _mac(self.secret, b"initiator", nonce_i, self.nonce, ids)
-        self.session_key = b""
-        mac = _mac(self.secret, b"acceptor", nonce_i, self.nonce, ids)
-        return _CHALLENGE.pack(WIRE_VERSION, _ascii_id(self.node_id), self.nonce, mac)
+        if self.peer_id == self.node_id:
+            raise WireError("the peer claims our own node id")
+        self._transcript = _transcript(nonce_i, self.nonce, self.peer_id, self.node_id)
+        return _CHALLENGE.pack(WIRE_VERSION, _ascii_id(self.node_id), self.nonce)
 
-    def verify(self, proof: bytes) -> None:
-        """Check the initiator's PROOF. Raises WireError."""
-        if len(proof) != PROOF_SIZE or not self._expected_proof:
+    def verify(self, proof: bytes) -> bytes:
+        """Check the initiator's PROOF; return our ACCEPT. Raises WireError."""
+        if not self._transcript or len(proof) != PROOF_SIZE:
             raise WireError("bad proof")
-        if not hmac.compare_digest(proof, self._expected_proof):
+        if not hmac.compare_digest(proof, _mac(self.key, b"initiator", self._transcript)):
             raise WireError("peer does not know the cluster secret")
-        ids = _ascii_id(self.peer_id) + _ascii_id(self.node_id)
-        self.session_key = _mac(self.secret, b"session", self._peer_nonce, self.nonce, ids)
+        self.frame_key = _mac(self.key, b"frames", self._transcript)
+        return _mac(self.key, b"acceptor", self._transcript)
+
+
+def _nonce(sequence: int) -> bytes:
+    return b"\0\0\0\0" + sequence.to_bytes(8, "big")
 
 
 @dataclass
 class FrameWriter:
-    """Encodes authenticated frames for one connection."""
+    """Encrypts frames for one connection."""
 
     key: bytes
+    max_frame: int = MAX_FRAME
     sequence: int = 0
+    _aead: ChaCha20Poly1305 | None = None
 
     def frame(self, payload: bytes) -> bytes:
+        """One frame for ``payload``. Raises FrameTooBig if it cannot fit."""
+        length = len(payload) + TAG
+        if length > self.max_frame:
+            raise FrameTooBig(f"a {len(payload)}-byte message exceeds the bus frame limit")
+        if self._aead is None:
+            self._aead = ChaCha20Poly1305(self.key)
         self.sequence += 1
-        header = _HEADER.pack(1 + 8 + len(payload) + MAC, WIRE_VERSION, self.sequence)
-        mac = _mac(self.key, header[4:], payload)
-        return header + payload + mac
+        header = _LENGTH.pack(length)
+        return header + self._aead.encrypt(_nonce(self.sequence), payload, MAGIC + header)
 
 
 @dataclass
 class FrameReader:
-    """Decodes and checks frames for one connection; feed it bytes as they come."""
+    """Decrypts and checks frames for one connection; feed it bytes as they come."""
 
     key: bytes
     max_frame: int = MAX_FRAME
     sequence: int = 0
     _buffer: bytearray = field(default_factory=bytearray)
+    _aead: ChaCha20Poly1305 | None = None
 
     def feed(self, data: bytes) -> list[bytes]:
         """Return the payloads completed by ``data``. Raises WireError on any bad frame."""
+        if self._aead is None:
+            self._aead = ChaCha20Poly1305(self.key)
         self._buffer += data
         payloads = []
         while len(self._buffer) >= 4:
-            (length,) = struct.unpack_from("!I", self._buffer)
-            if length < 1 + 8 + MAC or length > self.max_frame:
+            (length,) = _LENGTH.unpack_from(self._buffer)
+            if length < TAG or length > self.max_frame:
                 raise WireError(f"frame length {length} out of bounds")
             if len(self._buffer) < 4 + length:
                 break
-            frame = bytes(self._buffer[4:4 + length])
+            header = bytes(self._buffer[:4])
+            sealed = bytes(self._buffer[4:4 + length])
             del self._buffer[:4 + length]
-            version, sequence = struct.unpack_from("!BQ", frame)
-            body, mac = frame[:-MAC], frame[-MAC:]
-            if not hmac.compare_digest(mac, _mac(self.key, body)):
-                raise WireError("frame authentication failed")
-            if version != WIRE_VERSION:
-                raise WireError(f"frame version {version} unsupported")
-            if sequence != self.sequence + 1:
-                raise WireError(f"frame sequence {sequence} after {self.sequence}: replayed or lost")
-            self.sequence = sequence
-            payloads.append(body[9:])
+            try:
+                payloads.append(self._aead.decrypt(_nonce(self.sequence + 1), sealed,
+                                                   MAGIC + header))
+            except InvalidTag:
+                raise WireError("frame authentication failed (tampered, replayed, "
+                                "reordered or lost)") from None
+            self.sequence += 1
         return payloads
+
+    def pending(self) -> int:
+        """Bytes received but not yet part of a whole frame."""
+        return len(self._buffer)

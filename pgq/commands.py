@@ -21,6 +21,7 @@ from . import statements as sql
 from .arguments import JobParams
 from .copydata import binary_copy
 from .errors import (
+    InvalidArgumentError,
     LeavingError,
     MaxLenError,
     NoJobError,
@@ -57,6 +58,7 @@ __all__ = [
 COPY_THRESHOLD = 2000
 JOB_STATES = ("wait-repl", "active", "queued", "acked")
 DEFAULT_REPLICATION = 3
+MAX_REPLICATED_BODY = 48 * 2**20  # below the bus's 64 MiB frame, with room to spare
 
 
 def cluster_view(session: Session) -> Command[ClusterView]:
@@ -108,8 +110,13 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
             f"not enough reachable nodes for replicate={wanted}: {available} can take a copy "
             "(start or join more nodes, or ask for fewer copies)"
         )
+    replicated = view.active and (wanted > 1 or view.leaving)
+    if replicated and any(len(body) > MAX_REPLICATED_BODY for body in bodies):
+        raise InvalidArgumentError(
+            f"a replicated job's body is at most {MAX_REPLICATED_BODY // 2**20} MiB (copies "
+            "travel in one bus frame): store big payloads elsewhere and queue a reference")
     ids = new_job_ids(session.node_id, params.ttl, params.retry, len(bodies))
-    if view.active and (wanted > 1 or view.leaving):
+    if replicated:
         yield from _add_replicated(session, queue, ids, bodies, params, wanted)
         return ids
     if len(bodies) >= COPY_THRESHOLD:
