@@ -436,17 +436,20 @@ class Node:
         now = self.clock()
         for row in rows:
             copy = _copy(row)
-            state, _waiter, ttl_left, confirmed = row[11], row[12], row[13], row[14]
+            state, _waiter, ttl_left, confirmed, repl_min = row[11], row[12], row[13], row[14], row[15]
             sync = state == "wait-repl"
-            if self.leaving and sync:
-                needed = copy.repl  # external replication: W copies elsewhere
-            else:
-                needed = copy.repl - max(len(confirmed), 1)
-            self.replicator.add(copy, needed, sync, now, float(ttl_left))
+            # External replication (W copies elsewhere, none here): the job was
+            # stored while this node was leaving (no holder recorded, not even
+            # us), or is a synchronous add drained while leaving.
+            external = sync and (not confirmed or self.leaving)
+            base = 0 if external else max(len(confirmed), 1)
+            minimum = None if repl_min is None else int(repl_min) - base
+            self.replicator.add(copy, copy.repl - base, sync, now, float(ttl_left),
+                                minimum=minimum, external=external)
         self._push_replication()
 
     def _push_replication(self) -> None:
-        sends = self.replicator.sends(self.clock(), self._reachable(), keep_local=not self.leaving)
+        sends = self.replicator.sends(self.clock(), self._reachable())
         for peer, copies in sends.items():
             for batch in by_size(copies):
                 self._send(peer, m.ReplJob(batch))
@@ -454,6 +457,9 @@ class Node:
     async def _replication_loop(self) -> None:
         while True:
             await anyio.sleep(0.025)
+            settled = self.replicator.settled(self.clock())
+            if settled:  # defaulted W: enough copies, the last targets had their grace
+                await self._replication_done(settled, sync=True)
             self._push_replication()
             deljobs: dict[str, list[str]] = {}
             for entry in self.replicator.expired(self.clock()):
@@ -467,32 +473,38 @@ class Node:
             done += self.replicator.confirmed(peer, list(message.ids))
         if not done:
             return
-        if self.metrics is not None:
+        await self._replication_done([d for d in done if d.sync], sync=True)
+        await self._replication_done([d for d in done if not d.sync], sync=False)
+
+    async def _replication_done(self, done: list[Any], sync: bool) -> None:
+        """Record jobs that got their copies: a synchronous add is achieved
+        (queued here, its client woken) or, external, handed over; others
+        only record their holders."""
+        if not done:
+            return
+        if self.metrics is not None and sync:
             now = self.clock()
             for entry in done:
                 self.metrics.replication.observe(now - entry.started)
-        sync = [d for d in done if d.sync]
-        others = [d for d in done if not d.sync]
-        keep = not self.leaving
 
         def params(entries: list[Any]) -> dict[str, Any]:
             return {
                 "ids": [d.copy.id for d in entries],
-                "delivered": [_csv(d.holders(self.node_id, keep)) for d in entries],
-                "confirmed": [_csv(d.confirmed | ({self.node_id} if keep else set()))
-                              for d in entries],
+                "delivered": [_csv(d.holders(self.node_id)) for d in entries],
+                "confirmed": [_csv(d.confirmed_holders(self.node_id)) for d in entries],
             }
 
-        if sync and keep:
-            await self._all(sql.REPLICATION_ACHIEVED, params(sync))
-        elif sync:
+        kept = [d for d in done if not d.external]
+        handed = [d for d in done if d.external]
+        if kept:
+            await self._all(sql.REPLICATION_ACHIEVED if sync else sql.REPLICATION_PROGRESS,
+                            params(kept))
+        if handed and sync:
             # A leaving node hands the job to one holder, which queues it.
-            for entry in sync:
+            for entry in handed:
                 self._send(sorted(entry.confirmed)[0], m.Enqueue((entry.copy.id,)))
-            await self._all(sql.HANDED_OVER, params(sync))
+            await self._all(sql.HANDED_OVER, params(handed))
             self._handed_over = True
-        if others:
-            await self._all(sql.REPLICATION_PROGRESS, params(others))
 
     async def _on_repljobs(self, items: list[tuple[str, m.ReplJob]]) -> None:
         # One statement (one durable commit) for every copy that arrived
@@ -508,7 +520,7 @@ class Node:
                 copies[copy.id] = copy
                 senders.setdefault(copy.id, set()).add(peer)
         rows = await self._all(sql.STORE_COPIES, {**_copies_params(list(copies.values())),
-                                                  "leaving": self.leaving, "myself": self.node_id})
+                                                  "myself": self.node_id})
         stored: dict[str, list[str]] = {}
         acked: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
         for kind, job_id, nodes in rows:

@@ -17,6 +17,12 @@ Rules (Disque's, with its defects avoided):
   or the job expires; the caller then sends DELJOB to every peer it may
   have reached. Asynchronous and transactional jobs are never given up while
   they live: replication continues until W copies exist.
+* A job whose W was defaulted carries a *minimum*: once that many peers
+  confirmed and ``GRACE`` seconds passed since replication started, the job
+  is achieved (:meth:`Replicator.settled`) even if the last targets stay
+  silent - a node that is down but not yet declared dead must not stop
+  adds. It then stays pending, as an asynchronous job, until its W copies
+  exist. A job with an explicit W never settles for less.
 """
 
 from __future__ import annotations
@@ -26,10 +32,14 @@ from dataclasses import dataclass, field
 
 from .messages import JobCopy
 
-__all__ = ["Replicator", "Pending", "WIDEN_EVERY"]
+__all__ = ["Replicator", "Pending", "WIDEN_EVERY", "GRACE"]
 
 WIDEN_EVERY = 0.05  # Disque's DELAYED_JOB_ADD_NODE_MIN_PERIOD
 RESEND_EVERY = 1.0
+# How long the last copies of a defaulted-W job may take before a minimum
+# suffices: far above a healthy confirmation (a few ms), far below the
+# client's replication timeout (5 s).
+GRACE = 0.5
 
 
 @dataclass
@@ -39,6 +49,8 @@ class Pending:
     sync: bool
     expires: float  # monotonic deadline (job TTL)
     started: float = 0.0
+    minimum: int = 0  # confirmations that suffice after GRACE (0: needed)
+    external: bool = False  # a leaving origin: every copy goes elsewhere, none stays here
     sent: set[str] = field(default_factory=set)
     confirmed: set[str] = field(default_factory=set)
     next_widen: float = 0.0
@@ -48,27 +60,41 @@ class Pending:
     def achieved(self) -> bool:
         return len(self.confirmed) >= self.needed
 
-    def holders(self, myself: str, keep_local: bool) -> tuple[str, ...]:
+    def good_enough(self, now: float, grace: float) -> bool:
+        return 0 < self.minimum <= len(self.confirmed) and now >= self.started + grace
+
+    def holders(self, myself: str) -> tuple[str, ...]:
+        """Nodes that may hold a copy: the targets, and this node unless external."""
         nodes = set(self.sent)
-        if keep_local:
+        if not self.external:
             nodes.add(myself)
         return tuple(sorted(nodes))
+
+    def confirmed_holders(self, myself: str) -> tuple[str, ...]:
+        return tuple(sorted(self.confirmed | (set() if self.external else {myself})))
 
 
 class Replicator:
     """Which REPLJOBs to send, and which jobs reached their copies."""
 
     def __init__(self, myself: str, rng: random.Random | None = None,
-                 widen_every: float = WIDEN_EVERY) -> None:
+                 widen_every: float = WIDEN_EVERY, grace: float = GRACE) -> None:
         self.myself = myself
         self.rng = rng or random.Random()
         self.widen_every = widen_every
+        self.grace = grace
         self.pending: dict[str, Pending] = {}
 
-    def add(self, copy: JobCopy, needed: int, sync: bool, now: float, ttl_left: float) -> None:
+    def add(self, copy: JobCopy, needed: int, sync: bool, now: float, ttl_left: float,
+            minimum: int | None = None, external: bool = False) -> None:
+        """Replicate ``copy`` to ``needed`` peers; ``minimum`` (< needed) peers
+        suffice after the grace period (a defaulted W); ``external``: this
+        node keeps no copy (it is leaving)."""
         if copy.id in self.pending or needed <= 0:
             return
-        self.pending[copy.id] = Pending(copy, needed, sync, now + ttl_left, started=now)
+        soft = minimum if minimum is not None and 0 < minimum < needed else 0
+        self.pending[copy.id] = Pending(copy, needed, sync, now + ttl_left, started=now,
+                                        minimum=soft, external=external)
 
     def confirmed(self, peer: str, ids: list[str]) -> list[Pending]:
         """Record GOTJOB; return the jobs that just reached their copies."""
@@ -83,6 +109,17 @@ class Replicator:
                 done.append(self.pending.pop(job_id))
         return done
 
+    def settled(self, now: float) -> list[Pending]:
+        """Synchronous jobs that reached their minimum and whose grace ran
+        out: achieved now. They stay pending (asynchronous from now on) until
+        their W copies exist."""
+        done = []
+        for entry in self.pending.values():
+            if entry.sync and entry.good_enough(now, self.grace):
+                entry.sync = False
+                done.append(entry)
+        return done
+
     def forget(self, job_id: str) -> Pending | None:
         """Stop replicating (client gave up, job acked or deleted)."""
         return self.pending.pop(job_id, None)
@@ -93,7 +130,7 @@ class Replicator:
             del self.pending[entry.copy.id]
         return gone
 
-    def sends(self, now: float, reachable: list[str], keep_local: bool = True) -> dict[str, list[JobCopy]]:
+    def sends(self, now: float, reachable: list[str]) -> dict[str, list[JobCopy]]:
         """REPLJOBs to send now, grouped by peer."""
         out: dict[str, list[JobCopy]] = {}
         for entry in self.pending.values():
@@ -116,7 +153,7 @@ class Replicator:
             if not targets:
                 continue
             entry.sent.update(targets)
-            copy = JobCopy(**{**_fields(entry.copy), "nodes": entry.holders(self.myself, keep_local)})
+            copy = JobCopy(**{**_fields(entry.copy), "nodes": entry.holders(self.myself)})
             for target in dict.fromkeys(targets):
                 out.setdefault(target, []).append(copy)
         return out

@@ -76,7 +76,7 @@ LEFT JOIN LATERAL (
            extract(epoch FROM j.expires_at)::float8, j.nacks, j.additional_deliveries,
            coalesce(j.nodes_delivered, '{}'::text[]), j.state, j.repl_waiter,
            greatest(0, extract(epoch FROM j.expires_at - statement_timestamp()))::float8,
-           coalesce(j.nodes_confirmed, '{}'::text[])
+           coalesce(j.nodes_confirmed, '{}'::text[]), j.repl_min
     FROM pgq.jobs j WHERE d.kind = 'replicate' AND j.id = d.job_id
     LIMIT 1
 ) j ON true
@@ -93,7 +93,7 @@ _COPY_COLUMNS = """
 UNREPLICATED = f"""
 SELECT {_COPY_COLUMNS}, state, repl_waiter,
        greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8,
-       coalesce(nodes_confirmed, '{{}}'::text[])
+       coalesce(nodes_confirmed, '{{}}'::text[]), repl_min
 FROM pgq.jobs
 WHERE repl > 1 AND left(split_part(id, '-', 2), 8) = left(%(myself)s, 8)
   AND repl > coalesce(cardinality(nodes_confirmed), 1)
@@ -104,7 +104,8 @@ WHERE repl > 1 AND left(split_part(id, '-', 2), 8) = left(%(myself)s, 8)
 
 # REPLJOB: store copies durably, then the caller answers GOTJOB for `stored`
 # and SETACK for `acked`. A copy is refused (no answer: the origin widens)
-# when its queue is paused for input or this node is leaving. A re-sent copy
+# when its queue is paused for input or this node is leaving (read from
+# pgq.meta at statement time: the flag counts from the moment it is set). A re-sent copy
 # merges its holder list into ours. The copy is 'active' with a re-queue
 # timer run by the node process: retry (+ delay) from now, jittered 0..500 ms
 # so copies do not fire together.
@@ -121,7 +122,7 @@ WITH incoming AS (
     WHERE a.id = ANY (%(ids)s::text[])
 ), accepted AS (
     SELECT i.* FROM incoming i
-    WHERE NOT %(leaving)s
+    WHERE NOT coalesce(pgq.meta_value('leaving')::boolean, false)
       AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.id = i.id)
       AND NOT EXISTS (SELECT 1 FROM pgq.queues p WHERE p.name = i.queue AND p.paused IN ('in', 'all'))
       AND to_timestamp(i.expires) > statement_timestamp()

@@ -23,7 +23,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from . import commands
 from .core import ClientCore, CommandFactory, translate_database_error
 from .driver import AsyncDriver
-from .errors import DatabaseUnavailableError
+from .errors import DatabaseUnavailableError, NoReplError
 from .job import Job
 from .connecting import first_connection_async
 from .migrate import SCHEMA_VERSION as SCHEMA
@@ -205,7 +205,7 @@ class AsyncClient(ClientCore):
         make = self.add_jobs_command(queue, [body], replicate=replicate, delay=delay, retry=retry,
                                      ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
                                      timeout=timeout)
-        return (await self._run(make, conn))[0]
+        return (await self._add(make, conn))[0]
 
     async def add_jobs(self, queue: str, bodies: Iterable[bytes | str], *,
                        replicate: int | None = None, delay: float = 0,
@@ -216,7 +216,23 @@ class AsyncClient(ClientCore):
         make = self.add_jobs_command(queue, bodies, replicate=replicate, delay=delay, retry=retry,
                                      ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
                                      timeout=timeout)
-        return await self._run(make, conn)
+        return await self._add(make, conn)
+
+    async def _add(self, make: CommandFactory[list[str]], conn: object) -> list[str]:
+        """As :meth:`pgq.Client._add`: through the next node when this one's
+        process is down."""
+        for others in range(len(self._dsns) - 1, -1, -1):
+            try:
+                return await self._run(make, conn)
+            except NoReplError as exc:
+                if not (exc.node_down and not exc.added and others and conn is None):
+                    raise
+                log.warning("pgq: %s; adding through the next node", exc)
+                assert self._pool is not None
+                await self._fail_over(self._pool)
+                version, self._node_id = await self._run_on_pool(self._read_node)
+                check_schema(version)
+        raise AssertionError("unreachable")
 
     async def get_job(self, *queues: str, count: int = 1, timeout: float | None = None,
                       nohang: bool = False, withcounters: bool = False,

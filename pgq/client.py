@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from . import commands
 from .core import ClientCore, CommandFactory, translate_database_error
 from .driver import SyncDriver
+from .errors import NoReplError
 from .job import Job
 from .connecting import first_connection
 from .migrate import SCHEMA_VERSION as SCHEMA
@@ -195,7 +196,7 @@ class Client(ClientCore):
         make = self.add_jobs_command(queue, [body], replicate=replicate, delay=delay, retry=retry,
                                      ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
                                      timeout=timeout)
-        return self._run(make, conn)[0]
+        return self._add(make, conn)[0]
 
     def add_jobs(self, queue: str, bodies: Iterable[bytes | str], *,
                  replicate: int | None = None, delay: float = 0, retry: float | None = None,
@@ -206,7 +207,22 @@ class Client(ClientCore):
         make = self.add_jobs_command(queue, bodies, replicate=replicate, delay=delay, retry=retry,
                                      ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
                                      timeout=timeout)
-        return self._run(make, conn)
+        return self._add(make, conn)
+
+    def _add(self, make: CommandFactory[list[str]], conn: object) -> list[str]:
+        """Run an add; when this node's process is down and nothing was kept,
+        add through the next node DSN (each tried at most once)."""
+        for others in range(len(self._dsns) - 1, -1, -1):
+            try:
+                return self._run(make, conn)
+            except NoReplError as exc:
+                if not (exc.node_down and not exc.added and others and conn is None):
+                    raise
+                log.warning("pgq: %s; adding through the next node", exc)
+                self._fail_over(self._pool)
+                version, self._node_id = self._run_on_pool(self._read_node)
+                check_schema(version)
+        raise AssertionError("unreachable")
 
     def get_job(self, *queues: str, count: int = 1, timeout: float | None = None,
                 nohang: bool = False, withcounters: bool = False, conn: object = None) -> list[Job]:

@@ -58,17 +58,20 @@ __all__ = [
 COPY_THRESHOLD = 2000
 JOB_STATES = ("wait-repl", "active", "queued", "acked")
 DEFAULT_REPLICATION = 3
+NODE_STUCK_AFTER = 3.0  # an outbox event this old: the node process is not running
 MAX_REPLICATED_BODY = 48 * 2**20  # below the bus's 64 MiB frame, with room to spare
 
 
-def cluster_view(session: Session) -> Command[ClusterView]:
-    """The node's cluster state, read again when the cached one is stale."""
+def cluster_view(session: Session, fresh: bool = False) -> Command[ClusterView]:
+    """The node's cluster state, read again when the cached one is stale (or
+    when ``fresh``: a decision about to fail re-reads before it fails)."""
     view = session.cluster
     now = session.clock()
-    if view.stale(now):
+    if fresh or view.stale(now):
         row = yield Query(sql.CLUSTER_STATE, None, Result.ROW)
         if row is not None:
-            view.active, view.leaving, view.reachable = bool(row[0]), bool(row[1]), int(row[2])
+            view.active, view.leaving, view.reachable, view.member = (
+                bool(row[0]), bool(row[1]), int(row[2]), bool(row[3]))
         view.fetched_at = now
     return view
 
@@ -101,13 +104,18 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
     jobs to W other nodes.
     """
     view = yield from cluster_view(session)
-    available = (view.reachable - (1 if view.leaving else 0)) if view.active else 1
-    wanted = params.replicate
-    if wanted is None:
-        wanted = 1 if params.retry == 0 else max(1, min(DEFAULT_REPLICATION, available))
-    if wanted > available:
+    wanted, minimum = _copies(params, view)
+    if wanted > view.available or (view.member and not view.active and wanted > 1):
+        view = yield from cluster_view(session, fresh=True)  # decide on what HELLO shows now
+        wanted, minimum = _copies(params, view)
+    if view.member and not view.active and (params.replicate is None or wanted > 1):
         raise NoReplError(
-            f"not enough reachable nodes for replicate={wanted}: {available} can take a copy "
+            "the node process of this database is not running, so it cannot make copies: "
+            "start it (`pgq node start`), add through another node, or pass replicate=1 "
+            "to keep the job here only", node_down=True)
+    if wanted > view.available:
+        raise NoReplError(
+            f"not enough reachable nodes for replicate={wanted}: {view.available} can take a copy "
             "(start or join more nodes, or ask for fewer copies)"
         )
     replicated = view.active and (wanted > 1 or view.leaving)
@@ -117,11 +125,39 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
             "travel in one bus frame): store big payloads elsewhere and queue a reference")
     ids = new_job_ids(session.node_id, params.ttl, params.retry, len(bodies))
     if replicated:
-        yield from _add_replicated(session, queue, ids, bodies, params, wanted)
+        yield from _add_replicated(session, queue, ids, bodies, params, wanted, minimum)
         return ids
     if len(bodies) >= COPY_THRESHOLD:
-        yield from _copy_jobs(session, queue, ids, bodies, params)
-        return ids
+        leaving = yield from _copy_jobs(session, queue, ids, bodies, params)
+    else:
+        leaving = yield from _insert_jobs(session, queue, ids, bodies, params)
+    if leaving:
+        # The node was marked leaving after our view was read: it keeps no
+        # new copy (nothing was stored); the add goes to other nodes.
+        yield from cluster_view(session, fresh=True)
+        return (yield from add_jobs(session, queue, bodies, params))
+    return ids
+
+
+def _copies(params: JobParams, view: ClusterView) -> tuple[int, int]:
+    """(W, the copies that suffice when the last targets do not answer in time).
+
+    W defaults to min(3, reachable nodes) (1 for an at-most-once job). A
+    defaulted W is soft: min(2, W) copies suffice once the others had
+    ``REPLICATION_GRACE`` to confirm (a node that is down but not yet
+    declared dead must not stop adds). An explicit ``replicate`` is strict.
+    """
+    if params.replicate is not None:
+        return params.replicate, params.replicate
+    if params.retry == 0:
+        return 1, 1
+    wanted = max(1, min(DEFAULT_REPLICATION, view.available))
+    return wanted, min(2, wanted)
+
+
+def _insert_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
+                 params: JobParams) -> Command[bool]:
+    """One INSERT of jobs held here only; True if refused because the node is leaving."""
     locking = params.maxlen is not None
     if locking:
         yield Begin()
@@ -133,13 +169,15 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
     }, Result.ROW)
     if locking:
         yield Commit()
-    paused, full, _added, _notified = row
+    paused, full, _added, _notified, leaving = row
+    if leaving:
+        return True
     _raise_if_refused(queue, paused, full, params.maxlen)
-    return ids
+    return False
 
 
 def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
-                    params: JobParams, wanted: int) -> Command[None]:
+                    params: JobParams, wanted: int, minimum: int) -> Command[None]:
     """Store the jobs here with an outbox event for the node process."""
     sync = session.owned and not params.asynchronous
     if sync and session.can_listen:
@@ -153,7 +191,7 @@ def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequen
         row = yield Query(sql.ADD_JOBS_CLUSTER, {
             "queue": queue, "ids": ids[chunk], "bodies": list(bodies[chunk]),
             "n": len(bodies) if start == 0 else 0, "maxlen": params.maxlen, "repl": wanted,
-            "retry": params.retry, "delay": params.delay, "ttl": params.ttl,
+            "repl_min": minimum if minimum < wanted else None, "retry": params.retry, "delay": params.delay, "ttl": params.ttl,
             "always_notify": not session.owned, "wait": sync, "myself": session.node_id,
             "ring": not session.owned,
         }, Result.ROW)
@@ -169,11 +207,18 @@ def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequen
 
 
 def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Command[None]:
-    """Wait for the node process to confirm W copies of every job, or give up."""
+    """Wait for the node process to confirm W copies of every job, or give up.
+
+    Gives up early when the node process is stuck: its outbox, which it
+    drains continuously, holds an event older than ``NODE_STUCK_AFTER``
+    seconds (killed or paused process). The jobs are then withdrawn, and a
+    client with several node DSNs can add them through another node.
+    """
     deadline = session.clock() + timeout
     pending = set(ids)
     polls = 0
-    while pending and session.clock() < deadline:
+    stuck = False
+    while pending and session.clock() < deadline and not stuck:
         received = yield Wait(min(_poll_wait(polls, 0.5), max(deadline - session.clock(), 0.0)))
         polls += 1
         pending -= {payload for channel, payload in received if channel.startswith("pgq_r")}
@@ -181,7 +226,8 @@ def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Comman
             rows = yield Query(sql.REPLICATION_DONE, {"ids": sorted(pending)}, Result.ROWS)
             # A job that vanished was replicated first (a 'wait-repl' job is
             # never delivered), then acknowledged, deleted or expired.
-            pending -= {job_id for job_id, replicated, vanished in rows if replicated or vanished}
+            pending -= {r[0] for r in rows if r[1] or r[2]}
+            stuck = bool(rows) and (rows[0][3] or 0.0) > NODE_STUCK_AFTER
     if not pending:
         return
     removed = yield Query(sql.ABORT_REPLICATION, {"ids": sorted(pending)}, Result.ROWS)
@@ -189,6 +235,14 @@ def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Comman
     yield from _ring(session, len(failed))
     if not failed:
         return  # confirmed in the meantime: nothing was withdrawn
+    if stuck:
+        raise NoReplError(
+            f"the node process of this database stopped draining its outbox (for over "
+            f"{NODE_STUCK_AFTER:g} s), so {len(failed)} of {len(ids)} jobs could not be "
+            "copied and were withdrawn: is it running? (a client given several node DSNs "
+            "adds through another node)",
+            removed=tuple(sorted(failed)), added=tuple(i for i in ids if i not in failed),
+            node_down=True)
     raise NoReplError(
         f"{len(failed)} of {len(ids)} jobs did not reach their copies within {timeout:g} s and "
         "were withdrawn (too few live nodes? raise timeout= or lower replicate=)",
@@ -224,12 +278,16 @@ def _raise_if_refused(queue: str, paused: bool, full: bool, maxlen: int | None) 
 
 
 def _copy_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
-               params: JobParams) -> Command[None]:
-    """The bulk path: check, COPY and notify in one transaction."""
+               params: JobParams) -> Command[bool]:
+    """The bulk path: check, COPY and notify in one transaction; True (and
+    nothing stored) if the node turned out to be leaving."""
     yield Begin()
     if params.maxlen is not None:
         yield Query(sql.LOCK_QUEUE_FOR_MAXLEN, {"queue": queue}, Result.NONE)
-    paused, length = yield Query(sql.ADD_CHECK, {"queue": queue}, Result.ROW)
+    paused, length, leaving = yield Query(sql.ADD_CHECK, {"queue": queue}, Result.ROW)
+    if leaving:
+        yield Commit()
+        return True
     full = params.maxlen is not None and length + len(bodies) > params.maxlen
     _raise_if_refused(queue, paused, full, params.maxlen)
     now: dt.datetime = yield Query(sql.DB_NOW, None, Result.VALUE)
@@ -244,6 +302,7 @@ def _copy_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[by
         yield Query(sql.NOTIFY_QUEUE, {"queue": queue, "always_notify": not session.owned},
                     Result.NONE)
     yield Commit()
+    return False
 
 
 # ---------------------------------------------------------------------- get
@@ -508,9 +567,9 @@ def qscan(session: Session, cursor: int, count: int, minlen: int | None, maxlen:
     yield Query(sql.SWEEP_ALL_QUEUES, None, Result.NONE)
     rows = yield Query(sql.QSCAN, {"after": decode_cursor(cursor), "count": count}, Result.ROWS)
     names = [
-        name for name, length in rows
+        name for name, length, rate in rows
         if (minlen is None or length >= minlen) and (maxlen is None or length <= maxlen)
-        and (importrate is None or importrate <= 0)  # nothing is imported on one node
+        and (importrate is None or rate >= importrate)  # Disque: at least this import rate
     ]
     next_cursor = encode_cursor(rows[-1][0]) if len(rows) == count else 0
     return next_cursor, names

@@ -61,14 +61,17 @@ class NoReplError(PgqError):
     """The job could not be stored on the requested number of nodes (``-NOREPL``).
 
     ``removed`` lists the jobs that were withdrawn (never delivered);
-    ``added`` the jobs of the same call that did get their copies.
+    ``added`` the jobs of the same call that did get their copies;
+    ``node_down`` tells that this node's process is not running (a client
+    given several node DSNs then adds through another node).
     """
 
     def __init__(self, message: str, removed: tuple[str, ...] = (),
-                 added: tuple[str, ...] = ()) -> None:
+                 added: tuple[str, ...] = (), node_down: bool = False) -> None:
         super().__init__(message)
         self.removed = removed
         self.added = added
+        self.node_down = node_down
 
 
 class MaxLenError(PgqError):

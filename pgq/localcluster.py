@@ -71,11 +71,18 @@ class LocalNode:
                 self.process.wait()
 
     def serving(self) -> bool:
+        """Our process holds the node directory and says it serves (a state
+        file left by a killed process says "running" too: the lock tells)."""
+        from .cluster.nodedir import NodeDirectory
+
+        if self.process is None or NodeDirectory(self.data).running_pid() != self.process.pid:
+            return False
         try:
             state = json.loads((self.data / "node.json").read_text())
         except (OSError, ValueError):
             return False
-        if state.get("state") != "running" or not state.get("dsn"):
+        if state.get("state") != "running" or not state.get("dsn") \
+                or state.get("pid") != self.process.pid:
             return False
         self.dsn = state["dsn"]
         return True

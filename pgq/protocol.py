@@ -118,19 +118,27 @@ class ClusterView:
     """What a client last read of its node's cluster (``pgq.cluster_state``).
 
     A cache shared by a client's sessions: commands refresh it when it is
-    older than ``max_age`` seconds. ``active`` means a node process serves
-    the database (clients replicate through it); ``reachable`` counts nodes
-    that may take a copy, this one included.
+    older than ``max_age`` seconds, and re-read it before failing on it.
+    ``active`` means a node process serves the database (clients replicate
+    through it); ``member`` that the database belongs to a cluster node (its
+    process ran at least once); ``reachable`` counts nodes that may take a
+    copy (HELLO's priority 1), this one included unless it is leaving.
     """
 
     active: bool = False
     leaving: bool = False
     reachable: int = 1
+    member: bool = False
     fetched_at: float = float("-inf")
     max_age: float = 1.0
 
     def stale(self, now: float) -> bool:
         return now - self.fetched_at > self.max_age
+
+    @property
+    def available(self) -> int:
+        """Nodes an add may put copies on: 1 (this one) without a node process."""
+        return self.reachable if self.active else 1
 
 
 @dataclass(frozen=True, slots=True)

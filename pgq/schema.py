@@ -92,6 +92,9 @@ jobs = Table(
     # Whether the next timed re-queue counts an additional delivery (false at
     # the end of a NACK's back-off: that re-queue is the NACK's).
     Column("requeue_counts", Boolean, nullable=False, server_default=text("true")),
+    # Copies that suffice for a job whose replicate was defaulted, when the
+    # last target does not confirm in time (NULL: repl).
+    Column("repl_min", Integer),
     PrimaryKeyConstraint("id", name="jobs_pkey"),
     CheckConstraint("state = ANY (ARRAY['wait-repl'::text, 'active'::text, 'queued'::text])",
                     name="jobs_state_check"),

@@ -51,7 +51,9 @@ SWEEP_ALL_QUEUES = "SELECT pgq.expire_jobs(), pgq.requeue_due(10000)"
 #   registered as blocked on the queue (or, inside a caller's transaction,
 #   always: see protocol.Session). No trigger is involved.
 ADD_JOBS = """
-WITH paused AS (
+WITH leaving AS (  -- a leaving node keeps no new copy (the client re-routes the add)
+    SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
+), paused AS (
     SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')
 ), room AS (
     SELECT %(maxlen)s::bigint IS NULL
@@ -70,6 +72,7 @@ WITH paused AS (
            CASE WHEN %(delay)s::float8 > 0 THEN 0 ELSE 1 END
     FROM unnest(%(ids)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(id, body, n)
     WHERE NOT EXISTS (SELECT 1 FROM paused) AND (SELECT ok FROM room)
+      AND NOT EXISTS (SELECT 1 FROM leaving)
     ORDER BY u.n  -- ctime follows the order of the bodies
     ON CONFLICT (id) DO NOTHING
     RETURNING state
@@ -80,7 +83,8 @@ SELECT EXISTS (SELECT 1 FROM paused) AS paused,
        (SELECT pg_notify('pgq', %(queue)s)::text
         WHERE EXISTS (SELECT 1 FROM inserted WHERE state = 'queued')
           AND (%(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)))
-        AS notified
+        AS notified,
+       EXISTS (SELECT 1 FROM leaving) AS leaving
 """
 
 # ADDJOB of a replicated job on a node served by a node process. The job is
@@ -90,27 +94,35 @@ SELECT EXISTS (SELECT 1 FROM paused) AS paused,
 #   confirms W copies and wakes this connection (channel pgq_r<pid>);
 # * asynchronous or transactional add: queued at once, copied in the background.
 ADD_JOBS_CLUSTER = """
-WITH paused AS (
+WITH leaving AS (  -- read at statement time, whatever the client cached
+    SELECT coalesce(pgq.meta_value('leaving')::boolean, false) AS yes
+), paused AS (
     SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')
 ), room AS (
     SELECT %(maxlen)s::bigint IS NULL
            OR coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
               + %(n)s::bigint <= %(maxlen)s::bigint AS ok
 ), inserted AS (
-    INSERT INTO pgq.jobs (id, queue, state, body, repl, retry, delay, expires_at, requeue_at,
-                          queued_at, enqueues, nodes_delivered, nodes_confirmed, repl_waiter)
+    INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
+                          requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
+                          repl_waiter)
     SELECT u.id, %(queue)s,
-           CASE WHEN %(wait)s THEN 'wait-repl'
+           CASE WHEN %(wait)s OR l.yes THEN 'wait-repl'
                 WHEN %(delay)s::float8 > 0 THEN 'active' ELSE 'queued' END,
-           u.body, %(repl)s, %(retry)s, %(delay)s,
+           u.body, %(repl)s, %(repl_min)s, %(retry)s, %(delay)s,
            statement_timestamp() + %(ttl)s::float8 * interval '1 second',
            CASE WHEN %(delay)s::float8 > 0
                 THEN statement_timestamp() + %(delay)s::float8 * interval '1 second' END,
-           CASE WHEN %(wait)s OR %(delay)s::float8 > 0 THEN NULL ELSE statement_timestamp() END,
-           CASE WHEN %(wait)s OR %(delay)s::float8 > 0 THEN 0 ELSE 1 END,
-           ARRAY[%(myself)s]::text[], ARRAY[%(myself)s]::text[],
+           CASE WHEN %(wait)s OR l.yes OR %(delay)s::float8 > 0 THEN NULL
+                ELSE statement_timestamp() END,
+           CASE WHEN %(wait)s OR l.yes OR %(delay)s::float8 > 0 THEN 0 ELSE 1 END,
+           -- leaving: this node holds no copy; the node process hands the
+           -- job to W other nodes (external replication) and drops the row
+           CASE WHEN l.yes THEN '{}'::text[] ELSE ARRAY[%(myself)s]::text[] END,
+           CASE WHEN l.yes THEN '{}'::text[] ELSE ARRAY[%(myself)s]::text[] END,
            CASE WHEN %(wait)s THEN pg_backend_pid() END
     FROM unnest(%(ids)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(id, body, n)
+    CROSS JOIN leaving l
     WHERE NOT EXISTS (SELECT 1 FROM paused) AND (SELECT ok FROM room)
     ORDER BY u.n
     ON CONFLICT (id) DO NOTHING
@@ -137,12 +149,16 @@ SELECT set_config('synchronous_commit', 'off', true), pg_notify('pgq_node', '')
 """
 
 CLUSTER_STATE = """
-SELECT active, leaving, reachable_nodes FROM pgq.cluster_state
+SELECT active, leaving, reachable_nodes, member FROM pgq.cluster_state
 """
 
 # Synchronous replication: which of these jobs got their copies (or vanished).
+# outbox_lag: age of the oldest outbox event (the node process drains them
+# continuously; a lag of seconds means it is not running).
 REPLICATION_DONE = """
-SELECT u.id, j.state IS NOT NULL AND j.state <> 'wait-repl' AS replicated, j.state IS NULL AS gone
+SELECT u.id, j.state IS NOT NULL AND j.state <> 'wait-repl' AS replicated, j.state IS NULL AS gone,
+       (SELECT extract(epoch FROM statement_timestamp() - o.created_at)::float8
+        FROM pgq.outbox o ORDER BY o.seq LIMIT 1) AS outbox_lag
 FROM unnest(%(ids)s::text[]) AS u(id) LEFT JOIN pgq.jobs j ON j.id = u.id
 """
 
@@ -172,7 +188,8 @@ LOCK_QUEUE_FOR_MAXLEN = "SELECT pg_advisory_xact_lock(hashtextextended(%(queue)s
 # Bulk path: checks first (same transaction), then COPY, then one NOTIFY.
 ADD_CHECK = """
 SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')),
-       coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
+       coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0),
+       EXISTS (SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true')
 """
 
 # The per-call constant columns come first, then id and body (pgq.copydata).
@@ -565,9 +582,14 @@ LEFT JOIN pgq.queue_imports i
 WHERE s.queue = %(queue)s
 """
 
+# import_rate: jobs/s imported into the queue by federation (as QSTAT shows it).
 QSCAN = """
-SELECT queue, length FROM pgq.queue_stats
-WHERE queue > %(after)s ORDER BY queue LIMIT %(count)s
+SELECT s.queue, s.length, coalesce(i.import_rate, 0)
+FROM (SELECT queue, length FROM pgq.queue_stats
+      WHERE queue > %(after)s ORDER BY queue LIMIT %(count)s) AS s
+LEFT JOIN pgq.queue_imports i
+       ON i.queue = s.queue AND i.updated_at > statement_timestamp() - interval '10 seconds'
+ORDER BY s.queue
 """
 
 _JSCAN_FILTERS = """
