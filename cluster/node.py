@@ -38,6 +38,7 @@ from psycopg_pool import AsyncConnectionPool
 from . import messages as m
 from . import sql
 from pgq.errors import PgqError
+from pgq.statements import SESSION_OPTIONS
 
 from .acks import AckCollector
 from .addresses import parse_address
@@ -177,8 +178,8 @@ class Node:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         pool = AsyncConnectionPool(self.settings.dsn, min_size=2, max_size=self.settings.pool_size,
                                    kwargs={"autocommit": True, "application_name": "pgq-node",
-                                           # prepared once, never re-planned (see pgq.client)
-                                           "options": "-c plan_cache_mode=force_generic_plan"},
+                                           # generic index plans (see pgq.statements)
+                                           "options": SESSION_OPTIONS},
                                    open=False, name=f"pgq-node-{self.settings.name}")
         await pool.open(wait=True, timeout=30)
         self.pool = pool

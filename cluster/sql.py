@@ -342,7 +342,7 @@ WAITED_QUEUES = """
 SELECT w.queue, coalesce((SELECT sum(c.queued) FROM pgq.queue_counters c
                           WHERE c.queue = w.queue), 0)::bigint
 FROM (SELECT DISTINCT queue FROM pgq.waiters x
-      WHERE EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = x.pid)) AS w
+      WHERE EXISTS (SELECT 1 FROM pg_stat_get_activity(x.pid))) AS w
 """
 
 QUEUE_READY = """

@@ -21,6 +21,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import commands
+from .combine import AsyncCombiner
 from .core import ClientCore, CommandFactory, translate_database_error
 from .driver import AsyncDriver
 from .errors import DatabaseUnavailableError, NoReplError
@@ -29,7 +30,7 @@ from .connecting import first_connection_async
 from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations
-from .statements import HAS_SCHEMA, SCHEMA_AND_NODE, SWEEP
+from .statements import HAS_SCHEMA, SCHEMA_AND_NODE, SESSION_OPTIONS, SWEEP, TURBO_OPTIONS
 
 __all__ = ["AsyncClient"]
 
@@ -47,6 +48,14 @@ class AsyncClient(ClientCore):
     def __init__(self, dsn: str | list[str] | None = None, **options: Any) -> None:
         super().__init__(dsn, options)
         self._pool: AsyncConnectionPool | None = None
+        # Group commit: concurrent calls of this client's tasks share
+        # statements and commits (see pgq.combine).
+        self._adds: AsyncCombiner[commands.AddCall] = AsyncCombiner(
+            lambda client, calls: client._run(lambda s: commands.add_batch(s, calls)))
+        self._claims: AsyncCombiner[commands.ClaimCall] = AsyncCombiner(
+            lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)))
+        self._acks: AsyncCombiner[list[str]] = AsyncCombiner(
+            lambda client, calls: client._run(lambda s: commands.ack_batch(s, calls)))
         self._opening = anyio.Lock()
         self._switching = anyio.Lock()
         self._closed = False
@@ -76,8 +85,9 @@ class AsyncClient(ClientCore):
             self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
             kwargs={"autocommit": True,
                     "prepare_threshold": 5 if self.options.prepare else None,
-                    "application_name": self.options.application_name},
-            configure=self._configure, timeout=self.pool_timeout,
+                    "application_name": self.options.application_name,
+                    "options": SESSION_OPTIONS + (TURBO_OPTIONS if self.options.turbo else "")},
+            timeout=self.pool_timeout,
             name=f"pgq-async-{id(self):x}",
         )
         await pool.open(wait=False)
@@ -96,14 +106,6 @@ class AsyncClient(ClientCore):
         with anyio.CancelScope(shield=True):
             await failed.close(timeout=1.0)
         return True
-
-    async def _configure(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        # pgq's statements are prepared; with array parameters PostgreSQL
-        # keeps re-planning them ("custom plans"), which costs more than
-        # running them. Their generic plans are the index plans we want.
-        await conn.execute("SET plan_cache_mode = force_generic_plan")
-        if self.options.turbo:
-            await conn.execute("SET synchronous_commit = off")
 
     @staticmethod
     async def _read_node(conn: psycopg.AsyncConnection[Any]) -> tuple[str | None, str]:
@@ -202,10 +204,9 @@ class AsyncClient(ClientCore):
                       maxlen: int | None = None, asynchronous: bool = False,
                       timeout: float | None = None, conn: object = None) -> str:
         """ADDJOB (see :meth:`pgq.Client.add_job`)."""
-        make = self.add_jobs_command(queue, [body], replicate=replicate, delay=delay, retry=retry,
-                                     ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
-                                     timeout=timeout)
-        return (await self._add(make, conn))[0]
+        call = self.add_call(queue, [body], replicate=replicate, delay=delay, retry=retry,
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+        return (await self._add(call, conn))[0]
 
     async def add_jobs(self, queue: str, bodies: Iterable[bytes | str], *,
                        replicate: int | None = None, delay: float = 0,
@@ -213,14 +214,20 @@ class AsyncClient(ClientCore):
                        maxlen: int | None = None, asynchronous: bool = False,
                        timeout: float | None = None, conn: object = None) -> list[str]:
         """Bulk add (see :meth:`pgq.Client.add_jobs`)."""
-        make = self.add_jobs_command(queue, bodies, replicate=replicate, delay=delay, retry=retry,
-                                     ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
-                                     timeout=timeout)
-        return await self._add(make, conn)
+        call = self.add_call(queue, bodies, replicate=replicate, delay=delay, retry=retry,
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+        return await self._add(call, conn)
 
-    async def _add(self, make: CommandFactory[list[str]], conn: object) -> list[str]:
-        """As :meth:`pgq.Client._add`: through the next node when this one's
-        process is down."""
+    async def _add(self, call: commands.AddCall, conn: object) -> list[str]:
+        """As :meth:`pgq.Client._add`: batched when it can be; through the
+        next node when this one's process is down."""
+        if conn is None and call.bodies and commands.batchable(call):
+            if self._pool is None:
+                await self.open()
+            outcome = await self._adds.submit(call, self)
+            if outcome is not commands.REROUTE:
+                return outcome  # type: ignore[no-any-return]
+        make = self.add_command(call)
         for others in range(len(self._dsns) - 1, -1, -1):
             try:
                 return await self._run(make, conn)
@@ -238,9 +245,16 @@ class AsyncClient(ClientCore):
                       nohang: bool = False, withcounters: bool = False,
                       conn: object = None) -> list[Job]:
         """GETJOB (see :meth:`pgq.Client.get_job`)."""
-        make = self.get_jobs_command(queues, count=count, timeout=timeout, nohang=nohang,
-                                     withcounters=withcounters)
-        return await self._run(make, conn)
+        request = self.get_request(queues, count=count, timeout=timeout, nohang=nohang,
+                                   withcounters=withcounters)
+        if conn is not None:
+            return await self._run(request.command(), conn)
+        if self._pool is None:
+            await self.open()
+        jobs: list[Job] = await self._claims.submit(request.call, self)  # one claim for many callers
+        if jobs or request.nohang:
+            return jobs
+        return await self._run(request.command(claimed=True))
 
     async def wait_replicated(self, ids: Iterable[str], timeout: float = 5.0) -> None:
         """Wait until jobs added with ``asynchronous=True`` or inside a transaction
@@ -250,7 +264,12 @@ class AsyncClient(ClientCore):
 
     async def ack_job(self, *ids: str, conn: object = None) -> int:
         """ACKJOB (see :meth:`pgq.Client.ack_job`)."""
-        return await self._run(self.ids_command("ack_jobs", ids), conn)
+        if conn is not None:
+            return await self._run(self.ids_command("ack_jobs", ids), conn)
+        checked = self.job_ids(ids)
+        if self._pool is None:
+            await self.open()
+        return await self._acks.submit(checked, self)  # type: ignore[no-any-return]
 
     async def fast_ack(self, *ids: str, conn: object = None) -> int:
         """FASTACK (see :meth:`pgq.Client.fast_ack`)."""

@@ -27,6 +27,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import commands
+from .combine import Shared, SyncCombiner
 from .core import ClientCore, CommandFactory, translate_database_error
 from .driver import SyncDriver
 from .errors import NoReplError
@@ -35,7 +36,7 @@ from .connecting import first_connection
 from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations
-from .statements import HAS_SCHEMA, SCHEMA_AND_NODE, SWEEP
+from .statements import HAS_SCHEMA, SCHEMA_AND_NODE, SESSION_OPTIONS, SWEEP, TURBO_OPTIONS
 
 __all__ = ["Client"]
 
@@ -45,6 +46,21 @@ log = logging.getLogger("pgq")
 
 class _Reconnect(Exception):
     """The pooled connection broke: retry the call on another one."""
+
+
+class _Combiners:
+    """The three group-commit queues of one database (see Client._combiners)."""
+
+    def __init__(self) -> None:
+        self.adds: SyncCombiner[commands.AddCall] = SyncCombiner(
+            lambda client, calls: client._run(lambda s: commands.add_batch(s, calls)))
+        self.claims: SyncCombiner[commands.ClaimCall] = SyncCombiner(
+            lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)))
+        self.acks: SyncCombiner[list[str]] = SyncCombiner(
+            lambda client, calls: client._run(lambda s: commands.ack_batch(s, calls)))
+
+
+_SHARED: Shared[Any] = Shared(_Combiners)
 
 
 class Client(ClientCore):
@@ -77,9 +93,10 @@ class Client(ClientCore):
             self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
             kwargs={"autocommit": True,
                     "prepare_threshold": 5 if self.options.prepare else None,
-                    "application_name": self.options.application_name},
-            configure=self._configure, timeout=self.pool_timeout,
-            name=f"pgq-{id(self):x}",
+                    "application_name": self.options.application_name,
+                    "options": SESSION_OPTIONS + (TURBO_OPTIONS if self.options.turbo else "")},
+            timeout=self.pool_timeout,
+            name=f"pgq-{id(self):x}", num_workers=1,
         )
         pool.open(wait=False)
         return pool
@@ -98,14 +115,6 @@ class Client(ClientCore):
         return True
 
     # ------------------------------------------------------------ plumbing
-
-    def _configure(self, conn: psycopg.Connection[Any]) -> None:
-        # pgq's statements are prepared; with array parameters PostgreSQL
-        # keeps re-planning them ("custom plans"), which costs more than
-        # running them. Their generic plans are the index plans we want.
-        conn.execute("SET plan_cache_mode = force_generic_plan")
-        if self.options.turbo:
-            conn.execute("SET synchronous_commit = off")
 
     @staticmethod
     def _read_node(conn: psycopg.Connection[Any]) -> tuple[str | None, str]:
@@ -154,6 +163,12 @@ class Client(ClientCore):
                     raise
                 raise typed from exc
 
+    def _combiners(self) -> _Combiners:
+        """Group commit: concurrent calls of every client of this database
+        in the process (threads sharing one client, or each with its own)
+        share statements and commits (see pgq.combine)."""
+        return _SHARED.get((self._dsn, self.options.turbo, self.options.prepare))
+
     def _run(self, make: CommandFactory[T], conn: object = None) -> T:
         if conn is not None:
             from .connections import sync_connection
@@ -193,10 +208,9 @@ class Client(ClientCore):
                 maxlen: int | None = None, asynchronous: bool = False,
                 timeout: float | None = None, conn: object = None) -> str:
         """ADDJOB: add one job to ``queue``; returns its ID once it is durably stored."""
-        make = self.add_jobs_command(queue, [body], replicate=replicate, delay=delay, retry=retry,
-                                     ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
-                                     timeout=timeout)
-        return self._add(make, conn)[0]
+        call = self.add_call(queue, [body], replicate=replicate, delay=delay, retry=retry,
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+        return self._add(call, conn)[0]
 
     def add_jobs(self, queue: str, bodies: Iterable[bytes | str], *,
                  replicate: int | None = None, delay: float = 0, retry: float | None = None,
@@ -204,14 +218,19 @@ class Client(ClientCore):
                  asynchronous: bool = False, timeout: float | None = None,
                  conn: object = None) -> list[str]:
         """Add many jobs in one round trip (COPY for large batches); IDs in body order."""
-        make = self.add_jobs_command(queue, bodies, replicate=replicate, delay=delay, retry=retry,
-                                     ttl=ttl, maxlen=maxlen, asynchronous=asynchronous,
-                                     timeout=timeout)
-        return self._add(make, conn)
+        call = self.add_call(queue, bodies, replicate=replicate, delay=delay, retry=retry,
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+        return self._add(call, conn)
 
-    def _add(self, make: CommandFactory[list[str]], conn: object) -> list[str]:
-        """Run an add; when this node's process is down and nothing was kept,
-        add through the next node DSN (each tried at most once)."""
+    def _add(self, call: commands.AddCall, conn: object) -> list[str]:
+        """Run an add: in a batch with other callers' when it can be, else on
+        its own; when this node's process is down and nothing was kept, add
+        through the next node DSN (each tried at most once)."""
+        if conn is None and call.bodies and commands.batchable(call):
+            outcome = self._combiners().adds.submit(call, self)
+            if outcome is not commands.REROUTE:
+                return outcome  # type: ignore[no-any-return]
+        make = self.add_command(call)
         for others in range(len(self._dsns) - 1, -1, -1):
             try:
                 return self._run(make, conn)
@@ -231,9 +250,14 @@ class Client(ClientCore):
         Blocks until a job is ready, or ``timeout`` seconds pass (``None`` or 0:
         forever), then returns ``[]``; with ``nohang`` never blocks.
         """
-        make = self.get_jobs_command(queues, count=count, timeout=timeout, nohang=nohang,
-                                     withcounters=withcounters)
-        return self._run(make, conn)
+        request = self.get_request(queues, count=count, timeout=timeout, nohang=nohang,
+                                   withcounters=withcounters)
+        if conn is not None:
+            return self._run(request.command(), conn)
+        jobs: list[Job] = self._combiners().claims.submit(request.call, self)  # one claim, many callers
+        if jobs or request.nohang:
+            return jobs
+        return self._run(request.command(claimed=True))
 
     def wait_replicated(self, ids: Iterable[str], timeout: float = 5.0) -> None:
         """Wait until jobs added with ``asynchronous=True`` or inside a transaction
@@ -243,7 +267,9 @@ class Client(ClientCore):
 
     def ack_job(self, *ids: str, conn: object = None) -> int:
         """ACKJOB: mark jobs done; returns how many known, unacknowledged jobs were acked."""
-        return self._run(self.ids_command("ack_jobs", ids), conn)
+        if conn is not None:
+            return self._run(self.ids_command("ack_jobs", ids), conn)
+        return self._combiners().acks.submit(self.job_ids(ids), self)  # type: ignore[no-any-return]
 
     def fast_ack(self, *ids: str, conn: object = None) -> int:
         """FASTACK: delete jobs now (no tombstone); returns how many were deleted."""

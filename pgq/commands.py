@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from . import statements as sql
@@ -58,6 +59,7 @@ __all__ = [
 COPY_THRESHOLD = 2000
 JOB_STATES = ("wait-repl", "active", "queued", "acked")
 DEFAULT_REPLICATION = 3
+MAX_CLAIM = 100_000  # the largest COUNT (arguments.MAX_COUNT): a batch claims no more
 NODE_STUCK_AFTER = 3.0  # an outbox event this old: the node process is not running
 MAX_REPLICATED_BODY = 48 * 2**20  # below the bus's 64 MiB frame, with room to spare
 
@@ -176,6 +178,63 @@ def _insert_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class AddCall:
+    """One caller's validated ADDJOB, as :func:`add_batch` takes it."""
+
+    queue: str
+    bodies: Sequence[bytes]
+    params: JobParams
+
+
+# The outcome of a call a batch cannot take (copies, MAXLEN, a leaving
+# node...): its caller runs :func:`add_jobs` on its own.
+REROUTE = "reroute"
+
+
+def batchable(call: AddCall) -> bool:
+    """Worth a batch before knowing the cluster: small, no MAXLEN lock."""
+    return call.params.maxlen is None and len(call.bodies) < COPY_THRESHOLD
+
+
+def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
+    """ADDJOB of many callers in one statement and one commit (group commit).
+
+    Takes the jobs that are held here only (no copies): what a single node,
+    or ``replicate=1``, adds. Each call gets its IDs, a PausedError, or
+    REROUTE (replicated, MAXLEN, a cluster node without its process, a
+    leaving node): nothing of a rerouted call was stored.
+    """
+    view = yield from cluster_view(session)
+    outcomes: list[Any] = [REROUTE] * len(calls)
+    taken: list[tuple[int, list[str]]] = []
+    for index, call in enumerate(calls):
+        wanted, _minimum = _copies(call.params, view)
+        if not batchable(call) or wanted > 1 or view.leaving or (view.member and not view.active):
+            continue
+        taken.append((index, new_job_ids(session.node_id, call.params.ttl, call.params.retry,
+                                         len(call.bodies))))
+    if not taken:
+        return outcomes
+    rows = [(calls[i], job_id, body) for i, ids in taken
+            for job_id, body in zip(ids, calls[i].bodies, strict=True)]
+    paused, leaving, _woken = yield Query(sql.ADD_MANY, {
+        "ids": [job_id for _c, job_id, _b in rows], "queues": [c.queue for c, _i, _b in rows],
+        "bodies": [body for _c, _i, body in rows],
+        "retries": [c.params.retry for c, _i, _b in rows],
+        "delays": [c.params.delay for c, _i, _b in rows],
+        "ttls": [c.params.ttl for c, _i, _b in rows],
+        "names": sorted({calls[i].queue for i, _ids in taken}),
+    }, Result.ROW)
+    if leaving:
+        return outcomes  # nothing stored: every call goes the long way
+    refused = set(paused)
+    for index, ids in taken:
+        queue = calls[index].queue
+        outcomes[index] = PausedError(_paused_message(queue)) if queue in refused else ids
+    return outcomes
+
+
 def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
                     params: JobParams, wanted: int, minimum: int) -> Command[None]:
     """Store the jobs here with an outbox event for the node process."""
@@ -270,9 +329,13 @@ def wait_replicated(session: Session, ids: list[str], timeout: float) -> Command
         polls += 1
 
 
+def _paused_message(queue: str) -> str:
+    return f"queue {queue!r} is paused for input: resume it with pause(queue, 'none')"
+
+
 def _raise_if_refused(queue: str, paused: bool, full: bool, maxlen: int | None) -> None:
     if paused:
-        raise PausedError(f"queue {queue!r} is paused for input: resume it with pause(queue, 'none')")
+        raise PausedError(_paused_message(queue))
     if full:
         raise MaxLenError(f"queue {queue!r} already holds {maxlen} or more jobs (maxlen={maxlen})")
 
@@ -319,13 +382,14 @@ def _poll_wait(polls: int, interval: float) -> float:
 
 
 def get_jobs(session: Session, queues: list[str], count: int, timeout: float | None,
-             nohang: bool, withcounters: bool) -> Command[list[Job]]:
+             nohang: bool, withcounters: bool, claimed: bool = False) -> Command[list[Job]]:
     """GETJOB: up to ``count`` jobs, queues served left to right.
 
     Returns as many jobs as are ready (up to ``count``) as soon as there is
     at least one. With ``nohang`` returns ``[]`` at once when none is ready;
     otherwise blocks until one is, or ``timeout`` seconds pass (``None``
-    blocks forever), then returns ``[]``.
+    blocks forever), then returns ``[]``. ``claimed``: a claim just found
+    nothing (a batch of :func:`claim_batch`), so start by waiting.
     """
     claim = sql.CLAIM_RELAXED if session.owned else sql.CLAIM
     params = {"queues": queues, "count": count}
@@ -333,9 +397,11 @@ def get_jobs(session: Session, queues: list[str], count: int, timeout: float | N
     listening = False
     polls = 0
     while True:
-        rows = yield Query(claim, params, Result.ROWS)
-        if rows:
-            return _jobs_in_priority_order(rows, queues, withcounters)
+        if not claimed:
+            rows = yield Query(claim, params, Result.ROWS)
+            if rows:
+                return _jobs_in_priority_order(rows, queues, withcounters)
+        claimed = False
         if nohang:
             return []
         now = session.clock()
@@ -361,14 +427,52 @@ def get_jobs(session: Session, queues: list[str], count: int, timeout: float | N
         yield Housekeeping()
 
 
-def _jobs_in_priority_order(rows: list[tuple[Any, ...]], queues: list[str],
-                            withcounters: bool) -> list[Job]:
+@dataclass(frozen=True, slots=True)
+class ClaimCall:
+    """One caller's GETJOB attempt, as :func:`claim_batch` takes it."""
+
+    queues: tuple[str, ...]
+    count: int
+    withcounters: bool
+
+
+def claim_batch(session: Session, calls: Sequence[ClaimCall]) -> Command[list[list[Job]]]:
+    """One claim attempt of many callers: one statement per distinct list of
+    queues, COUNT summed; the jobs go to the callers in arrival order, each
+    up to its COUNT, in priority order. A caller left without jobs blocks
+    on its own (``get_jobs(..., claimed=True)``)."""
+    claim = sql.CLAIM_RELAXED if session.owned else sql.CLAIM
+    outcomes: list[list[Job]] = [[] for _ in calls]
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for index, call in enumerate(calls):
+        groups.setdefault(call.queues, []).append(index)
+    for queues, members in groups.items():
+        total = min(sum(calls[i].count for i in members), MAX_CLAIM)
+        rows = yield Query(claim, {"queues": list(queues), "count": total}, Result.ROWS)
+        ordered = _in_priority_order(rows, list(queues))
+        start = 0
+        for index in members:
+            mine = ordered[start:start + calls[index].count]
+            start += len(mine)
+            outcomes[index] = _jobs(mine, calls[index].withcounters)
+    return outcomes
+
+
+def _in_priority_order(rows: list[tuple[Any, ...]], queues: list[str]) -> list[tuple[Any, ...]]:
     # RETURNING order is unspecified; restore (queue position, ctime, id).
     position = {name: i for i, name in enumerate(queues)}
-    rows = sorted(rows, key=lambda r: (position[r[0]], r[5], r[1]))
+    return sorted(rows, key=lambda r: (position[r[0]], r[5], r[1]))
+
+
+def _jobs(rows: list[tuple[Any, ...]], withcounters: bool) -> list[Job]:
     if withcounters:
         return [Job(r[1], r[0], r[2], r[3], r[4], r[6], r[7]) for r in rows]
     return [Job(r[1], r[0], r[2], retry=r[6], ttl=r[7]) for r in rows]
+
+
+def _jobs_in_priority_order(rows: list[tuple[Any, ...]], queues: list[str],
+                            withcounters: bool) -> list[Job]:
+    return _jobs(_in_priority_order(rows, queues), withcounters)
 
 
 # ---------------------------------------------------------- ack / nack / del
@@ -376,6 +480,24 @@ def _jobs_in_priority_order(rows: list[tuple[Any, ...]], queues: list[str],
 
 def ack_jobs(session: Session, ids: list[str]) -> Command[int]:
     """ACKJOB: number of known, not yet acknowledged jobs that were acknowledged."""
+    acked = yield from _ack(session, ids)
+    return len(acked)
+
+
+def ack_batch(session: Session, calls: list[list[str]]) -> Command[list[int]]:
+    """ACKJOB of many callers in one statement and one commit (group commit).
+    A job named by several calls counts for the first one only, as if they
+    had run one after the other."""
+    acked = set((yield from _ack(session, list(dict.fromkeys(i for ids in calls for i in ids)))))
+    counts = []
+    for ids in calls:
+        mine = acked.intersection(ids)
+        acked -= mine
+        counts.append(len(mine))
+    return counts
+
+
+def _ack(session: Session, ids: list[str]) -> Command[list[str]]:
     view = yield from cluster_view(session)
     dummies = [i for i in ids if is_at_least_once_id(i)]
     acked, events, _rang = yield Query(sql.ACK, {
@@ -384,7 +506,7 @@ def ack_jobs(session: Session, ids: list[str]) -> Command[int]:
         "cluster": view.active, "ring": not session.owned,
     }, Result.ROW)
     yield from _ring(session, events)
-    return int(acked)
+    return list(acked)
 
 
 def _delete(session: Session, ids: list[str], outcome: str, fast: bool) -> Command[int]:

@@ -229,9 +229,10 @@ class ClientCore:
 
     # ------------------------------------------------------------ commands
 
-    def add_jobs_command(self, queue: object, bodies: Iterable[object], *, replicate: object,
-                         delay: object, retry: object, ttl: object, maxlen: object,
-                         asynchronous: object, timeout: object) -> CommandFactory[list[str]]:
+    def add_call(self, queue: object, bodies: Iterable[object], *, replicate: object,
+                 delay: object, retry: object, ttl: object, maxlen: object,
+                 asynchronous: object, timeout: object) -> commands.AddCall:
+        """An ADDJOB, validated (see :func:`pgq.commands.add_jobs`)."""
         name = args.queue_name(queue)
         if isinstance(bodies, (str, bytes, bytearray, memoryview)):
             raise InvalidTypeError("add_jobs takes an iterable of bodies; use add_job for one body")
@@ -240,20 +241,42 @@ class ClientCore:
             replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
             asynchronous=asynchronous, timeout=timeout,
         )
-        if not data:
-            return lambda session: _empty_list()
-        return lambda session: commands.add_jobs(session, name, data, params)
+        return commands.AddCall(name, data, params)
 
-    def get_jobs_command(self, queues: tuple[object, ...], *, count: object, timeout: object,
-                         nohang: object, withcounters: object) -> CommandFactory[list[Any]]:
+    def add_jobs_command(self, queue: object, bodies: Iterable[object], *, replicate: object,
+                         delay: object, retry: object, ttl: object, maxlen: object,
+                         asynchronous: object, timeout: object) -> CommandFactory[list[str]]:
+        call = self.add_call(queue, bodies, replicate=replicate, delay=delay, retry=retry,
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+        return self.add_command(call)
+
+    @staticmethod
+    def add_command(call: commands.AddCall) -> CommandFactory[list[str]]:
+        if not call.bodies:
+            return lambda session: _empty_list()
+        return lambda session: commands.add_jobs(session, call.queue, call.bodies, call.params)
+
+    def get_request(self, queues: tuple[object, ...], *, count: object, timeout: object,
+                    nohang: object, withcounters: object) -> GetRequest:
+        """A GETJOB, validated."""
         names = args.queue_names(queues)
         how_many = args.count(count)
         wait = args.timeout(timeout)
         for flag, value in (("nohang", nohang), ("withcounters", withcounters)):
             if not isinstance(value, bool):
                 raise InvalidTypeError(f"{flag} must be a bool, not {type(value).__name__}")
-        return lambda session: commands.get_jobs(
-            session, names, how_many, wait, bool(nohang), bool(withcounters))
+        return GetRequest(commands.ClaimCall(tuple(names), how_many, bool(withcounters)),
+                          wait, bool(nohang))
+
+    def get_jobs_command(self, queues: tuple[object, ...], *, count: object, timeout: object,
+                         nohang: object, withcounters: object) -> CommandFactory[list[Any]]:
+        request = self.get_request(queues, count=count, timeout=timeout, nohang=nohang,
+                                   withcounters=withcounters)
+        return request.command()
+
+    @staticmethod
+    def job_ids(ids: tuple[object, ...]) -> list[str]:
+        return _job_ids(ids)
 
     def ids_command(self, name: str, ids: tuple[object, ...], **extra: Any) -> CommandFactory[int]:
         checked = _job_ids(ids)
@@ -362,6 +385,21 @@ class ClientCore:
                     f"unknown pause flag {flag!r}; allowed: {', '.join(commands.PAUSE_FLAGS)}")
             checked.append(flag.lower())
         return lambda session: commands.pause(session, name, checked)
+
+
+@dataclass(frozen=True)
+class GetRequest:
+    """A validated GETJOB: its claim, and what to do when it finds nothing."""
+
+    call: commands.ClaimCall
+    timeout: float | None
+    nohang: bool
+
+    def command(self, claimed: bool = False) -> CommandFactory[list[Any]]:
+        call = self.call
+        return lambda session: commands.get_jobs(session, list(call.queues), call.count,
+                                                 self.timeout, self.nohang, call.withcounters,
+                                                 claimed=claimed)
 
 
 def _job_ids(ids: tuple[object, ...]) -> list[str]:

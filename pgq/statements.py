@@ -20,6 +20,26 @@ Conventions:
 
 from __future__ import annotations
 
+# ------------------------------------------------------------- connections
+
+# Settings of every connection pgq opens for itself (client pools and the
+# node process), passed as libpq options so they cost no round trip.
+# * plan_cache_mode: pgq's statements are prepared; with array parameters
+#   PostgreSQL would keep re-planning them ("custom plans"), which costs
+#   more than running them.
+# * enable_bitmapscan / enable_seqscan off: the generic plans are made once
+#   per connection, often while pgq.jobs is empty or never analysed; the
+#   planner then picks a bitmap scan (or a seq scan) that reads every queued
+#   job to return a few - 20x slower on a fresh node with a backlog. With
+#   these off the plan is the ordered index walk whatever the table's
+#   history (pgq's statements all have an index to walk; a table without
+#   one is still scanned: "off" only makes a plan costlier).
+# * jit off: such a plan's inflated cost would otherwise trigger JIT
+#   compilation (60 ms for a one-row read); pgq's statements are short OLTP.
+SESSION_OPTIONS = ("-c plan_cache_mode=force_generic_plan -c enable_bitmapscan=off "
+                   "-c enable_seqscan=off -c jit=off")
+TURBO_OPTIONS = " -c synchronous_commit=off"
+
 # --------------------------------------------------------------------- node
 
 # A client's first statements: is pgq there (a reference to a missing table
@@ -85,6 +105,46 @@ SELECT EXISTS (SELECT 1 FROM paused) AS paused,
           AND (%(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)))
         AS notified,
        EXISTS (SELECT 1 FROM leaving) AS leaving
+"""
+
+# ADDJOB of many callers at once (group commit): jobs held here only, each
+# row with its own queue and parameters, one statement and one commit for
+# all. Safe for the same reasons as ADD_JOBS (idempotent by client-made IDs;
+# PAUSED checked in the statement; a leaving node stores nothing: every
+# call is then re-routed). MAXLEN adds never come here (they lock).
+ADD_MANY = """
+WITH leaving AS (
+    SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
+), input AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
+                         %(retries)s::float8[], %(delays)s::float8[], %(ttls)s::float8[])
+        WITH ORDINALITY AS u(id, queue, body, retry, delay, ttl, n)
+), paused AS (
+    SELECT p.name FROM pgq.queues p
+    WHERE p.name = ANY (%(names)s::text[]) AND p.paused IN ('in', 'all')
+), inserted AS (
+    INSERT INTO pgq.jobs (id, queue, state, body, repl, retry, delay,
+                          expires_at, requeue_at, queued_at, enqueues)
+    SELECT i.id, i.queue, CASE WHEN i.delay > 0 THEN 'active' ELSE 'queued' END,
+           i.body, 1, i.retry, i.delay,
+           statement_timestamp() + i.ttl * interval '1 second',
+           CASE WHEN i.delay > 0 THEN statement_timestamp() + i.delay * interval '1 second' END,
+           CASE WHEN i.delay > 0 THEN NULL ELSE statement_timestamp() END,
+           CASE WHEN i.delay > 0 THEN 0 ELSE 1 END
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM leaving)
+      AND NOT EXISTS (SELECT 1 FROM paused p WHERE p.name = i.queue)
+    ORDER BY i.n  -- ctime follows arrival order
+    ON CONFLICT (id) DO NOTHING
+    RETURNING queue, state
+), woken AS (
+    SELECT pg_notify('pgq', q.queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
+    WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
+)
+SELECT ARRAY(SELECT name FROM paused) AS paused,
+       EXISTS (SELECT 1 FROM leaving) AS leaving,
+       (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
 """
 
 # ADDJOB of a replicated job on a node served by a node process. The job is
@@ -359,10 +419,9 @@ WITH {_DELETE_GONE}, {_LOG_GONE}, tombstones AS (
     SELECT 'ack', id, NULL FROM dummies WHERE %(cluster)s
     RETURNING 1
 )
-SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()),
+SELECT ARRAY(SELECT id FROM gone WHERE expires_at > statement_timestamp()) AS acked,
        (SELECT count(*) FROM events),
        (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
-FROM gone
 """
 
 # A worker gives up on jobs: like ACK (every holder learns it is done), and
@@ -455,9 +514,9 @@ WITH requeued AS (
                                   THEN statement_timestamp() + %(delay)s * interval '1 second' END,
         requeue_counts = NOT (%(delay)s > 0),
         enqueues = enqueues + (%(delay)s <= 0)::integer,
-        nacks = nacks + %(nack)s::integer,
+        nacks = nacks + %(nack)s::boolean::integer,
         additional_deliveries = additional_deliveries
-                                + (NOT %(nack)s AND enqueues > 0)::integer
+                                + (NOT %(nack)s::boolean AND enqueues > 0)::integer
     WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
       AND expires_at > statement_timestamp()
       AND NOT (retry = 0 AND deliveries > 0)
@@ -470,7 +529,7 @@ WITH requeued AS (
     -- other holders count it too and postpone their own re-queue (QUEUED)
     INSERT INTO pgq.outbox (kind, job_id, arg)
     SELECT 'queued', id,
-           CASE WHEN %(nack)s THEN 'nacks' WHEN counted THEN 'additional_deliveries' ELSE '' END
+           CASE WHEN %(nack)s::boolean THEN 'nacks' WHEN counted THEN 'additional_deliveries' ELSE '' END
            || ':' || array_to_string(nodes_delivered, ',')
     FROM requeued WHERE cardinality(nodes_delivered) > 1
     RETURNING 1

@@ -1,0 +1,207 @@
+"""Group commit across concurrent callers: many calls, one statement, one commit.
+
+A combiner takes calls of one kind (adds, claims, acks) from any number of
+concurrent callers and hands them to a ``flush`` function in batches. The
+caller that makes a flush passes its own *context* (the client whose pool
+runs it), so one combiner may serve several clients of the same database. Its rule, the one Disque applies to its AOF per event-loop turn:
+
+* **No flush in flight: the caller flushes at once**, alone. A lone caller
+  pays nothing for the batching (no timer, no hand-off to another thread).
+* **A flush in flight: the call waits in the queue.** When the flush ends,
+  everything that gathered meanwhile goes in the next flush, made by one
+  of the waiting callers (the first one; the others sleep until their
+  results are in). So throughput grows with the callers: N callers that
+  arrive during one flush share the next one.
+
+Invariants:
+
+* Every call gets exactly its own outcome: a result, or an exception that
+  is raised in its caller only (``flush`` returns one outcome per call, in
+  order; if ``flush`` itself raises, every call of that batch gets that
+  error).
+* At most ``parallel`` flushes are in flight at once.
+* Calls are flushed in arrival order.
+
+The waiting is the only thing that differs between threads and tasks:
+:class:`SyncCombiner` (threads, for :class:`pgq.Client`) and
+:class:`AsyncCombiner` (anyio tasks, for :class:`pgq.AsyncClient`) share the
+queueing rule in :class:`_Queue`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import anyio
+
+__all__ = ["Outcome", "SyncCombiner", "AsyncCombiner", "Failed", "Shared"]
+
+C = TypeVar("C")  # a call
+R = TypeVar("R")  # its result
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The outcome of a call that failed: raised in its caller."""
+
+    error: BaseException
+
+
+Outcome = Any  # a result, or Failed
+
+
+@dataclass(eq=False)
+class _Slot(Generic[C]):
+    call: C
+    context: Any = None
+    outcome: Outcome = None
+    done: bool = False
+    lead: bool = False  # woken to make the next flush
+
+
+@dataclass
+class _Queue(Generic[C]):
+    """Who flushes what (no I/O, no waiting): the shared rule."""
+
+    parallel: int = 1
+    waiting: list[_Slot[C]] = field(default_factory=list)
+    flushing: int = 0
+
+    def arrive(self, slot: _Slot[C]) -> bool:
+        """Queue a call; True if its caller must flush now."""
+        self.waiting.append(slot)
+        if self.flushing < self.parallel:
+            self.flushing += 1
+            return True
+        return False
+
+    def take(self) -> list[_Slot[C]]:
+        batch, self.waiting = self.waiting, []
+        return batch
+
+    def finish(self) -> _Slot[C] | None:
+        """A flush ended: the slot whose caller makes the next one, if any."""
+        if self.waiting:
+            nxt = self.waiting[0]
+            nxt.lead = True
+            return nxt
+        self.flushing -= 1
+        return None
+
+
+def _settle(batch: Sequence[_Slot[Any]], outcomes: Sequence[Outcome] | BaseException) -> None:
+    for i, slot in enumerate(batch):
+        slot.outcome = outcomes if isinstance(outcomes, BaseException) else outcomes[i]
+        if isinstance(slot.outcome, BaseException):
+            slot.outcome = Failed(slot.outcome)
+        slot.done = True
+
+
+def _result(slot: _Slot[Any]) -> Any:
+    if isinstance(slot.outcome, Failed):
+        raise slot.outcome.error
+    return slot.outcome
+
+
+class SyncCombiner(Generic[C]):
+    """Batches calls of threads; ``flush(context, calls) -> outcomes`` blocks."""
+
+    def __init__(self, flush: Callable[[Any, list[C]], Sequence[Outcome]],
+                 parallel: int = 1) -> None:
+        self._flush = flush
+        self._queue: _Queue[C] = _Queue(parallel)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+
+    def submit(self, call: C, context: Any = None) -> Any:
+        slot = _Slot(call, context)
+        with self._lock:
+            lead = self._queue.arrive(slot)
+            while not lead and not slot.done and not slot.lead:
+                self._wake.wait()
+            lead = lead or (slot.lead and not slot.done)
+        if lead:
+            self._lead(context)
+        return _result(slot)
+
+    def _lead(self, context: Any) -> None:
+        with self._lock:
+            batch = self._queue.take()
+        try:
+            outcomes: Sequence[Outcome] | BaseException = self._flush(
+                context, [s.call for s in batch])
+        except BaseException as exc:  # every call of the batch gets it
+            outcomes = exc
+        with self._lock:
+            _settle(batch, outcomes)
+            self._queue.finish()
+            self._wake.notify_all()
+
+
+class AsyncCombiner(Generic[C]):
+    """Batches calls of anyio tasks; ``flush(context, calls) -> outcomes`` is awaited."""
+
+    def __init__(self, flush: Callable[[Any, list[C]], Awaitable[Sequence[Outcome]]],
+                 parallel: int = 1) -> None:
+        self._flush = flush
+        self._queue: _Queue[C] = _Queue(parallel)
+        self._changed = anyio.Event()
+
+    async def submit(self, call: C, context: Any = None) -> Any:
+        slot = _Slot(call, context)
+        lead = self._queue.arrive(slot)
+        try:
+            while not lead and not slot.done and not slot.lead:
+                await self._changed.wait()
+        except BaseException:  # cancelled while waiting: leave the queue cleanly
+            if not slot.done:
+                if slot in self._queue.waiting:
+                    self._queue.waiting.remove(slot)
+                if slot.lead:  # it was to make the next flush: pass that on
+                    self._queue.finish()
+                    self._notify()
+            raise
+        if lead or (slot.lead and not slot.done):
+            await self._lead(context)
+        return _result(slot)
+
+    def _notify(self) -> None:
+        changed, self._changed = self._changed, anyio.Event()
+        changed.set()
+
+    async def _lead(self, context: Any) -> None:
+        batch = self._queue.take()
+        try:
+            # Shielded: a caller cancelled mid-flush must not leave the
+            # other callers of its batch without outcomes.
+            with anyio.CancelScope(shield=True):
+                outcomes: Sequence[Outcome] | BaseException = \
+                    await self._flush(context, [s.call for s in batch])
+        except BaseException as exc:
+            outcomes = exc
+        _settle(batch, outcomes)
+        self._queue.finish()
+        self._notify()
+
+
+class Shared(Generic[C]):
+    """Sync combiners shared by every client of one database in a process,
+    so that threads that each made their own :class:`pgq.Client` batch
+    together too. Keyed by what makes two clients' statements the same
+    (the DSN and the options that change them). Combiners hold no
+    resources: each flush runs on the pool of the client that makes it."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make = make
+        self._lock = threading.Lock()
+        self._by_key: dict[Any, Any] = {}
+
+    def get(self, key: Any) -> Any:
+        found = self._by_key.get(key)
+        if found is None:
+            with self._lock:
+                found = self._by_key.setdefault(key, self._make())
+        return found

@@ -1,0 +1,159 @@
+"""The group-commit combiner on its own (no database): one outcome per call,
+batches that grow with the callers, a lone caller served at once, errors
+kept to their callers, cancellation that strands nobody."""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+from pgq.combine import AsyncCombiner, SyncCombiner
+
+
+def test_a_lone_caller_flushes_alone_and_at_once():
+    batches = []
+    combiner = SyncCombiner(lambda _ctx, calls: (batches.append(list(calls)), [c * 2 for c in calls])[1])
+    assert combiner.submit(21) == 42
+    assert batches == [[21]]
+
+
+def test_callers_arriving_during_a_flush_share_the_next_one():
+    gate = threading.Event()
+    entered = threading.Event()
+    batches: list[list[int]] = []
+
+    def flush(_ctx: object, calls: list[int]) -> list[int]:
+        batches.append(list(calls))
+        if len(batches) == 1:
+            entered.set()
+            assert gate.wait(10)
+        return [c + 100 for c in calls]
+
+    combiner = SyncCombiner(flush)
+    results: dict[int, int] = {}
+    first = threading.Thread(target=lambda: results.__setitem__(0, combiner.submit(0)))
+    first.start()
+    assert entered.wait(10)  # the first flush is in flight
+    others = [threading.Thread(target=lambda i=i: results.__setitem__(i, combiner.submit(i)))
+              for i in range(1, 21)]
+    for thread in others:
+        thread.start()
+    # wait (by condition, not time) until all 20 are queued behind the flush
+    while len(combiner._queue.waiting) < 20:  # noqa: SLF001 - observing the queue
+        threading.Event().wait(0.001)
+    gate.set()
+    for thread in [first, *others]:
+        thread.join(10)
+    assert results == {i: i + 100 for i in range(21)}
+    assert batches[0] == [0] and sorted(batches[1]) == list(range(1, 21)) and len(batches) == 2
+
+
+def test_errors_stay_with_their_callers():
+    def flush(_ctx: object, calls: list[int]) -> list[object]:
+        return [ValueError(f"bad {c}") if c % 2 else c for c in calls]
+
+    combiner = SyncCombiner(flush)
+    assert combiner.submit(2) == 2
+    with pytest.raises(ValueError, match="bad 3"):
+        combiner.submit(3)
+
+
+def test_a_failing_flush_fails_its_batch_only():
+    calls_seen = []
+
+    def flush(_ctx: object, calls: list[int]) -> list[int]:
+        calls_seen.append(calls)
+        if calls == [1]:
+            raise ConnectionError("lost")
+        return calls
+
+    combiner = SyncCombiner(flush)
+    with pytest.raises(ConnectionError):
+        combiner.submit(1)
+    assert combiner.submit(2) == 2  # the combiner goes on
+
+
+def test_async_batches_share_flushes_and_survive_cancellation():
+    batches: list[list[int]] = []
+
+    async def main() -> None:
+        gate = anyio.Event()
+
+        async def flush(_ctx: object, calls: list[int]) -> list[int]:
+            batches.append(list(calls))
+            if len(batches) == 1:
+                await gate.wait()
+            return [c * 10 for c in calls]
+
+        combiner = AsyncCombiner(flush)
+        results: dict[int, int] = {}
+
+        async def call(i: int) -> None:
+            results[i] = await combiner.submit(i)
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(call, 0)
+            await anyio.wait_all_tasks_blocked()
+            with anyio.CancelScope() as doomed:
+                doomed.cancel()
+                # a caller cancelled while queued leaves no trace
+                tasks.start_soon(call, 99)
+            for i in range(1, 6):
+                tasks.start_soon(call, i)
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+        assert {k: v for k, v in results.items() if k != 99} == {i: i * 10 for i in range(6)}
+
+    anyio.run(main)
+    assert batches[0] == [0] and sorted(c for c in batches[1] if c != 99) == [1, 2, 3, 4, 5]
+
+
+def test_async_promoted_caller_cancelled_passes_the_flush_on():
+    async def main() -> None:
+        gate = anyio.Event()
+        flushed: list[list[int]] = []
+
+        async def flush(_ctx: object, calls: list[int]) -> list[int]:
+            flushed.append(list(calls))
+            if len(flushed) == 1:
+                await gate.wait()
+            return calls
+
+        combiner = AsyncCombiner(flush)
+        got: dict[int, int] = {}
+        # 10 s: far more than this needs; a stranded flush would hang forever
+        with anyio.fail_after(10):
+            await run(combiner, gate, got)
+        assert got == {2: 2}
+
+    async def run(combiner: AsyncCombiner, gate: anyio.Event, got: dict[int, int]) -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(lambda: combiner.submit(0))
+            await anyio.wait_all_tasks_blocked()
+            scope = anyio.CancelScope()
+
+            async def doomed() -> None:
+                with scope:
+                    await combiner.submit(1)  # first in line: would lead the next flush
+
+            async def survivor() -> None:
+                got[2] = await combiner.submit(2)
+
+            tasks.start_soon(doomed)
+            tasks.start_soon(survivor)
+            await anyio.wait_all_tasks_blocked()
+            scope.cancel()
+            await anyio.wait_all_tasks_blocked()
+            gate.set()
+
+    anyio.run(main)
+
+
+def test_each_flush_runs_with_the_leading_callers_context():
+    contexts = []
+    combiner = SyncCombiner(lambda ctx, calls: (contexts.append(ctx), calls)[1])
+    assert combiner.submit(1, context="client A") == 1
+    assert combiner.submit(2, context="client B") == 2
+    assert contexts == ["client A", "client B"]
