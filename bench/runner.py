@@ -115,14 +115,18 @@ class Server:
         os.chmod(self.home, 0o711)
         self.instance = embedded.ensure_running(self.home)
         self.counter = 0
-        embedded.create_database(self.instance, "pgq_bench_template")
-        pgq.migrate(self.instance.dsn_for("pgq_bench_template"))
-        with self.admin() as conn:
-            self.version = conn.execute("SHOW server_version").fetchone()[0]
-            self.settings = dict(conn.execute(
-                "SELECT name, setting FROM pg_settings WHERE name IN "
-                "('fsync', 'synchronous_commit', 'shared_buffers', 'max_wal_size', 'full_page_writes')"
-            ).fetchall())
+        try:
+            embedded.create_database(self.instance, "pgq_bench_template")
+            pgq.migrate(self.instance.dsn_for("pgq_bench_template"))
+            with self.admin() as conn:
+                self.version = conn.execute("SHOW server_version").fetchone()[0]
+                self.settings = dict(conn.execute(
+                    "SELECT name, setting FROM pg_settings WHERE name IN "
+                    "('fsync', 'synchronous_commit', 'shared_buffers', 'max_wal_size', "
+                    "'full_page_writes')").fetchall())
+        except BaseException:
+            self.stop()  # a server started for nothing must not outlive the run
+            raise
 
     def admin(self) -> psycopg.Connection:
         return psycopg.connect(self.instance.admin_dsn_for("postgres"), autocommit=True)

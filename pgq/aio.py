@@ -22,7 +22,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import commands
 from .combine import AsyncCombiner
-from .core import ClientCore, CommandFactory, translate_database_error
+from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
 from .driver import AsyncDriver
 from .errors import DatabaseUnavailableError, NoReplError
 from .job import Job
@@ -117,7 +117,8 @@ class AsyncClient(ClientCore):
     async def _housekeeping(self, conn: psycopg.AsyncConnection[Any]) -> None:
         if self.sweep_due():
             try:
-                await conn.execute(SWEEP, prepare=self.options.prepare or None)
+                cursor = await conn.execute(SWEEP, SWEEP_PARAMS, prepare=self.options.prepare or None)
+                self.swept(await cursor.fetchone())
             except psycopg.OperationalError:
                 raise
             except psycopg.Error as exc:

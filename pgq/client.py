@@ -28,7 +28,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import commands
 from .combine import Shared, SyncCombiner
-from .core import ClientCore, CommandFactory, translate_database_error
+from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
 from .driver import SyncDriver
 from .errors import NoReplError
 from .job import Job
@@ -126,11 +126,13 @@ class Client(ClientCore):
     def _housekeeping(self, conn: psycopg.Connection[Any]) -> None:
         if self.sweep_due():
             try:
-                conn.execute(SWEEP, prepare=self.options.prepare or None)
+                row = conn.execute(SWEEP, SWEEP_PARAMS, prepare=self.options.prepare or None).fetchone()
             except psycopg.OperationalError:
                 raise
             except psycopg.Error as exc:  # a sweep failure must not fail the caller's call
                 log.warning("pgq sweep failed: %s", exc)
+            else:
+                self.swept(row)
 
     def _run_on_pool(self, work: Any) -> Any:
         deadline = time.monotonic() + self.options.reconnect_timeout

@@ -16,11 +16,12 @@ import datetime as dt
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import statements as sql
 from .arguments import JobParams
 from .copydata import binary_copy
+from .floors import FROM_THE_FRONT
 from .errors import (
     InvalidArgumentError,
     LeavingError,
@@ -391,14 +392,12 @@ def get_jobs(session: Session, queues: list[str], count: int, timeout: float | N
     blocks forever), then returns ``[]``. ``claimed``: a claim just found
     nothing (a batch of :func:`claim_batch`), so start by waiting.
     """
-    claim = sql.CLAIM_RELAXED if session.owned else sql.CLAIM
-    params = {"queues": queues, "count": count}
     deadline = None if timeout is None else session.clock() + timeout
     listening = False
     polls = 0
     while True:
         if not claimed:
-            rows = yield Query(claim, params, Result.ROWS)
+            rows = yield from _claim(session, queues, count)
             if rows:
                 return _jobs_in_priority_order(rows, queues, withcounters)
         claimed = False
@@ -441,14 +440,13 @@ def claim_batch(session: Session, calls: Sequence[ClaimCall]) -> Command[list[li
     queues, COUNT summed; the jobs go to the callers in arrival order, each
     up to its COUNT, in priority order. A caller left without jobs blocks
     on its own (``get_jobs(..., claimed=True)``)."""
-    claim = sql.CLAIM_RELAXED if session.owned else sql.CLAIM
     outcomes: list[list[Job]] = [[] for _ in calls]
     groups: dict[tuple[str, ...], list[int]] = {}
     for index, call in enumerate(calls):
         groups.setdefault(call.queues, []).append(index)
     for queues, members in groups.items():
         total = min(sum(calls[i].count for i in members), MAX_CLAIM)
-        rows = yield Query(claim, {"queues": list(queues), "count": total}, Result.ROWS)
+        rows = yield from _claim(session, list(queues), total)
         ordered = _in_priority_order(rows, list(queues))
         start = 0
         for index in members:
@@ -458,19 +456,68 @@ def claim_batch(session: Session, calls: Sequence[ClaimCall]) -> Command[list[li
     return outcomes
 
 
-def _in_priority_order(rows: list[tuple[Any, ...]], queues: list[str]) -> list[tuple[Any, ...]]:
+class Claimed(NamedTuple):
+    """A row of ``sql.CLAIM`` / ``sql.CLAIM_RELAXED``: a claimed job (``epoch``
+    None), or the one row with no ``id`` that carries the queue epoch."""
+
+    queue: str
+    id: str | None
+    body: bytes
+    nacks: int
+    additional_deliveries: int
+    ctime: int
+    retry: float
+    ttl: float
+    from_ready: bool  # taken from the ready index (not a due lease): moves the floor
+    epoch: int | None
+
+
+def _claim(session: Session, queues: list[str], count: int) -> Command[list[Claimed]]:
+    """One claim from the queues' floors (see pgq.floors); returns the
+    claimed jobs and moves the floors on. If the queue epoch moved since the
+    last claim (a job may be queued behind a floor) and the claim came up
+    short, it claims again at once from the front."""
+    floors = session.floors
+    if floors is None:
+        jobs, _epoch = yield from _claim_from(session, queues, [FROM_THE_FRONT] * len(queues), count)
+        return jobs
+    known = floors.epoch
+    starts = floors.for_claim(queues, session.clock())
+    started = session.clock()
+    jobs, epoch = yield from _claim_from(session, queues, starts, count)
+    floors.claimed(queues, starts, [(j.queue, j.ctime) for j in jobs if j.from_ready],
+                   started, session.clock(), epoch=epoch)
+    if known is not None and epoch != known and len(jobs) < count \
+            and any(start != FROM_THE_FRONT for start in starts):
+        more, _epoch = yield from _claim_from(session, queues, [FROM_THE_FRONT] * len(queues),
+                                              count - len(jobs))
+        jobs += more
+    return jobs
+
+
+def _claim_from(session: Session, queues: list[str], floors: list[int],
+                count: int) -> Command[tuple[list[Claimed], int | None]]:
+    rows = yield Query(sql.CLAIM_RELAXED if session.owned else sql.CLAIM,
+                       {"queues": queues, "floors": floors, "count": count}, Result.ROWS)
+    claimed = [Claimed(*row) for row in rows]
+    epochs = [row.epoch for row in claimed if row.id is None]
+    return [row for row in claimed if row.id is not None], (epochs[0] if epochs else None)
+
+
+def _in_priority_order(rows: list[Claimed], queues: list[str]) -> list[Claimed]:
     # RETURNING order is unspecified; restore (queue position, ctime, id).
     position = {name: i for i, name in enumerate(queues)}
-    return sorted(rows, key=lambda r: (position[r[0]], r[5], r[1]))
+    return sorted(rows, key=lambda r: (position[r.queue], r.ctime, r.id))
 
 
-def _jobs(rows: list[tuple[Any, ...]], withcounters: bool) -> list[Job]:
+def _jobs(rows: list[Claimed], withcounters: bool) -> list[Job]:
     if withcounters:
-        return [Job(r[1], r[0], r[2], r[3], r[4], r[6], r[7]) for r in rows]
-    return [Job(r[1], r[0], r[2], retry=r[6], ttl=r[7]) for r in rows]
+        return [Job(r.id, r.queue, r.body, r.nacks, r.additional_deliveries, r.retry, r.ttl)
+                for r in rows]
+    return [Job(r.id, r.queue, r.body, retry=r.retry, ttl=r.ttl) for r in rows]
 
 
-def _jobs_in_priority_order(rows: list[tuple[Any, ...]], queues: list[str],
+def _jobs_in_priority_order(rows: list[Claimed], queues: list[str],
                             withcounters: bool) -> list[Job]:
     return _jobs(_in_priority_order(rows, queues), withcounters)
 
@@ -794,5 +841,5 @@ def info(session: Session, version: str) -> Command[dict[str, Any]]:
 
 def sweep(session: Session) -> Command[tuple[int, int, int]]:
     """Run the periodic sweep now: (expired jobs, re-queued jobs, expired acks)."""
-    row = yield Query(sql.SWEEP, None, Result.ROW)
+    row = yield Query(sql.SWEEP, {"dead_min": 0}, Result.ROW)
     return int(row[0]), int(row[1]), int(row[2])

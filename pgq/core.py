@@ -28,8 +28,11 @@ from .errors import (
     SchemaNotReadyError,
     TransactionAbortedError,
 )
+from .floors import Floors
 from .ids import validate_job_id, validate_job_ids
 from .protocol import ClusterView, Command, Session
+from .statements import SESSION_OPTIONS, SWEEP_TABLES_TO_VACUUM
+from .vacuum import DEAD_MIN, Vacuumer
 
 __all__ = ["ClientOptions", "ClientCore", "translate_database_error"]
 
@@ -123,6 +126,20 @@ def translate_database_error(exc: psycopg.Error) -> Exception | None:
     return None
 
 
+_FLOORS: dict[str, Floors] = {}
+_VACUUMER = Vacuumer(SESSION_OPTIONS)  # one per process: one vacuum at a time
+SWEEP_PARAMS = {"dead_min": DEAD_MIN}  # sql.SWEEP's
+
+
+def _floors_of(dsn: str) -> Floors:
+    """The claim floors of one database, shared by every client of it in the
+    process (pgq.floors): each claim starts where the last one got."""
+    floors = _FLOORS.get(dsn)
+    if floors is None:
+        floors = _FLOORS.setdefault(dsn, Floors())
+    return floors
+
+
 class ClientCore:
     """Options, DSN and command construction shared by both clients."""
 
@@ -203,7 +220,14 @@ class ClientCore:
             can_listen=owned and self.options.listen, poll_interval=self.options.poll_interval,
             host=self._host, port=self._port, cluster=self._cluster,
             replication_timeout=self.options.replication_timeout,
+            floors=_floors_of(self._dsn),
         )
+
+    def swept(self, row: Sequence[Any] | None) -> None:
+        """After the periodic sweep (``sql.SWEEP``): vacuum the tables it
+        found mostly dead, in the background (pgq.vacuum)."""
+        if row is not None:
+            _VACUUMER.request(self._dsn, row[SWEEP_TABLES_TO_VACUUM])
 
     def sweep_due(self) -> bool:
         now = time.monotonic()

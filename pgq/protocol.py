@@ -20,10 +20,13 @@ Invariants a driver guarantees:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .floors import Floors
 
 __all__ = [
     "Result",
@@ -160,3 +163,4 @@ class Session:
     port: int = 5432
     cluster: ClusterView = field(default_factory=ClusterView)
     replication_timeout: float = 5.0
+    floors: Floors | None = None  # where claims start (None: from the front)

@@ -52,7 +52,18 @@ SELECT (SELECT version_num FROM pgq.alembic_version),
        (SELECT value FROM pgq.meta WHERE key = 'node_id')
 """
 
-SWEEP = "SELECT expired, requeued, acks_expired FROM pgq.sweep()"
+# The periodic sweep, and which hot tables now need a vacuum (see pgq.vacuum):
+# over 20% dead rows, at least dead_min, not vacuumed in the last 10 s.
+SWEEP = """
+SELECT s.expired, s.requeued, s.acks_expired,
+       ARRAY(SELECT t.relname::text FROM pg_stat_user_tables t
+             WHERE t.schemaname = 'pgq' AND t.relname IN ('jobs', 'acks', 'outbox')
+               AND t.n_dead_tup > greatest(%(dead_min)s, t.n_live_tup / 5)
+               AND coalesce(greatest(t.last_vacuum, t.last_autovacuum), '-infinity')
+                   < statement_timestamp() - interval '10 seconds') AS vacuum
+FROM pgq.sweep() s
+"""
+SWEEP_TABLES_TO_VACUUM = 3  # the column of SWEEP's row naming them
 
 # Expire, and queue the due jobs of one queue, so that introspection of that
 # queue (QLEN, QPEEK, QSTAT) reports Disque's state exactly.
@@ -272,8 +283,9 @@ WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %
 
 # GETJOB in one statement. Queues are served left to right (pos), each by
 # ctime; COUNT is filled by priority. Two arms per queue: queued jobs in
-# ctime order (jobs_queued_idx) and active jobs whose re-queue time has come
-# (jobs_timer_idx) - so an expired lease is found by the claim itself.
+# ctime order from the queue's floor on (jobs_queued_idx), and active jobs
+# whose re-queue time has come (jobs_timer_idx) - so an expired lease is
+# found by the claim itself.
 # Why it is safe:
 # * FOR UPDATE SKIP LOCKED: a row locked by another claim is skipped, never
 #   delivered twice; after the lock, PostgreSQL re-checks the WHERE clause on
@@ -281,22 +293,29 @@ WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %
 #   taken again.
 # * A retry-0 job gets requeue_at NULL: no arm can ever select it again.
 # * The lease is (retry + 0..250 ms of jitter): never shorter than asked.
+# * picked is MATERIALIZED and the UPDATE joins it by ctid: evaluated once,
+#   it updates at most COUNT rows, each through a TID probe whatever plan
+#   the (generic) statement was given.
+# * The floor (pgq.floors) only skips dead index entries of jobs claimed
+#   before; the client walks from the front now and then for the rest.
 _CLAIM_BODY = """
 WITH wanted AS (
-    SELECT q.name, q.pos
-    FROM unnest(%(queues)s::text[]) WITH ORDINALITY AS q(name, pos)
+    SELECT q.name, q.pos, q.floor
+    FROM unnest(%(queues)s::text[], %(floors)s::bigint[]) WITH ORDINALITY AS q(name, floor, pos)
     WHERE NOT EXISTS (SELECT 1 FROM pgq.queues p
                       WHERE p.name = q.name AND p.paused IN ('out', 'all'))
-), candidates AS (
+), ready AS (
     SELECT c.ctid, w.pos, c.ctime
     FROM wanted w CROSS JOIN LATERAL (
         SELECT j.ctid, j.ctime FROM pgq.jobs j
-        WHERE j.queue = w.name AND j.state = 'queued'
+        WHERE j.queue = w.name AND j.state = 'queued' AND j.ctime >= w.floor
           AND j.expires_at > statement_timestamp()
         ORDER BY j.ctime
         LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
+), candidates AS (
+    SELECT ctid, pos, ctime, true AS from_ready FROM ready
     UNION ALL
-    SELECT c.ctid, w.pos, c.ctime
+    SELECT c.ctid, w.pos, c.ctime, false
     FROM wanted w CROSS JOIN LATERAL (
         SELECT j.ctid, j.ctime FROM pgq.jobs j
         WHERE j.queue = w.name AND j.state = 'active'
@@ -304,8 +323,8 @@ WITH wanted AS (
           AND j.expires_at > statement_timestamp()
         ORDER BY j.requeue_at
         LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
-), picked AS (
-    SELECT ctid FROM candidates ORDER BY pos, ctime LIMIT %(count)s
+), picked AS MATERIALIZED (
+    SELECT ctid, from_ready FROM candidates ORDER BY pos, ctime LIMIT %(count)s
 ), claimed AS (
     UPDATE pgq.jobs j SET
         state = 'active',
@@ -325,31 +344,46 @@ WITH wanted AS (
         requeue_counts = true,
         deliveries = j.deliveries + 1,
         delivered_at = statement_timestamp()
-    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked))
+    FROM picked p
+    WHERE j.ctid = p.ctid
     RETURNING j.queue, j.id, j.body, j.nacks, j.additional_deliveries, j.ctime, j.retry,
-              greatest(0, extract(epoch FROM j.expires_at - statement_timestamp()))::float8 AS ttl
+              greatest(0, extract(epoch FROM j.expires_at - statement_timestamp()))::float8 AS ttl,
+              p.from_ready
 )"""
 
+# The rows: one per claimed job (``epoch`` NULL), then one row with a NULL
+# id whose ``epoch`` is the queue epoch (schema 0007): it moves whenever a
+# job may sit queued behind a claim floor (see pgq.floors). This claim moves
+# it too when its ready arm locked jobs it did not take (COUNT was filled by
+# a higher queue or by due leases): a concurrent claim skipped them and may
+# have moved its floor past them.
+_CLAIM_RESULT = """
+SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl, from_ready,
+       NULL::bigint AS epoch
+FROM claimed
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       CASE WHEN EXISTS (SELECT 1 FROM ready r WHERE r.ctid NOT IN (SELECT ctid FROM picked))
+            THEN nextval('pgq.queue_epoch')
+            ELSE (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgq.queue_epoch)
+       END{source}"""
+
 # On a caller's connection: plain. The caller's transaction decides durability.
-CLAIM = _CLAIM_BODY + """
-SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl FROM claimed
-"""
+CLAIM = _CLAIM_BODY + _CLAIM_RESULT.format(source="") + "\n"
 
 # On pgq's own autocommit connections: losing the claim of an at-least-once
 # job in a crash only means it is delivered again, which at-least-once
 # allows, so such a claim commits without waiting for the WAL flush. A batch
 # holding any retry-0 job commits durably: an at-most-once job must never be
 # delivered twice, even after a crash. set_config(..., true) lasts until the
-# end of this statement's own transaction.
-CLAIM_RELAXED = _CLAIM_BODY + """, commit_mode AS (  -- volatile: evaluated once, after the claim
+# end of this statement's own transaction; the epoch row evaluates it, after
+# the claim (it reads claimed).
+CLAIM_RELAXED = _CLAIM_BODY + """, commit_mode AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN EXISTS (SELECT 1 FROM claimed WHERE retry = 0)
                            THEN current_setting('synchronous_commit') ELSE 'off' END,
                       true) AS mode
-)
-SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl, mode
-FROM claimed, commit_mode
-"""
+)""" + _CLAIM_RESULT.format(source="\nFROM commit_mode") + "\n"
 
 # How long until a job of these queues becomes due (delayed or leased), so a
 # blocked consumer wakes up in time without polling faster.

@@ -17,7 +17,8 @@ import itertools
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,3 +158,19 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         yield session
     finally:
         session.stop()
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 20.0, every: float = 0.1,
+               message: str = "condition") -> object:
+    """Poll ``predicate`` until it returns something true (returned), or
+    fail after ``timeout`` seconds: how tests wait for a condition."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
+        time.sleep(every)
+
+

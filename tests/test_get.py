@@ -157,3 +157,21 @@ def test_paused_output_is_skipped_and_resumed(dsn, client):
 def test_duplicate_queue_names_count_once(client):
     ids = client.add_jobs("dup", [b"1", b"2"])
     assert [j.id for j in client.get_job("dup", "dup", count=5)] == ids
+
+
+def test_a_job_queued_again_behind_the_claim_floor_is_still_delivered(client):
+    """Claims start from a floor past the jobs they took (pgq.floors); a job
+    queued again with its old ctime (NACK) sits below it and must still come
+    back: the queue epoch moves, or the periodic walk from the front finds it."""
+    import time
+
+    client.add_jobs("floor", [b"%d" % i for i in range(300)])
+    first = client.get_job("floor")[0]
+    client.get_job("floor", count=100)  # the floor moves past `first`
+    assert client.nack_job(first.id) == 1
+    seen = False
+    deadline = time.monotonic() + 15  # the walk from the front comes every 2 s
+    while not seen and time.monotonic() < deadline:
+        jobs = client.get_job("floor", count=10, timeout=1)
+        seen = any(j.id == first.id for j in jobs)
+    assert seen, "a NACKed job below the floor was never delivered again"

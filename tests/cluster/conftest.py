@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,8 @@ import pytest
 
 import pgq
 from pgq import embedded
+
+from ..conftest import wait_until  # noqa: F401  (the cluster tests import it from here)
 
 HOSTS = [f"127.0.0.{i}" for i in range(2, 7)]
 TEMPLATE = "pgq_node_template"
@@ -41,18 +42,6 @@ def free_port(host: str) -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], object], timeout: float = 20.0, every: float = 0.1,
-               message: str = "condition") -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {message}")
-        time.sleep(every)
 
 
 @dataclass

@@ -1,0 +1,180 @@
+"""Claim floors (pgq.floors) and pgq's own vacuum (pgq.vacuum): where claims
+start, when they walk from the front and how a floor moves, on their own;
+then with a database, the queue epoch and the claim's cost behind a held
+xmin horizon."""
+
+from __future__ import annotations
+
+import psycopg
+
+from pgq import statements as sql
+from pgq.core import _floors_of as floors_of
+from pgq.floors import FROM_THE_FRONT, FULL_WALK_EVERY, MARGIN, Floors
+from pgq.statements import SESSION_OPTIONS
+from pgq.vacuum import BACKOFF_MAX, BACKOFF_MIN, DEAD_MIN, Vacuumer
+
+from .conftest import wait_until
+
+
+def test_the_first_claim_walks_from_the_front_then_from_what_it_took():
+    floors = Floors()
+    used = floors.for_claim(["q"], now=0.0)
+    assert used == [FROM_THE_FRONT]
+    floors.claimed(["q"], used, [("q", 1000 * MARGIN), ("q", 1001 * MARGIN)], 0.0, 0.01)
+    assert floors.for_claim(["q"], now=0.1) == [1000 * MARGIN]  # highest taken, minus the margin
+
+
+def test_a_floor_never_moves_back_and_a_full_walk_keeps_it():
+    floors = Floors()
+    used = floors.for_claim(["q"], 0.0)
+    floors.claimed(["q"], used, [("q", 50 * MARGIN)], 0.0, 0.0)
+    used = floors.for_claim(["q"], 0.5)
+    floors.claimed(["q"], used, [("q", 10 * MARGIN)], 0.5, 0.5)  # an older job, found late
+    assert floors.for_claim(["q"], 0.6) == [49 * MARGIN]
+    # the periodic full walk starts from the front but does not forget the floor
+    assert floors.for_claim(["q"], FULL_WALK_EVERY + 1) == [FROM_THE_FRONT]
+    assert floors.for_claim(["q"], FULL_WALK_EVERY + 1.1) == [49 * MARGIN]
+
+
+def test_a_costly_full_walk_is_made_rarely():
+    floors = Floors()
+    used = floors.for_claim(["q"], 0.0)
+    # a walk of 0.5 s (a held horizon) that drained the queue up to ctime 9
+    floors.claimed(["q"], used, [("q", 9 * MARGIN)], started=0.0, now=0.5)
+    # at most a tenth of the time is spent walking from the front: 5 s until the next one
+    assert floors.for_claim(["q"], 4.0) != [FROM_THE_FRONT]
+    assert floors.for_claim(["q"], 5.1) == [FROM_THE_FRONT]
+
+
+def test_a_moving_epoch_brings_full_walks_at_once_for_a_moment():
+    floors = Floors()
+    used = floors.for_claim(["q"], 0.0)
+    floors.claimed(["q"], used, [("q", 9 * MARGIN)], 0.0, 0.001, epoch=1)
+    assert floors.for_claim(["q"], 0.1) == [8 * MARGIN]
+    floors.claimed(["q"], [8 * MARGIN], [], 0.1, 0.1, epoch=2)  # a job was queued late
+    assert floors.for_claim(["q"], 0.2) == [FROM_THE_FRONT]
+    floors.claimed(["q"], [FROM_THE_FRONT], [], 0.2, 0.201, epoch=2)
+    assert floors.for_claim(["q"], 0.3) == [FROM_THE_FRONT]  # the writer may not have committed yet
+    assert floors.for_claim(["q"], 0.2 + 0.26) == [8 * MARGIN]  # then back to the floor
+
+
+def test_queues_have_their_own_floors():
+    floors = Floors()
+    used = floors.for_claim(["a", "b"], 0.0)
+    floors.claimed(["a", "b"], used, [("b", 7 * MARGIN)], 0.0, 0.0)
+    assert floors.for_claim(["a", "b"], 0.1) == [FROM_THE_FRONT, 6 * MARGIN]
+    floors.forget(["b"])
+    assert floors.for_claim(["b"], 0.2) == [FROM_THE_FRONT]
+
+
+def test_a_vacuum_that_removes_little_backs_off_and_one_that_cleans_resets():
+    vacuumer = Vacuumer(SESSION_OPTIONS)
+    assert vacuumer.due("db", ["jobs", "acks", "pg_class"], now=0.0) == ["jobs", "acks"]
+    vacuumer._judge("db", "jobs", before=100_000, after=90_000, now=0.0)  # a held horizon
+    assert vacuumer.due("db", ["jobs", "acks"], now=BACKOFF_MIN - 1) == ["acks"]
+    assert vacuumer.due("db", ["jobs"], now=BACKOFF_MIN + 1) == ["jobs"]
+    vacuumer._judge("db", "jobs", before=100_000, after=95_000, now=20.0)  # still held: twice as long
+    assert vacuumer.due("db", ["jobs"], now=20.0 + 2 * BACKOFF_MIN - 1) == []
+    assert vacuumer.due("other-db", ["jobs"], now=20.0) == ["jobs"]  # per database
+    vacuumer._judge("db", "jobs", before=100_000, after=1_000, now=50.0)  # the horizon moved on
+    assert vacuumer.due("db", ["jobs"], now=50.0) == ["jobs"]
+    for attempt in range(20):
+        vacuumer._judge("db", "acks", before=10, after=10, now=0.0)
+    assert vacuumer.due("db", ["acks"], now=BACKOFF_MAX + 0.1) == ["acks"]  # bounded
+
+
+# ------------------------------------------------------------- with a database
+
+EPOCH = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgq.queue_epoch"
+
+
+def _epoch(db) -> int:
+    return db.execute(EPOCH).fetchone()[0]
+
+
+def _age(db, queue: str, ms_apart: int = 1000) -> None:
+    """Make the queued jobs of ``queue`` look created earlier, ``ms_apart``
+    ms from each other in their order (test setup instead of waiting)."""
+    db.execute("""
+        UPDATE pgq.jobs j SET ctime = j.ctime - o.n * %(apart)s::bigint * 1000000
+        FROM (SELECT id, row_number() OVER (ORDER BY ctime DESC) AS n
+              FROM pgq.jobs WHERE queue = %(queue)s) o
+        WHERE j.id = o.id""", {"queue": queue, "apart": ms_apart})
+
+
+def test_the_epoch_moves_when_an_old_job_is_queued_again(client, db):
+    [job_id] = client.add_jobs("e", [b"x"])
+    _age(db, "e")
+    before = _epoch(db)
+    [job] = client.get_job("e")
+    assert _epoch(db) == before  # a claim that takes what it locked moves nothing
+    assert client.nack_job(job.id) == 1
+    assert _epoch(db) > before
+    assert [j.id for j in client.get_job("e", nohang=True)] == [job_id]
+
+
+def test_a_claim_that_locks_ready_jobs_it_does_not_take_moves_the_epoch(client, db):
+    client.add_jobs("first", [b"a"])
+    client.add_jobs("second", [b"b", b"c"])
+    before = _epoch(db)
+    # COUNT 1 is filled by 'first': the claim locked a job of 'second' it did
+    # not take, which a concurrent claim skipped and may have walked past
+    assert [j.queue for j in client.get_job("first", "second", count=1)] == ["first"]
+    assert _epoch(db) > before
+    moved = _epoch(db)
+    assert len(client.get_job("second", count=1)) == 1
+    assert _epoch(db) == moved
+
+
+def test_a_claim_behind_a_held_horizon_starts_past_the_dead_entries(client, db, dsn):
+    """While another session holds an old snapshot no dead entry of the ready
+    index can be removed or skipped cheaply: a claim from the front visits
+    every job claimed before. From the client's floor it does not."""
+    client.add_jobs("h", [b"x"] * 20_000)
+    _age(db, "h", ms_apart=1)  # as if added over 20 s, not in one COPY
+    db.execute("VACUUM pgq.jobs")  # the versions this setup left
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT txid_current()")  # the xmin horizon, held from now on
+        while jobs := client.get_job("h", count=500, nohang=True):
+            client.ack_job(*(j.id for j in jobs))
+        client.add_jobs("h", [b"y"] * 10)
+        floor = floors_of(dsn).floor("h")
+        assert floor != FROM_THE_FRONT
+        from_floor, from_front = _ready_blocks(db, floor), _ready_blocks(db, FROM_THE_FRONT)
+        assert from_front > 10 * from_floor, (from_floor, from_front)
+
+
+def _ready_blocks(db, floor: int) -> int:
+    """Buffers a claim of 'h' from ``floor`` touches in the ready index and
+    the heap behind it (the claim is rolled back)."""
+    with db.transaction(force_rollback=True):
+        plan = db.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.CLAIM,
+                          {"queues": ["h"], "floors": [floor], "count": 10}).fetchone()[0]
+    ready = [node for node in _nodes(plan) if node.get("Index Name") == "jobs_queued_idx"]
+    assert ready, plan
+    return sum(node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in ready)
+
+
+def _nodes(plan):
+    if isinstance(plan, dict):
+        if "Node Type" in plan:
+            yield plan
+        for value in plan.values():
+            yield from _nodes(value)
+    elif isinstance(plan, list):
+        for value in plan:
+            yield from _nodes(value)
+
+
+def test_clients_vacuum_the_job_table_when_it_is_mostly_dead(client, db):
+    client.add_jobs("v", [b"x"] * (DEAD_MIN + 5_000))
+    while jobs := client.get_job("v", count=1000, nohang=True):
+        client.ack_job(*(j.id for j in jobs))
+
+    def vacuumed() -> bool:
+        client.qlen("v")  # calls run the periodic sweep, which asks for the vacuum
+        row = db.execute("SELECT vacuum_count FROM pg_stat_user_tables "
+                         "WHERE schemaname = 'pgq' AND relname = 'jobs'").fetchone()
+        return row[0] > 0
+
+    wait_until(vacuumed, timeout=30, message="a client to VACUUM pgq.jobs")
