@@ -8,12 +8,13 @@ STAMP  := $(VENV)/.installed
 # Spark's PostgreSQL JDBC driver (Debian package; Maven Central is not used).
 JDBC_JAR ?= /usr/share/java/postgresql.jar
 
-.PHONY: test demo install bench lint clean help
+.PHONY: test demo install bench chaos lint clean help
 
 help:
 	@echo "make test   - create .venv, install pgq with its test extras, run the suite"
 	@echo "make demo   - set up and run the pgq demo (the README's main job)"
 	@echo "make bench  - full benchmark run (writes bench/results/)"
+	@echo "make chaos  - 10 minutes of faults on a 5-node cluster (writes chaos-results/)"
 	@echo "make clean  - remove the virtualenv and caches"
 
 $(BIN)/python:
@@ -35,7 +36,20 @@ $(JDBC_JAR):
 		     "or set PGQ_JDBC_JAR=/path/to/postgresql.jar" >&2; exit 1; \
 	fi
 
-install: $(STAMP) $(JDBC_JAR)
+# The chaos test partitions nodes with nftables and skews clocks with
+# libfaketime: install Debian's packages when root (without them, or
+# without root, those fault kinds are left out and the test says so).
+CHAOS_TOOLS := /usr/sbin/nft /usr/bin/faketime
+$(CHAOS_TOOLS):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get install -y -qq nftables faketime >/dev/null 2>&1 || \
+		 (apt-get update -qq && apt-get install -y -qq nftables faketime >/dev/null)); \
+	else \
+		echo "note: without nftables and faketime (apt-get install nftables faketime, as root)" \
+		     "the chaos test runs no partitions and no clock faults" >&2; \
+	fi
+
+install: $(STAMP) $(JDBC_JAR) $(CHAOS_TOOLS)
 
 test: install
 	$(BIN)/python -m pytest
@@ -45,6 +59,9 @@ demo: install
 
 bench: install
 	$(BIN)/python -m bench
+
+chaos: install
+	$(BIN)/python -m tests.chaos --nodes 5 --minutes 10 --out chaos-results
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -1,6 +1,12 @@
 """A throwaway local cluster: N node processes, each with its own embedded
-PostgreSQL, under one temporary directory (used by ``pgq demo`` and the
-benchmarks).
+PostgreSQL, under one temporary directory (used by ``pgq demo``, the
+benchmarks, the crash tests and the chaos test).
+
+Each node may have its own loopback address (its bus and its PostgreSQL
+listen there, and the bus connects from there), its own environment and its
+own launcher command: what a fault injector needs to partition nodes by
+address pair, skew one node's clock, or kill and restart its postmaster as
+a supervisor would.
 
 Invariant: :meth:`LocalCluster.close` stops every process it started (node
 processes with SIGTERM, then their PostgreSQL servers) and removes the
@@ -20,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
@@ -46,20 +52,65 @@ class LocalNode:
     host: str = "127.0.0.1"
     process: subprocess.Popen | None = None
     dsn: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # added to the process's environment
+    launcher: list[str] = field(default_factory=lambda: [sys.executable, "-m", "pgq.cli"])
 
     @property
     def bus(self) -> str:
         return f"{self.host}:{self.bus_port}"
 
+    @property
+    def postgres(self) -> Path:
+        """The node's embedded PostgreSQL home (``pgq node start --data``)."""
+        return self.data / "postgres"
+
     def start(self) -> None:
-        args = [sys.executable, "-m", "pgq.cli", "node", "start", "--name", self.name,
+        args = [*self.launcher, "node", "start", "--name", self.name,
                 "--data", str(self.data), "--bus", self.bus, "--secret-file", str(self.secret)]
         if self.join:
             args += ["--join", self.join]
         self.data.mkdir(parents=True, exist_ok=True)
         log = open(self.data.parent / f"{self.name}.log", "a")  # noqa: SIM115 - owned by the process
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, **self.env})
         log.close()
+
+    def postmaster_pid(self) -> int | None:
+        postmaster = embedded.read_postmaster(self.postgres / "data")
+        return None if postmaster is None else postmaster.pid
+
+    def alive(self) -> bool:
+        """Does the node process run (a stopped one counts)?"""
+        return self.process is not None and self.process.poll() is None
+
+    def postgres_running(self) -> bool:
+        """Does the node's postmaster run (a zombie does not count)?"""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return False
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            return False
+        return state != "Z"
+
+    def kill_postgres(self, sig: int = signal.SIGKILL) -> bool:
+        """Signal the node's postmaster (False if none runs)."""
+        pid = self.postmaster_pid()
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def start_postgres(self) -> None:
+        """Start the node's PostgreSQL again, as its supervisor would (with
+        the node's environment and launcher, so a skewed clock stays skewed)."""
+        subprocess.run([*self.launcher, "embedded", "start", "--home", str(self.postgres)],
+                       env={**os.environ, **self.env},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=True, timeout=120)
 
     def kill(self, sig: int = signal.SIGTERM) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -107,7 +158,8 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 class LocalCluster:
-    def __init__(self, size: int = 3, prefix: str = "pgq-cluster-") -> None:
+    def __init__(self, size: int = 3, prefix: str = "pgq-cluster-",
+                 hosts: list[str] | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix=prefix))
         os.chmod(self.root, 0o711)  # the PostgreSQL user must traverse it
         self.secret = self.root / "cluster.secret"
@@ -115,7 +167,9 @@ class LocalCluster:
         self.nodes: list[LocalNode] = []
         first = None
         for i in range(size):
-            node = LocalNode(f"n{i + 1}", self.root / f"n{i + 1}", free_port(), self.secret, first)
+            host = hosts[i] if hosts else "127.0.0.1"
+            node = LocalNode(f"n{i + 1}", self.root / f"n{i + 1}", free_port(host), self.secret,
+                             first, host=host)
             first = first or node.bus
             self.nodes.append(node)
 
