@@ -20,6 +20,7 @@ import psycopg
 from . import arguments as args
 from . import commands
 from .dsn import host_and_port as _host_and_port
+from .connecting import FIRST_CONNECT_TIMEOUT
 from .dsn import libpq_url
 from .errors import (
     DatabaseUnavailableError,
@@ -57,6 +58,10 @@ class ClientOptions:
     * ``max_body_size``: largest job body accepted, in bytes (≤ 512 MiB).
     * ``reconnect_timeout``: how long a call keeps retrying while the
       database is unreachable before raising ``DatabaseUnavailableError``.
+    * ``connect_timeout``: how long the client's first connection keeps
+      trying a server that does not answer (refused, unreachable, starting
+      up); 0 tries each DSN once. A server that refuses pgq (password,
+      database) fails at once. Also bounded by ``reconnect_timeout``.
     * ``migrate``: apply pending migrations on connect (default: only for
       the embedded server).
     * ``sweep_interval``: how often this client runs the timer/expiry sweep.
@@ -74,6 +79,7 @@ class ClientOptions:
     pgbouncer: bool = False
     max_body_size: int = args.DEFAULT_MAX_BODY_SIZE
     reconnect_timeout: float = 30.0
+    connect_timeout: float = FIRST_CONNECT_TIMEOUT
     migrate: bool | None = None
     sweep_interval: float = 1.0
     home: str | None = None
@@ -99,6 +105,7 @@ class ClientOptions:
         args.positive_int("max_body_size", self.max_body_size, maximum=args.HARD_MAX_BODY_SIZE)
         args.seconds("poll_interval", self.poll_interval, minimum=0.001, maximum=3600)
         args.seconds("reconnect_timeout", self.reconnect_timeout, maximum=86400)
+        args.seconds("connect_timeout", self.connect_timeout, maximum=86400)
         args.seconds("sweep_interval", self.sweep_interval, minimum=0.01, maximum=3600)
         args.seconds("replication_timeout", self.replication_timeout, minimum=0.001,
                      maximum=args.MAX_TTL, allow_minimum=True)
@@ -183,9 +190,7 @@ class ClientCore:
     @property
     def first_connect_timeout(self) -> float:
         """How long the first connection may take before the client gives up."""
-        from .connecting import FIRST_CONNECT_TIMEOUT
-
-        return max(min(FIRST_CONNECT_TIMEOUT, self.options.reconnect_timeout), 1.0)
+        return min(self.options.connect_timeout, self.options.reconnect_timeout)
 
     def use_dsn(self, index: int) -> None:
         """Talk to ``self._dsns[index]`` from now on."""

@@ -127,7 +127,11 @@ def target_options(func: F) -> F:
 
 
 def client_for(dsn: str | None, data: str | None, **options: Any) -> Any:
+    """The client of a one-shot command: a server that does not answer is
+    reported at once (each DSN tried once), not after seconds of retries."""
     from .. import Client
+
+    options.setdefault("connect_timeout", 0)
 
     if data and not dsn:
         dsn = node_dsn(data, None)

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from ..connecting import FIRST_CONNECT_TIMEOUT
 from .common import client_for, handles_errors, target_options
 
 
@@ -54,7 +55,7 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
     setup_logging(f"worker:{target}")
     handler = _load(target)
     gauges = WorkerMetrics() if metrics else None
-    with client_for(dsn, data) as client:
+    with client_for(dsn, data, connect_timeout=FIRST_CONNECT_TIMEOUT) as client:
         if isinstance(handler, Worker):
             runner = handler
             runner._dsn = client.dsn if runner._dsn is None else runner._dsn
