@@ -89,7 +89,50 @@ def workloads(smoke: bool) -> list[Workload]:
                  ("pgq", "pgqueuer", "procrastinate", "raw SQL floor", "plain COPY")),
         Workload("Spark ingest (W=1)", "spark_ingest", {"n": 20_000 if smoke else 1_000_000},
                  ("pgq", "plain COPY", "Spark JDBC floor")),
+        *closed_loop_workloads(smoke),
+        *repeated_burn_workloads(smoke),
     ]
+
+
+CLIENTS = (1, 10, 50)  # closed-loop client threads
+
+
+def closed_loop_key(what: str, clients: int, shared: bool) -> str:
+    who = "one shared Client" if shared else "a Client per thread"
+    return f"{what}, {clients} client{'s' if clients > 1 else ''} ({who})"
+
+
+def closed_loop_workloads(smoke: bool) -> list[Workload]:
+    """One request in flight per client thread, durable (issue "Speed that
+    scales"): pgq with one shared Client and with a Client per thread, and
+    the raw psycopg floor (a connection per thread) beside the shared row."""
+    seconds = 0.5 if smoke else 5.0
+    clients = (1, 4) if smoke else CLIENTS
+    rows = []
+    for what, call, extra in (("add", "closed_add", {}),
+                              ("get+ack", "closed_get_ack",
+                               {"prefill": 5_000 if smoke else 150_000})):
+        for n in clients:
+            for shared in (True, False):
+                rows.append(Workload(closed_loop_key(what, n, shared), call,
+                                     {"clients": n, "seconds": seconds, "shared": shared, **extra},
+                                     ("pgq", "raw SQL floor") if shared else ("pgq",),
+                                     unit="adds/s" if what == "add" else "jobs/s"))
+    return rows
+
+
+REPEATS = 10
+
+
+def repeated_burn_workloads(smoke: bool) -> list[Workload]:
+    """Burn-downs of one queue in a row on one database, 10 consumers, COUNT
+    100: does the claim slow down as dead rows pile up (with and without a
+    session holding the xmin horizon)?"""
+    params = {"n": 2_000 if smoke else 100_000, "batch": 100, "consumers": 10,
+              "repeats": 3 if smoke else REPEATS}
+    return [Workload(f"burn-down x{params['repeats']} on one database" + (", horizon held" if hold else ""),
+                     "burn_repeated", {**params, "hold": hold}, ("pgq", "raw SQL floor"))
+            for hold in (False, True)]
 
 
 @dataclass

@@ -29,6 +29,51 @@ def percentiles(samples: list[float]) -> dict[str, float | None]:
     return {"p50": statistics.median(ordered), "p99": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]}
 
 
+def closed_loop(clients: int, seconds: float, setup: Callable[[int], Any],
+                call: Callable[[Any], Any], teardown: Callable[[Any], Any] = lambda _: None
+                ) -> dict[str, Any]:
+    """``clients`` threads, each with one request in flight: ``call(state)``
+    in a loop for ``seconds`` (``state = setup(i)`` per thread); the rate and
+    the latency of one call."""
+    import threading
+
+    states = [setup(i) for i in range(clients)]
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+    start = threading.Barrier(clients + 1)
+    stop = [0.0]
+
+    def loop(i: int) -> None:
+        mine, state = latencies[i], states[i]
+        start.wait()
+        while True:
+            began = time.perf_counter()
+            if began >= stop[0]:
+                return
+            call(state)
+            mine.append(time.perf_counter() - began)
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    began = time.perf_counter()
+    stop[0] = began + seconds
+    start.wait()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - began
+    for state in states:
+        teardown(state)
+    flat = [x for mine in latencies for x in mine]
+    return {"jobs": len(flat), "seconds": elapsed, **percentiles(flat)}
+
+
+def repeated(rates: list[float], n: int) -> dict[str, Any]:
+    """The result of repeated burn-downs: every round's rate; the headline
+    rate is the last round's (the one that decays, if any)."""
+    return {"jobs": n, "seconds": n / rates[-1], "rates": rates, "first": rates[0],
+            "last": rates[-1]}
+
+
 def main(workloads: dict[str, Callable[..., dict[str, Any]]]) -> None:
     params = json.loads(sys.argv[1])
     workload = params.pop("workload")

@@ -10,7 +10,7 @@ import psycopg
 
 import pgq
 
-from .common import BODY, age_of, main, percentiles, stamped
+from .common import BODY, age_of, closed_loop, main, percentiles, repeated, stamped
 
 QUEUE = "bench"
 
@@ -137,7 +137,64 @@ def spark_ingest(dsn: str, n: int) -> dict[str, Any]:
     return {"jobs": result.jobs, "seconds": seconds}
 
 
+def closed_add(dsn: str, clients: int, seconds: float, shared: bool = True) -> dict[str, Any]:
+    """Closed loop: each client thread adds one job at a time (one shared
+    pgq.Client, or a Client per thread)."""
+    one = pgq.Client(dsn) if shared else None
+    result = closed_loop(clients, seconds,
+                         setup=lambda i: one if shared else pgq.Client(dsn),
+                         call=lambda client: client.add_job(QUEUE, BODY),
+                         teardown=lambda client: None if shared else client.close())
+    if one is not None:
+        one.close()
+    return result
+
+
+def closed_get_ack(dsn: str, clients: int, seconds: float, prefill: int,
+                   shared: bool = True) -> dict[str, Any]:
+    """Closed loop: each client thread gets one job and acks it."""
+    with pgq.Client(dsn) as client:
+        for start in range(0, prefill, 100_000):
+            client.add_jobs(QUEUE, [BODY] * min(100_000, prefill - start))
+    _analyze(dsn)
+    one = pgq.Client(dsn) if shared else None
+
+    def get_ack(client: pgq.Client) -> None:
+        jobs = client.get_job(QUEUE, nohang=True)
+        if not jobs:
+            raise RuntimeError("the queue ran dry: prefill more")
+        client.ack_job(jobs[0].id)
+
+    result = closed_loop(clients, seconds,
+                         setup=lambda i: one if shared else pgq.Client(dsn),
+                         call=get_ack,
+                         teardown=lambda client: None if shared else client.close())
+    if one is not None:
+        one.close()
+    return result
+
+
+def burn_repeated(dsn: str, n: int, batch: int, consumers: int, repeats: int,
+                  hold: bool = False) -> dict[str, Any]:
+    """``repeats`` burn-downs of ``n`` jobs in a row on one database; with
+    ``hold``, another session keeps a transaction open for the whole run
+    (the xmin horizon held: nothing dead can be removed)."""
+    holder = psycopg.connect(dsn) if hold else None
+    if holder is not None:
+        holder.execute("SELECT txid_current()")
+    try:
+        rates = []
+        for _ in range(repeats):
+            done = burn(dsn, n, batch, consumers)
+            rates.append(done["jobs"] / done["seconds"])
+    finally:
+        if holder is not None:
+            holder.close()
+    return repeated(rates, n)
+
+
 if __name__ == "__main__":
     main({"burn": burn, "burn_worker": burn_worker, "steady": steady,
           "enqueue_single": enqueue_single, "enqueue_bulk": enqueue_bulk,
-          "spark_ingest": spark_ingest})
+          "spark_ingest": spark_ingest, "closed_add": closed_add,
+          "closed_get_ack": closed_get_ack, "burn_repeated": burn_repeated})

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from .common import BODY, age_of, main, percentiles, stamped
+from .common import BODY, age_of, closed_loop, main, percentiles, repeated, stamped
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS raw_jobs (id bigserial PRIMARY KEY, body bytea NOT NULL)"
 CLAIM = "SELECT id, body FROM raw_jobs ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
@@ -114,6 +114,52 @@ def enqueue_bulk(dsn: str, n: int) -> dict[str, Any]:
     return {"jobs": n, "seconds": time.perf_counter() - started}
 
 
+def closed_add(dsn: str, clients: int, seconds: float, shared: bool = True) -> dict[str, Any]:
+    """Closed loop: each client thread inserts one row at a time on its own
+    connection (autocommit, durable): what PostgreSQL itself allows."""
+    _prepare(dsn, 0)
+    insert = "INSERT INTO raw_jobs (body) VALUES (%s)"
+    return closed_loop(clients, seconds,
+                       setup=lambda i: psycopg.connect(dsn, autocommit=True),
+                       call=lambda conn: conn.execute(insert, (BODY,), prepare=True),
+                       teardown=lambda conn: conn.close())
+
+
+def closed_get_ack(dsn: str, clients: int, seconds: float, prefill: int,
+                   shared: bool = True) -> dict[str, Any]:
+    """Closed loop: each client thread claims one row and deletes it in one
+    durable transaction (no lease, no second commit)."""
+    _prepare(dsn, prefill)
+
+    def take(conn: psycopg.Connection) -> None:
+        with conn.transaction():
+            row = conn.execute(CLAIM, (1,), prepare=True).fetchone()
+            if row is None:
+                raise RuntimeError("the queue ran dry: prefill more")
+            conn.execute(DELETE, ([row[0]],), prepare=True)
+
+    return closed_loop(clients, seconds,
+                       setup=lambda i: psycopg.connect(dsn, autocommit=True),
+                       call=take, teardown=lambda conn: conn.close())
+
+
+def burn_repeated(dsn: str, n: int, batch: int, consumers: int, repeats: int,
+                  hold: bool = False) -> dict[str, Any]:
+    holder = psycopg.connect(dsn) if hold else None
+    if holder is not None:
+        holder.execute("SELECT txid_current()")
+    try:
+        rates = []
+        for _ in range(repeats):
+            done = burn(dsn, n, batch, consumers)
+            rates.append(done["jobs"] / done["seconds"])
+    finally:
+        if holder is not None:
+            holder.close()
+    return repeated(rates, n)
+
+
 if __name__ == "__main__":
     main({"burn": burn, "steady": steady, "enqueue_single": enqueue_single,
-          "enqueue_bulk": enqueue_bulk})
+          "enqueue_bulk": enqueue_bulk, "closed_add": closed_add,
+          "closed_get_ack": closed_get_ack, "burn_repeated": burn_repeated})
