@@ -18,14 +18,15 @@ Rules (Disque's):
   node: a node that knows the job takes over the GC (``known``); if none
   does, the dummy is dropped once every node answered.
 * A holder that learns of more holders than the sender knew drives the GC
-  for them itself (the node layer calls :meth:`add` on it).
+  for them itself (:func:`take_over`); a dummy ack that reached the only
+  holder is complete at once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["AckCollector", "PendingAck", "Outcome"]
+__all__ = ["AckCollector", "PendingAck", "Outcome", "TakeOver", "take_over"]
 
 FIRST_RETRY = 1.0
 MAX_RETRY = 180.0
@@ -121,3 +122,33 @@ class AckCollector:
                 del self.pending[entry.job_id]
                 done.append(Outcome(entry.job_id, () if entry.dummy else tuple(sorted(entry.holders))))
         return done
+
+
+@dataclass(frozen=True)
+class TakeOver:
+    """What a holder does after applying SETACKs (see :func:`take_over`)."""
+
+    drive: dict[str, set[str]]  # job -> every holder: this node drives their GC
+    finished: list[str]  # jobs whose GC is complete here (a dummy ack reached the only holder)
+
+
+def take_over(myself: str, applied: list[tuple[str, bool, list[str] | None]],
+              told: dict[str, set[str]], askers: dict[str, set[str]]) -> TakeOver:
+    """After SETACKs were applied here: ``applied`` is ``(job, known here,
+    holders we knew)`` per job, ``told`` the holders the senders named,
+    ``askers`` who sent the SETACK. Holders the senders did not know of (all
+    of them, for a dummy ack) would never hear of the ack: this node drives
+    their GC. A dummy ack (``told`` empty) that reached a holder knowing no
+    other holder is complete."""
+    drive: dict[str, set[str]] = {}
+    finished: list[str] = []
+    for job_id, known, local_nodes in applied:
+        if not known:
+            continue
+        named = told.get(job_id, set())
+        extra = set(local_nodes or ()) - named - {myself} - askers.get(job_id, set())
+        if extra:
+            drive[job_id] = set(local_nodes or ()) | named
+        elif not named:
+            finished.append(job_id)
+    return TakeOver(drive, finished)

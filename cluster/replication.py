@@ -17,6 +17,9 @@ Rules (Disque's, with its defects avoided):
   or the job expires; the caller then sends DELJOB to every peer it may
   have reached. Asynchronous and transactional jobs are never given up while
   they live: replication continues until W copies exist.
+* A node that is leaving keeps no copy: a synchronous add drained while it
+  leaves is replicated *externally* (W copies elsewhere), then handed over
+  to one holder (:meth:`Pending.heir`), which queues it.
 * A job whose W was defaulted carries a *minimum*: once that many peers
   confirmed and ``GRACE`` seconds passed since replication started, the job
   is achieved (:meth:`Replicator.settled`) even if the last targets stay
@@ -73,6 +76,10 @@ class Pending:
     def confirmed_holders(self, myself: str) -> tuple[str, ...]:
         return tuple(sorted(self.confirmed | (set() if self.external else {myself})))
 
+    def heir(self) -> str:
+        """The holder an external job is handed to (it queues the job)."""
+        return sorted(self.confirmed)[0]
+
 
 class Replicator:
     """Which REPLJOBs to send, and which jobs reached their copies."""
@@ -95,6 +102,19 @@ class Replicator:
         soft = minimum if minimum is not None and 0 < minimum < needed else 0
         self.pending[copy.id] = Pending(copy, needed, sync, now + ttl_left, started=now,
                                         minimum=soft, external=external)
+
+    def resume(self, copy: JobCopy, state: str, confirmed: list[str], repl_min: int | None,
+               ttl_left: float, leaving: bool, now: float) -> None:
+        """Replicate a job this node stored (drained from the outbox, or
+        found unreplicated after a restart): ``state`` 'wait-repl' is a
+        synchronous add. External replication (W copies elsewhere, none
+        here): the job was stored while this node was leaving (no holder
+        recorded, not even us), or is a synchronous add drained while leaving."""
+        sync = state == "wait-repl"
+        external = sync and (not confirmed or leaving)
+        base = 0 if external else max(len(confirmed), 1)
+        minimum = None if repl_min is None else int(repl_min) - base
+        self.add(copy, copy.repl - base, sync, now, ttl_left, minimum=minimum, external=external)
 
     def confirmed(self, peer: str, ids: list[str]) -> list[Pending]:
         """Record GOTJOB; return the jobs that just reached their copies."""

@@ -12,6 +12,8 @@ jobs) commit synchronously; bookkeeping that can be recomputed after a crash
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 # ------------------------------------------------------------------- identity
 
 IDENTITY = """
@@ -88,6 +90,65 @@ _COPY_COLUMNS = """
     id, queue, body, ctime, repl, retry, delay, extract(epoch FROM expires_at)::float8,
     nacks, additional_deliveries, coalesce(nodes_delivered, '{}'::text[])
 """
+
+
+
+class CopyRow(NamedTuple):
+    """``_COPY_COLUMNS`` by name (``EXPORT_JOBS``)."""
+
+    id: str
+    queue: str
+    body: bytes
+    ctime: int
+    repl: int
+    retry: float
+    delay: float
+    expires_at: float  # unix time
+    nacks: int
+    additional_deliveries: int
+    nodes: list[str]  # nodes_delivered
+
+
+class ReplicationRow(NamedTuple):
+    """A job to replicate: ``_COPY_COLUMNS``, then what its replication
+    needs (a drained 'replicate' event's job, ``UNREPLICATED``)."""
+
+    id: str
+    queue: str
+    body: bytes
+    ctime: int
+    repl: int
+    retry: float
+    delay: float
+    expires_at: float  # unix time
+    nacks: int
+    additional_deliveries: int
+    nodes: list[str]  # nodes_delivered
+    state: str
+    repl_waiter: int | None
+    ttl_left: float
+    confirmed: list[str]  # nodes_confirmed
+    repl_min: int | None
+
+
+class OutboxEvent(NamedTuple):
+    """The first columns of ``DRAIN_OUTBOX_WITH_JOBS``; a 'replicate' event's
+    job follows (:func:`outbox_rows`)."""
+
+    seq: int
+    kind: str
+    job_id: str | None
+    queue: str | None
+    arg: str | None
+
+
+def outbox_rows(rows: list[Any]) -> list[tuple[OutboxEvent, ReplicationRow | None]]:
+    """Drained events by name, each with its job (None: not a 'replicate'
+    event, or the job is gone: withdrawn or acknowledged meanwhile)."""
+    width = len(OutboxEvent._fields)
+    return [(OutboxEvent(*row[:width]),
+             ReplicationRow(*row[width:]) if row[width] is not None else None) for row in rows]
+
 
 # After a restart: every job created here that still lacks copies.
 UNREPLICATED = f"""

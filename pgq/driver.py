@@ -59,7 +59,7 @@ def replication_channel(conn: Any) -> str:
     return f"pgq_r{conn.info.backend_pid}"
 
 
-def _extract(cursor: Any, result: Result, rows: list[Any] | None) -> Any:
+def extract(cursor: Any, result: Result, rows: list[Any] | None) -> Any:
     if result is Result.ROWS:
         return rows if rows is not None else []
     if result is Result.ROW:
@@ -103,7 +103,7 @@ class SyncDriver:
         if isinstance(request, Query):
             cursor = conn.execute(request.sql, request.params, prepare=self.prepare)
             rows = cursor.fetchall() if cursor.description is not None else None
-            return _extract(cursor, request.result, rows)
+            return extract(cursor, request.result, rows)
         if isinstance(request, Begin):
             if conn.autocommit or self._transactions:
                 transaction = conn.transaction()
@@ -208,7 +208,7 @@ class AsyncDriver:
         if isinstance(request, Query):
             cursor = await conn.execute(request.sql, request.params, prepare=self.prepare)
             rows = await cursor.fetchall() if cursor.description is not None else None
-            return _extract(cursor, request.result, rows)
+            return extract(cursor, request.result, rows)
         if isinstance(request, Begin):
             if conn.autocommit or self._transactions:
                 transaction = conn.transaction()

@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from cluster import sql as node_sql
+from pgq.cluster import sql as node_sql
 from pgq import statements as sql
 from pgq.floors import FROM_THE_FRONT
 

@@ -4,9 +4,9 @@ queue drops its oldest messages rather than grow without end."""
 
 from __future__ import annotations
 
-from cluster import messages as m
-from cluster.bus import BusLimits, _Link
-from cluster.node import BATCH_BYTES, REPLJOB_BATCH, by_size
+from pgq.cluster import messages as m
+from pgq.cluster.bus import BusLimits, _Link
+from pgq.cluster.core import BATCH_BYTES, REPLJOB_BATCH, by_size
 
 
 def copy(n: int, size: int) -> m.JobCopy:

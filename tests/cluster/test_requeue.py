@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from cluster.node import batched_notices
+from pgq.cluster.core import batched_notices
 
 from .conftest import wait_until
 

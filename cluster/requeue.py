@@ -1,0 +1,82 @@
+"""Re-queue coordination between the holders of a job (no I/O).
+
+A job replicated to several nodes is queued at one of them at a time; the
+others hold *active* copies with a re-queue timer (``cluster_requeue_at``,
+run by each holder's node process). When a timer comes due, the holder
+must queue its copy without creating a second queued copy elsewhere.
+Disque's answer, kept here:
+
+* **WILLQUEUE**: a little before its timer fires (``ANNOUNCE_AHEAD``), a
+  holder tells the other holders it is about to queue the job. A holder
+  that has the job queued answers QUEUED (so the announcer postpones its
+  timer); one that knows it acknowledged answers SETACK.
+* **QUEUED**: when the timer fires and the job is queued here, every other
+  holder is told; each postpones its own timer by ``retry`` and, if it has
+  the job queued too (both fired together), keeps it only if it wins the
+  tie-break (the lower node id keeps it, in SQL: ``APPLY_QUEUED``).
+
+Invariants:
+
+* A timer is announced once per due time: an announcement is repeated only
+  when the due time changed (the timer was postponed, then came due again).
+* Announcements are forgotten as soon as their job is no longer due soon
+  (fired, postponed, acknowledged): the set is bounded by the jobs due
+  within ``ANNOUNCE_AHEAD``, and due times are compared with due times only
+  (both from the database), never with this process's clock.
+* Once re-queues settle, at most one holder has the job queued (the
+  simulation checks it); a double re-queue in between costs a duplicate
+  delivery, never a lost job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+__all__ = ["Requeues", "ANNOUNCE_AHEAD"]
+
+ANNOUNCE_AHEAD = 0.5  # seconds before a timer fires that its WILLQUEUE goes out
+
+
+class Requeues:
+    def __init__(self, myself: str) -> None:
+        self.myself = myself
+        self._announced: dict[str, Any] = {}  # job id -> due time announced
+
+    def announce(self, soon: Iterable[tuple[str, Sequence[str], Any]]) -> dict[str, list[str]]:
+        """Jobs due soon ``(id, holders, due)``: the WILLQUEUEs to send now,
+        by peer (each job once per due time)."""
+        current: dict[str, Any] = {}
+        out: dict[str, list[str]] = {}
+        for job_id, holders, due in soon:
+            current[job_id] = due
+            if self._announced.get(job_id) == due:
+                continue
+            for peer in holders:
+                if peer != self.myself:
+                    out.setdefault(peer, []).append(job_id)
+        self._announced = current
+        return out
+
+    def fired(self, rows: Iterable[tuple[str, Sequence[str], bool]]) -> dict[tuple[str, str], list[str]]:
+        """Timers that fired ``(id, holders, counted)``: the QUEUED notices to
+        send, by (peer, counter to bump there)."""
+        out: dict[tuple[str, str], list[str]] = {}
+        for job_id, holders, counted in rows:
+            self._announced.pop(job_id, None)
+            counter = "additional_deliveries" if counted else ""
+            for peer in holders:
+                if peer != self.myself:
+                    out.setdefault((peer, counter), []).append(job_id)
+        return out
+
+    def on_willqueue(self, states: Iterable[tuple[str, str, Sequence[str] | None]]
+                     ) -> tuple[tuple[str, ...], tuple[tuple[str, tuple[str, ...]], ...]]:
+        """A peer announced it will queue jobs; their state here ``(id,
+        state, holders)``: the ids to answer QUEUED for (queued here) and the
+        SETACK items for those acknowledged here."""
+        states = list(states)
+        queued = tuple(job_id for job_id, state, _ in states if state == "queued")
+        acked = tuple((job_id, tuple(holders or ())) for job_id, state, holders in states
+                      if state == "acked")
+        return queued, acked
