@@ -28,7 +28,7 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value
 """
 
 HEARTBEAT = """
-INSERT INTO pgq.meta (key, value) VALUES ('heartbeat_at', statement_timestamp()::text)
+INSERT INTO pgq.meta (key, value) VALUES ('heartbeat_at', pgq.now()::text)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value
 """
 
@@ -39,13 +39,13 @@ SELECT id, name, host, port, status, incarnation, leaving FROM pgq.nodes
 SAVE_MEMBERS = """
 WITH saved AS (
     INSERT INTO pgq.nodes AS n (id, name, host, port, status, incarnation, leaving, updated_at)
-    SELECT *, statement_timestamp()
+    SELECT *, pgq.now()
     FROM unnest(%(ids)s::text[], %(names)s::text[], %(hosts)s::text[], %(ports)s::int[],
                 %(statuses)s::text[], %(incarnations)s::bigint[], %(leavings)s::boolean[])
     ON CONFLICT (id) DO UPDATE SET
         name = excluded.name, host = excluded.host, port = excluded.port,
         status = excluded.status, incarnation = excluded.incarnation,
-        leaving = excluded.leaving, updated_at = statement_timestamp()
+        leaving = excluded.leaving, updated_at = pgq.now()
     RETURNING 1
 ), removed AS (
     DELETE FROM pgq.nodes WHERE id = ANY (%(forgotten)s::text[]) RETURNING 1
@@ -77,7 +77,7 @@ LEFT JOIN LATERAL (
     SELECT j.id, j.queue, j.body, j.ctime, j.repl, j.retry, j.delay,
            extract(epoch FROM j.expires_at)::float8, j.nacks, j.additional_deliveries,
            coalesce(j.nodes_delivered, '{}'::text[]), j.state, j.repl_waiter,
-           greatest(0, extract(epoch FROM j.expires_at - statement_timestamp()))::float8,
+           greatest(0, extract(epoch FROM j.expires_at - pgq.now()))::float8,
            coalesce(j.nodes_confirmed, '{}'::text[]), j.repl_min
     FROM pgq.jobs j WHERE d.kind = 'replicate' AND j.id = d.job_id
     LIMIT 1
@@ -153,12 +153,12 @@ def outbox_rows(rows: list[Any]) -> list[tuple[OutboxEvent, ReplicationRow | Non
 # After a restart: every job created here that still lacks copies.
 UNREPLICATED = f"""
 SELECT {_COPY_COLUMNS}, state, repl_waiter,
-       greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8,
+       greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8,
        coalesce(nodes_confirmed, '{{}}'::text[]), repl_min
 FROM pgq.jobs
 WHERE repl > 1 AND left(split_part(id, '-', 2), 8) = left(%(myself)s, 8)
   AND repl > coalesce(cardinality(nodes_confirmed), 1)
-  AND expires_at > statement_timestamp()
+  AND expires_at > pgq.now()
 """
 
 # ---------------------------------------------------------------- replication
@@ -186,13 +186,13 @@ WITH incoming AS (
     WHERE NOT coalesce(pgq.meta_value('leaving')::boolean, false)
       AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.id = i.id)
       AND NOT EXISTS (SELECT 1 FROM pgq.queues p WHERE p.name = i.queue AND p.paused IN ('in', 'all'))
-      AND to_timestamp(i.expires) > statement_timestamp()
+      AND to_timestamp(i.expires) > pgq.now()
 ), stored AS (
     INSERT INTO pgq.jobs AS j (id, queue, state, ctime, body, repl, retry, delay, expires_at,
                                cluster_requeue_at, nacks, additional_deliveries,
                                nodes_delivered, nodes_confirmed)
     SELECT id, queue, 'active', ctime, body, repl, retry, delay, to_timestamp(expires),
-           CASE WHEN retry > 0 THEN statement_timestamp()
+           CASE WHEN retry > 0 THEN pgq.now()
                 + (delay + retry + random() * 0.5) * interval '1 second' END,
            nacks, adds, string_to_array(nodes, ','), ARRAY[%(myself)s]::text[]
     FROM accepted
@@ -216,11 +216,11 @@ WITH relaxed AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ), done AS (
     UPDATE pgq.jobs j SET
-        state = CASE WHEN j.requeue_at > statement_timestamp() THEN 'active' ELSE 'queued' END,
-        queued_at = CASE WHEN j.requeue_at > statement_timestamp() THEN NULL
-                         ELSE statement_timestamp() END,
-        requeue_at = CASE WHEN j.requeue_at > statement_timestamp() THEN j.requeue_at END,
-        enqueues = CASE WHEN j.requeue_at > statement_timestamp() THEN 0 ELSE 1 END,
+        state = CASE WHEN j.requeue_at > pgq.now() THEN 'active' ELSE 'queued' END,
+        queued_at = CASE WHEN j.requeue_at > pgq.now() THEN NULL
+                         ELSE pgq.now() END,
+        requeue_at = CASE WHEN j.requeue_at > pgq.now() THEN j.requeue_at END,
+        enqueues = CASE WHEN j.requeue_at > pgq.now() THEN 0 ELSE 1 END,
         nodes_delivered = string_to_array(u.delivered, ','),
         nodes_confirmed = string_to_array(u.confirmed, ',')
     FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
@@ -307,7 +307,7 @@ WHERE a.id = u.id
 
 PENDING_ACK_GC = """
 SELECT id, nodes, dummy FROM pgq.acks
-WHERE (nodes IS NOT NULL OR dummy) AND expires_at > statement_timestamp()
+WHERE (nodes IS NOT NULL OR dummy) AND expires_at > pgq.now()
 """
 
 # DELJOB (GC done elsewhere, or a FASTACK): forget the job and its tombstone.
@@ -336,7 +336,7 @@ UPDATE pgq.jobs SET
     requeue_at = CASE WHEN state = 'queued' AND %(sender)s < %(myself)s THEN NULL ELSE requeue_at END,
     cluster_requeue_at = CASE
         WHEN retry > 0 AND (state = 'active' OR %(sender)s < %(myself)s)
-        THEN statement_timestamp() + (retry + random() * 0.5) * interval '1 second'
+        THEN pgq.now() + (retry + random() * 0.5) * interval '1 second'
         ELSE cluster_requeue_at END
 WHERE id = ANY (%(ids)s::text[]) AND state <> 'wait-repl'
 """
@@ -345,14 +345,14 @@ WHERE id = ANY (%(ids)s::text[]) AND state <> 'wait-repl'
 APPLY_WORKING = """
 UPDATE pgq.jobs SET
     state = 'active', requeue_at = NULL,
-    cluster_requeue_at = statement_timestamp() + (retry + random() * 0.5) * interval '1 second'
+    cluster_requeue_at = pgq.now() + (retry + random() * 0.5) * interval '1 second'
 WHERE id = ANY (%(ids)s::text[]) AND retry > 0 AND state IN ('queued', 'active')
 """
 
 # ENQUEUE from a leaving node: the job is ours to queue now.
 APPLY_ENQUEUE = """
 WITH done AS (
-    UPDATE pgq.jobs SET state = 'queued', queued_at = statement_timestamp(), requeue_at = NULL,
+    UPDATE pgq.jobs SET state = 'queued', queued_at = pgq.now(), requeue_at = NULL,
         cluster_requeue_at = NULL, enqueues = enqueues + 1
     WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
     RETURNING queue
@@ -366,8 +366,8 @@ TIMERS_SOON = """
 SELECT id, coalesce(nodes_delivered, '{}'::text[]),
        extract(epoch FROM cluster_requeue_at)::float8
 FROM pgq.jobs
-WHERE cluster_requeue_at <= statement_timestamp() + %(ahead)s * interval '1 second'
-  AND state = 'active' AND expires_at > statement_timestamp()
+WHERE cluster_requeue_at <= pgq.now() + %(ahead)s * interval '1 second'
+  AND state = 'active' AND expires_at > pgq.now()
 ORDER BY cluster_requeue_at LIMIT 2000
 """
 
@@ -379,12 +379,12 @@ ORDER BY cluster_requeue_at LIMIT 2000
 FIRE_TIMERS = """
 WITH due AS (
     SELECT ctid, requeue_counts FROM pgq.jobs
-    WHERE cluster_requeue_at <= statement_timestamp() AND state = 'active'
-      AND expires_at > statement_timestamp()
+    WHERE cluster_requeue_at <= pgq.now() AND state = 'active'
+      AND expires_at > pgq.now()
     LIMIT 2000 FOR UPDATE SKIP LOCKED
 ), fired AS (
     UPDATE pgq.jobs j SET
-        state = 'queued', queued_at = statement_timestamp(), cluster_requeue_at = NULL,
+        state = 'queued', queued_at = pgq.now(), cluster_requeue_at = NULL,
         requeue_at = NULL, enqueues = j.enqueues + 1,
         additional_deliveries = j.additional_deliveries + d.requeue_counts::integer,
         requeue_counts = true
@@ -417,7 +417,7 @@ SELECT coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queu
 EXPORT_JOBS = f"""
 WITH picked AS (
     SELECT ctid FROM pgq.jobs
-    WHERE queue = %(queue)s AND state = 'queued' AND expires_at > statement_timestamp()
+    WHERE queue = %(queue)s AND state = 'queued' AND expires_at > pgq.now()
     ORDER BY ctime LIMIT %(count)s FOR UPDATE SKIP LOCKED
 ), moved AS (
     DELETE FROM pgq.jobs j
@@ -426,7 +426,7 @@ WITH picked AS (
 ), kept AS (
     UPDATE pgq.jobs j SET
         state = 'active', requeue_at = NULL,
-        cluster_requeue_at = statement_timestamp()
+        cluster_requeue_at = pgq.now()
             + (j.retry + random() * 0.5) * interval '1 second',
         nodes_delivered = ARRAY(SELECT DISTINCT n FROM unnest(
             coalesce(j.nodes_delivered, '{{}}'::text[]) || ARRAY[%(myself)s, %(requester)s]) AS n
@@ -447,19 +447,19 @@ WITH incoming AS (
                          %(adds)s::int[], %(nodes)s::text[])
         AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes)
     WHERE NOT EXISTS (SELECT 1 FROM pgq.acks a WHERE a.id = u.id)
-      AND to_timestamp(u.expires) > statement_timestamp()
+      AND to_timestamp(u.expires) > pgq.now()
 ), imported AS (
     INSERT INTO pgq.jobs AS j (id, queue, state, ctime, body, repl, retry, delay, expires_at,
                                queued_at, enqueues, nacks, additional_deliveries,
                                nodes_delivered, nodes_confirmed)
     SELECT id, queue, 'queued', ctime, body, repl, retry, delay, to_timestamp(expires),
-           statement_timestamp(), 1, nacks, adds,
+           pgq.now(), 1, nacks, adds,
            CASE WHEN retry > 0 THEN ARRAY(SELECT DISTINCT n FROM unnest(
                string_to_array(nodes, ',') || ARRAY[%(myself)s, %(sender)s]) AS n ORDER BY n) END,
            CASE WHEN retry > 0 THEN ARRAY[%(myself)s]::text[] END
     FROM incoming
     ON CONFLICT (id) DO UPDATE SET
-        state = 'queued', queued_at = statement_timestamp(), requeue_at = NULL,
+        state = 'queued', queued_at = pgq.now(), requeue_at = NULL,
         cluster_requeue_at = NULL, enqueues = j.enqueues + 1
     WHERE j.state = 'active'
     RETURNING j.id, j.queue
@@ -472,10 +472,10 @@ SELECT queue, count(*), (SELECT count(*) FROM woken) FROM imported GROUP BY queu
 SAVE_IMPORT_STATS = """
 WITH saved AS (
     INSERT INTO pgq.queue_imports AS q (queue, import_from, import_rate, updated_at)
-    SELECT u.queue, string_to_array(u.nodes, ','), u.rate, statement_timestamp()
+    SELECT u.queue, string_to_array(u.nodes, ','), u.rate, pgq.now()
     FROM unnest(%(queues)s::text[], %(nodes)s::text[], %(rates)s::int[]) AS u(queue, nodes, rate)
     ON CONFLICT (queue) DO UPDATE SET import_from = excluded.import_from,
-        import_rate = excluded.import_rate, updated_at = statement_timestamp()
+        import_rate = excluded.import_rate, updated_at = pgq.now()
     RETURNING 1
 )
 DELETE FROM pgq.queue_imports WHERE NOT (queue = ANY (%(queues)s::text[]))
@@ -488,7 +488,7 @@ WITH cleared AS (
     DELETE FROM pgq.queues WHERE name = %(queue)s AND %(state)s = 'none' RETURNING 1
 ), stored AS (
     INSERT INTO pgq.queues AS p (name, paused) SELECT %(queue)s, %(state)s WHERE %(state)s <> 'none'
-    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = statement_timestamp()
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = pgq.now()
     RETURNING 1
 )
 SELECT pg_notify('pgq', %(queue)s)

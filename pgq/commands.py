@@ -126,7 +126,7 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         raise InvalidArgumentError(
             f"a replicated job's body is at most {MAX_REPLICATED_BODY // 2**20} MiB (copies "
             "travel in one bus frame): store big payloads elsewhere and queue a reference")
-    ids = new_job_ids(session.node_id, params.ttl, params.retry, len(bodies))
+    ids = _new_ids(session, params, len(bodies))
     if replicated:
         yield from _add_replicated(session, queue, ids, bodies, params, wanted, minimum)
         return ids
@@ -198,6 +198,11 @@ def batchable(call: AddCall) -> bool:
     return call.params.maxlen is None and len(call.bodies) < COPY_THRESHOLD
 
 
+def _new_ids(session: Session, params: JobParams, count: int) -> list[str]:
+    return new_job_ids(session.node_id, params.ttl, params.retry, count,
+                       millis=int(session.wall() * 1000), random_bytes=session.random_bytes)
+
+
 def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
     """ADDJOB of many callers in one statement and one commit (group commit).
 
@@ -213,8 +218,7 @@ def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
         wanted, _minimum = _copies(call.params, view)
         if not batchable(call) or wanted > 1 or view.leaving or (view.member and not view.active):
             continue
-        taken.append((index, new_job_ids(session.node_id, call.params.ttl, call.params.retry,
-                                         len(call.bodies))))
+        taken.append((index, _new_ids(session, call.params, len(call.bodies))))
     if not taken:
         return outcomes
     rows = [(calls[i], job_id, body) for i, ids in taken

@@ -30,7 +30,7 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .errors import BadIdError, InvalidTypeError
 
@@ -93,7 +93,9 @@ def new_job_id(node_id: str, ttl_seconds: float, retry_seconds: float) -> str:
     return new_job_ids(node_id, ttl_seconds, retry_seconds, 1)[0]
 
 
-def new_job_ids(node_id: str, ttl_seconds: float, retry_seconds: float, count: int) -> list[str]:
+def new_job_ids(node_id: str, ttl_seconds: float, retry_seconds: float, count: int,
+                millis: int | None = None,
+                random_bytes: Callable[[int], bytes] = os.urandom) -> list[str]:
     """Return ``count`` new job IDs, in increasing order.
 
     The 18 bytes are: 6 bytes of time (ms), a 3-byte counter within this
@@ -102,17 +104,20 @@ def new_job_ids(node_id: str, ttl_seconds: float, retry_seconds: float, count: i
     million IDs are built from three bulk encodings and slices, not a million
     encodings. Uniqueness rests on the random part (two IDs collide only if
     made in the same millisecond, at the same counter, with the same 72 random
-    bits); ordering only on the time and counter.
+    bits); ordering only on the time and counter. ``millis`` and
+    ``random_bytes`` default to the real clock and the OS's entropy (the
+    simulation passes virtual ones).
     """
     ids: list[str] = []
-    millis = time.time_ns() // 1_000_000
+    if millis is None:
+        millis = time.time_ns() // 1_000_000
     tail = f"-{ttl_minutes_field(ttl_seconds, retry_seconds)}"
     for chunk_start in range(0, count, _COUNTER_LIMIT):
         n = min(_COUNTER_LIMIT, count - chunk_start)
         # A batch larger than the counter takes the next milliseconds: still increasing.
         head = f"D-{node_id[:8]}-{_sortable_base64((millis + chunk_start // _COUNTER_LIMIT).to_bytes(6, 'big'))}"
         counters = _sortable_base64(b"".join(i.to_bytes(3, "big") for i in range(n)))
-        randoms = _sortable_base64(os.urandom(9 * n))
+        randoms = _sortable_base64(random_bytes(9 * n))
         ids.extend(f"{head}{counters[4 * i:4 * i + 4]}{randoms[12 * i:12 * i + 12]}{tail}"
                    for i in range(n))
     return ids

@@ -20,6 +20,8 @@ Invariants a driver guarantees:
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -163,4 +165,7 @@ class Session:
     port: int = 5432
     cluster: ClusterView = field(default_factory=ClusterView)
     replication_timeout: float = 5.0
+    # Where new job IDs get their time and randomness (the simulation's are virtual).
+    wall: Callable[[], float] = time.time
+    random_bytes: Callable[[int], bytes] = os.urandom
     floors: Floors | None = None  # where claims start (None: from the front)

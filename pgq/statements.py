@@ -6,9 +6,10 @@ place (the schema itself is in ``migrations/``). Parameters are always bound
 
 Conventions:
 
-* ``statement_timestamp()`` is "now": stable within a statement, fresh for
-  each statement even inside a long caller transaction (``now()`` would be
-  the transaction's start and would shorten leases).
+* ``pgq.now()`` is "now" (schema 0008): ``statement_timestamp()``, stable
+  within a statement and fresh for each statement even inside a long caller
+  transaction (``now()`` would be the transaction's start and would shorten
+  leases); the simulation sets it to its virtual time instead.
 * A job whose ``expires_at`` has passed is treated as gone by every statement,
   whether or not the sweep has deleted it yet.
 * An ``active`` job whose ``requeue_at`` has passed is treated as queued: a
@@ -60,7 +61,7 @@ SELECT s.expired, s.requeued, s.acks_expired,
              WHERE t.schemaname = 'pgq' AND t.relname IN ('jobs', 'acks', 'outbox')
                AND t.n_dead_tup > greatest(%(dead_min)s, t.n_live_tup / 5)
                AND coalesce(greatest(t.last_vacuum, t.last_autovacuum), '-infinity')
-                   < statement_timestamp() - interval '10 seconds') AS vacuum
+                   < pgq.now() - interval '10 seconds') AS vacuum
 FROM pgq.sweep() s
 """
 SWEEP_TABLES_TO_VACUUM = 3  # the column of SWEEP's row naming them
@@ -96,10 +97,10 @@ WITH leaving AS (  -- a leaving node keeps no new copy (the client re-routes the
     SELECT u.id, %(queue)s,
            CASE WHEN %(delay)s::float8 > 0 THEN 'active' ELSE 'queued' END,
            u.body, %(repl)s, %(retry)s, %(delay)s,
-           statement_timestamp() + %(ttl)s::float8 * interval '1 second',
+           pgq.now() + %(ttl)s::float8 * interval '1 second',
            CASE WHEN %(delay)s::float8 > 0
-                THEN statement_timestamp() + %(delay)s::float8 * interval '1 second' END,
-           CASE WHEN %(delay)s::float8 > 0 THEN NULL ELSE statement_timestamp() END,
+                THEN pgq.now() + %(delay)s::float8 * interval '1 second' END,
+           CASE WHEN %(delay)s::float8 > 0 THEN NULL ELSE pgq.now() END,
            CASE WHEN %(delay)s::float8 > 0 THEN 0 ELSE 1 END
     FROM unnest(%(ids)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(id, body, n)
     WHERE NOT EXISTS (SELECT 1 FROM paused) AND (SELECT ok FROM room)
@@ -138,9 +139,9 @@ WITH leaving AS (
                           expires_at, requeue_at, queued_at, enqueues)
     SELECT i.id, i.queue, CASE WHEN i.delay > 0 THEN 'active' ELSE 'queued' END,
            i.body, 1, i.retry, i.delay,
-           statement_timestamp() + i.ttl * interval '1 second',
-           CASE WHEN i.delay > 0 THEN statement_timestamp() + i.delay * interval '1 second' END,
-           CASE WHEN i.delay > 0 THEN NULL ELSE statement_timestamp() END,
+           pgq.now() + i.ttl * interval '1 second',
+           CASE WHEN i.delay > 0 THEN pgq.now() + i.delay * interval '1 second' END,
+           CASE WHEN i.delay > 0 THEN NULL ELSE pgq.now() END,
            CASE WHEN i.delay > 0 THEN 0 ELSE 1 END
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM leaving)
@@ -181,11 +182,11 @@ WITH leaving AS (  -- read at statement time, whatever the client cached
            CASE WHEN %(wait)s OR l.yes THEN 'wait-repl'
                 WHEN %(delay)s::float8 > 0 THEN 'active' ELSE 'queued' END,
            u.body, %(repl)s, %(repl_min)s, %(retry)s, %(delay)s,
-           statement_timestamp() + %(ttl)s::float8 * interval '1 second',
+           pgq.now() + %(ttl)s::float8 * interval '1 second',
            CASE WHEN %(delay)s::float8 > 0
-                THEN statement_timestamp() + %(delay)s::float8 * interval '1 second' END,
+                THEN pgq.now() + %(delay)s::float8 * interval '1 second' END,
            CASE WHEN %(wait)s OR l.yes OR %(delay)s::float8 > 0 THEN NULL
-                ELSE statement_timestamp() END,
+                ELSE pgq.now() END,
            CASE WHEN %(wait)s OR l.yes OR %(delay)s::float8 > 0 THEN 0 ELSE 1 END,
            -- leaving: this node holds no copy; the node process hands the
            -- job to W other nodes (external replication) and drops the row
@@ -228,7 +229,7 @@ SELECT active, leaving, reachable_nodes, member FROM pgq.cluster_state
 # continuously; a lag of seconds means it is not running).
 REPLICATION_DONE = """
 SELECT u.id, j.state IS NOT NULL AND j.state <> 'wait-repl' AS replicated, j.state IS NULL AS gone,
-       (SELECT extract(epoch FROM statement_timestamp() - o.created_at)::float8
+       (SELECT extract(epoch FROM pgq.now() - o.created_at)::float8
         FROM pgq.outbox o ORDER BY o.seq LIMIT 1) AS outbox_lag
 FROM unnest(%(ids)s::text[]) AS u(id) LEFT JOIN pgq.jobs j ON j.id = u.id
 """
@@ -272,7 +273,7 @@ FROM STDIN (FORMAT BINARY)
 COPY_JOBS_CONSTANT_TYPES = ("text", "text", "int4", "float8", "float8",
                             "timestamptz", "timestamptz", "timestamptz", "int4")
 
-DB_NOW = "SELECT statement_timestamp()"
+DB_NOW = "SELECT pgq.now()"
 
 NOTIFY_QUEUE = """
 SELECT pg_notify('pgq', %(queue)s)::text
@@ -309,7 +310,7 @@ WITH wanted AS (
     FROM wanted w CROSS JOIN LATERAL (
         SELECT j.ctid, j.ctime FROM pgq.jobs j
         WHERE j.queue = w.name AND j.state = 'queued' AND j.ctime >= w.floor
-          AND j.expires_at > statement_timestamp()
+          AND j.expires_at > pgq.now()
         ORDER BY j.ctime
         LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
 ), candidates AS (
@@ -319,8 +320,8 @@ WITH wanted AS (
     FROM wanted w CROSS JOIN LATERAL (
         SELECT j.ctid, j.ctime FROM pgq.jobs j
         WHERE j.queue = w.name AND j.state = 'active'
-          AND j.requeue_at <= statement_timestamp()
-          AND j.expires_at > statement_timestamp()
+          AND j.requeue_at <= pgq.now()
+          AND j.expires_at > pgq.now()
         ORDER BY j.requeue_at
         LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
 ), picked AS MATERIALIZED (
@@ -332,10 +333,10 @@ WITH wanted AS (
         -- for a job with copies elsewhere, a timer the node process runs
         -- (it announces the re-queue to the other holders first).
         requeue_at = CASE WHEN j.retry > 0 AND coalesce(cardinality(j.nodes_delivered), 0) <= 1
-                          THEN statement_timestamp()
+                          THEN pgq.now()
                                + (j.retry + random() * 0.25) * interval '1 second' END,
         cluster_requeue_at = CASE WHEN j.retry > 0 AND cardinality(j.nodes_delivered) > 1
-                                  THEN statement_timestamp()
+                                  THEN pgq.now()
                                        + (j.retry + random() * 0.25) * interval '1 second' END,
         -- taken straight from 'active': an (implicit) re-queue happened first
         enqueues = j.enqueues + (j.state = 'active')::integer,
@@ -343,11 +344,11 @@ WITH wanted AS (
                                 + (j.state = 'active' AND j.enqueues > 0 AND j.requeue_counts)::integer,
         requeue_counts = true,
         deliveries = j.deliveries + 1,
-        delivered_at = statement_timestamp()
+        delivered_at = pgq.now()
     FROM picked p
     WHERE j.ctid = p.ctid
     RETURNING j.queue, j.id, j.body, j.nacks, j.additional_deliveries, j.ctime, j.retry,
-              greatest(0, extract(epoch FROM j.expires_at - statement_timestamp()))::float8 AS ttl,
+              greatest(0, extract(epoch FROM j.expires_at - pgq.now()))::float8 AS ttl,
               p.from_ready
 )"""
 
@@ -388,7 +389,7 @@ CLAIM_RELAXED = _CLAIM_BODY + """, commit_mode AS (
 # How long until a job of these queues becomes due (delayed or leased), so a
 # blocked consumer wakes up in time without polling faster.
 NEXT_DUE = """
-SELECT greatest(0, extract(epoch FROM min(d.requeue_at) - statement_timestamp()))::float8
+SELECT greatest(0, extract(epoch FROM min(d.requeue_at) - pgq.now()))::float8
 FROM unnest(%(queues)s::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT j.requeue_at FROM pgq.jobs j
@@ -410,7 +411,7 @@ logged AS (
     INSERT INTO pgq.history (id, queue, outcome, ctime, delivered_at, deliveries, nacks,
                              additional_deliveries, retry, repl, body_size)
     SELECT id, queue,
-           CASE WHEN expires_at <= statement_timestamp() THEN 'expired' ELSE %(outcome)s END,
+           CASE WHEN expires_at <= pgq.now() THEN 'expired' ELSE %(outcome)s END,
            ctime, delivered_at, deliveries, nacks, additional_deliveries, retry, repl, size
     FROM gone
 )"""
@@ -440,7 +441,7 @@ WITH {_DELETE_GONE}, {_LOG_GONE}, tombstones AS (
     ON CONFLICT (id) DO UPDATE SET nodes = excluded.nodes
 ), dummies AS (
     INSERT INTO pgq.acks (id, expires_at, dummy)
-    SELECT u.id, statement_timestamp() + u.ttl * interval '1 second', true
+    SELECT u.id, pgq.now() + u.ttl * interval '1 second', true
     FROM unnest(%(dummy_ids)s::text[], %(dummy_ttls)s::float8[]) AS u(id, ttl)
     WHERE NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = u.id)
     ON CONFLICT (id) DO NOTHING
@@ -453,7 +454,7 @@ WITH {_DELETE_GONE}, {_LOG_GONE}, tombstones AS (
     SELECT 'ack', id, NULL FROM dummies WHERE %(cluster)s
     RETURNING 1
 )
-SELECT ARRAY(SELECT id FROM gone WHERE expires_at > statement_timestamp()) AS acked,
+SELECT ARRAY(SELECT id FROM gone WHERE expires_at > pgq.now()) AS acked,
        (SELECT count(*) FROM events),
        (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 """
@@ -524,7 +525,7 @@ WITH {_DELETE_GONE}, {_LOG_GONE}, tombstones AS (
     WHERE %(broadcast)s AND %(cluster)s AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = u.id)
     RETURNING 1
 )
-SELECT (SELECT count(*) FILTER (WHERE expires_at > statement_timestamp()) FROM gone)
+SELECT (SELECT count(*) FILTER (WHERE expires_at > pgq.now()) FROM gone)
        + (SELECT count(*) FROM tombstones),
        (SELECT count(*) FROM events),
        (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
@@ -541,18 +542,18 @@ REQUEUE = """
 WITH requeued AS (
     UPDATE pgq.jobs SET
         state = CASE WHEN %(delay)s > 0 THEN 'active' ELSE 'queued' END,
-        queued_at = CASE WHEN %(delay)s > 0 THEN queued_at ELSE statement_timestamp() END,
+        queued_at = CASE WHEN %(delay)s > 0 THEN queued_at ELSE pgq.now() END,
         requeue_at = CASE WHEN %(delay)s > 0 AND coalesce(cardinality(nodes_delivered), 0) <= 1
-                          THEN statement_timestamp() + %(delay)s * interval '1 second' END,
+                          THEN pgq.now() + %(delay)s * interval '1 second' END,
         cluster_requeue_at = CASE WHEN %(delay)s > 0 AND cardinality(nodes_delivered) > 1
-                                  THEN statement_timestamp() + %(delay)s * interval '1 second' END,
+                                  THEN pgq.now() + %(delay)s * interval '1 second' END,
         requeue_counts = NOT (%(delay)s > 0),
         enqueues = enqueues + (%(delay)s <= 0)::integer,
         nacks = nacks + %(nack)s::boolean::integer,
         additional_deliveries = additional_deliveries
                                 + (NOT %(nack)s::boolean AND enqueues > 0)::integer
     WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
-      AND expires_at > statement_timestamp()
+      AND expires_at > pgq.now()
       AND NOT (retry = 0 AND deliveries > 0)
     RETURNING id, queue, state, nodes_delivered, enqueues > 1 AS counted
 ), woken AS (
@@ -579,10 +580,10 @@ DEQUEUE = """
 UPDATE pgq.jobs SET
     state = 'active',
     requeue_at = CASE WHEN retry > 0 AND coalesce(cardinality(nodes_delivered), 0) <= 1
-                      THEN statement_timestamp() + retry * interval '1 second' END,
+                      THEN pgq.now() + retry * interval '1 second' END,
     cluster_requeue_at = CASE WHEN retry > 0 AND cardinality(nodes_delivered) > 1
-                              THEN statement_timestamp() + retry * interval '1 second' END
-WHERE id = ANY (%(ids)s::text[]) AND state = 'queued' AND expires_at > statement_timestamp()
+                              THEN pgq.now() + retry * interval '1 second' END
+WHERE id = ANY (%(ids)s::text[]) AND state = 'queued' AND expires_at > pgq.now()
 """
 
 # WORKING: postpone the next re-queue by RETRY (dequeueing the job if it is
@@ -591,19 +592,19 @@ WHERE id = ANY (%(ids)s::text[]) AND state = 'queued' AND expires_at > statement
 WORKING = """
 WITH target AS (
     SELECT id, state, retry, nodes_delivered,
-           statement_timestamp() - to_timestamp(ctime / 1e9)
+           pgq.now() - to_timestamp(ctime / 1e9)
                > (expires_at - to_timestamp(ctime / 1e9)) / 2 AS too_late
     FROM pgq.jobs
-    WHERE id = %(id)s AND expires_at > statement_timestamp()
+    WHERE id = %(id)s AND expires_at > pgq.now()
     FOR UPDATE
 ), postponed AS (
     UPDATE pgq.jobs j SET
         state = 'active',
         requeue_at = CASE WHEN coalesce(cardinality(j.nodes_delivered), 0) <= 1
-                          THEN statement_timestamp()
+                          THEN pgq.now()
                                + (j.retry + random() * 0.25) * interval '1 second' END,
         cluster_requeue_at = CASE WHEN cardinality(j.nodes_delivered) > 1
-                                  THEN statement_timestamp()
+                                  THEN pgq.now()
                                        + (j.retry + random() * 0.25) * interval '1 second' END
     FROM target t
     WHERE j.id = t.id AND NOT t.too_late AND t.retry > 0 AND t.state <> 'wait-repl'
@@ -617,7 +618,7 @@ WITH target AS (
 )
 SELECT t.state, t.retry, t.too_late,
        EXISTS (SELECT 1 FROM pgq.acks a
-               WHERE a.id = %(id)s AND a.expires_at > statement_timestamp()) AS acked,
+               WHERE a.id = %(id)s AND a.expires_at > pgq.now()) AS acked,
        (SELECT count(*) FROM events) AS events,
        (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 FROM (SELECT 1) AS one LEFT JOIN target t ON true
@@ -627,28 +628,28 @@ FROM (SELECT 1) AS one LEFT JOIN target t ON true
 
 _SHOW_COLUMNS = """
     id, queue,
-    CASE WHEN state = 'active' AND requeue_at <= statement_timestamp()
+    CASE WHEN state = 'active' AND requeue_at <= pgq.now()
          THEN 'queued' ELSE state END AS state,
     repl,
-    greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8 AS ttl,
+    greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8 AS ttl,
     ctime, delay, retry, nacks, additional_deliveries, deliveries,
     CASE WHEN requeue_at IS NULL THEN NULL
-         ELSE greatest(0, extract(epoch FROM requeue_at - statement_timestamp()))::float8
+         ELSE greatest(0, extract(epoch FROM requeue_at - pgq.now()))::float8
     END AS next_requeue_within,
     greatest(0, extract(epoch FROM least(coalesce(requeue_at, expires_at), expires_at)
-                                   - statement_timestamp()))::float8 AS next_awake_within,
+                                   - pgq.now()))::float8 AS next_awake_within,
     body, nodes_delivered, nodes_confirmed
 """
 
 SHOW = f"""
 SELECT {_SHOW_COLUMNS}
-FROM pgq.jobs WHERE id = %(id)s AND expires_at > statement_timestamp()
+FROM pgq.jobs WHERE id = %(id)s AND expires_at > pgq.now()
 """
 
 SHOW_ACKED = """
 SELECT id, queue, acked_at, dummy,
-       greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8 AS ttl
-FROM pgq.acks WHERE id = %(id)s AND expires_at > statement_timestamp()
+       greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8 AS ttl
+FROM pgq.acks WHERE id = %(id)s AND expires_at > pgq.now()
 """
 
 QLEN = """
@@ -657,7 +658,7 @@ SELECT coalesce(sum(queued), 0)::bigint FROM pgq.queue_counters WHERE queue = %(
 
 _QPEEK = """
 SELECT queue, id, body, nacks, additional_deliveries FROM pgq.jobs
-WHERE queue = %(queue)s AND state = 'queued' AND expires_at > statement_timestamp()
+WHERE queue = %(queue)s AND state = 'queued' AND expires_at > pgq.now()
 ORDER BY ctime {order} LIMIT %(count)s
 """
 QPEEK_OLDEST = _QPEEK.format(order="ASC")
@@ -666,12 +667,12 @@ QPEEK_NEWEST = _QPEEK.format(order="DESC")
 QSTAT = """
 SELECT s.queue, s.length, s.created_at, s.last_activity, s.blocked, s.jobs_in, s.jobs_out,
        s.paused,
-       greatest(0, extract(epoch FROM statement_timestamp() - s.created_at))::float8 AS age,
-       greatest(0, extract(epoch FROM statement_timestamp() - s.last_activity))::float8 AS idle,
+       greatest(0, extract(epoch FROM pgq.now() - s.created_at))::float8 AS age,
+       greatest(0, extract(epoch FROM pgq.now() - s.last_activity))::float8 AS idle,
        coalesce(i.import_from, '{}'::text[]), coalesce(i.import_rate, 0)
 FROM pgq.queue_stats s
 LEFT JOIN pgq.queue_imports i
-       ON i.queue = s.queue AND i.updated_at > statement_timestamp() - interval '10 seconds'
+       ON i.queue = s.queue AND i.updated_at > pgq.now() - interval '10 seconds'
 WHERE s.queue = %(queue)s
 """
 
@@ -681,7 +682,7 @@ SELECT s.queue, s.length, coalesce(i.import_rate, 0)
 FROM (SELECT queue, length FROM pgq.queue_stats
       WHERE queue > %(after)s ORDER BY queue LIMIT %(count)s) AS s
 LEFT JOIN pgq.queue_imports i
-       ON i.queue = s.queue AND i.updated_at > statement_timestamp() - interval '10 seconds'
+       ON i.queue = s.queue AND i.updated_at > pgq.now() - interval '10 seconds'
 ORDER BY s.queue
 """
 
@@ -693,7 +694,7 @@ JSCAN_JOBS = f"""
 SELECT * FROM (
     SELECT {_SHOW_COLUMNS}
     FROM pgq.jobs
-    WHERE id > %(after)s AND expires_at > statement_timestamp()
+    WHERE id > %(after)s AND expires_at > pgq.now()
     {_JSCAN_FILTERS}
     ORDER BY id LIMIT %(count)s) AS page
 WHERE %(states)s::text[] IS NULL OR page.state = ANY (%(states)s::text[])
@@ -701,9 +702,9 @@ WHERE %(states)s::text[] IS NULL OR page.state = ANY (%(states)s::text[])
 
 JSCAN_ACKS = f"""
 SELECT id, queue, acked_at, dummy,
-       greatest(0, extract(epoch FROM expires_at - statement_timestamp()))::float8 AS ttl
+       greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8 AS ttl
 FROM pgq.acks
-WHERE id > %(after)s AND expires_at > statement_timestamp()
+WHERE id > %(after)s AND expires_at > pgq.now()
 {_JSCAN_FILTERS}
 ORDER BY id LIMIT %(count)s
 """
@@ -720,7 +721,7 @@ WITH cleared AS (
 ), stored AS (
     INSERT INTO pgq.queues AS p (name, paused)
     SELECT %(queue)s, %(state)s WHERE %(state)s <> 'none'
-    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = statement_timestamp()
+    ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = pgq.now()
     RETURNING paused
 ), woken AS (
     SELECT pg_notify('pgq', %(queue)s) WHERE %(state)s IN ('none', 'in')
@@ -739,7 +740,7 @@ SELECT %(state)s::text AS paused,
 INFO = """
 SELECT current_setting('server_version') AS server_version,
        current_database() AS database,
-       extract(epoch FROM statement_timestamp() - pg_postmaster_start_time())::float8 AS uptime,
+       extract(epoch FROM pgq.now() - pg_postmaster_start_time())::float8 AS uptime,
        (SELECT count(DISTINCT queue) FROM pgq.queue_stats) AS queues,
        (SELECT count(DISTINCT pid) FROM pgq.waiters) AS blocked_clients,
        current_setting('synchronous_commit') AS synchronous_commit,

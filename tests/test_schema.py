@@ -185,3 +185,51 @@ def _objects(dsn: str) -> list[tuple[str, str]]:
             "SELECT relname, relkind::text FROM pg_class WHERE relnamespace = 'pgq'::regnamespace "
             "UNION ALL SELECT proname, 'f' FROM pg_proc WHERE pronamespace = 'pgq'::regnamespace "
             "ORDER BY 1").fetchall()
+
+
+def test_every_function_and_view_reads_the_clock_through_pgq_now(db):
+    """Schema 0008: one clock (functions, views, column defaults, statements), so
+    the simulation's virtual time drives all of pgq's SQL."""
+    readers = db.execute("""
+        SELECT p.proname FROM pg_proc p
+        WHERE p.pronamespace = 'pgq'::regnamespace AND p.proname <> 'now'
+          AND p.prosrc LIKE '%statement_timestamp()%'
+        UNION ALL
+        SELECT c.relname FROM pg_class c
+        WHERE c.relnamespace = 'pgq'::regnamespace AND c.relkind = 'v'
+          AND pg_get_viewdef(c.oid) LIKE '%statement_timestamp()%'
+        UNION ALL
+        SELECT c.relname FROM pg_attrdef ad JOIN pg_class c ON c.oid = ad.adrelid
+        WHERE c.relnamespace = 'pgq'::regnamespace
+          AND pg_get_expr(ad.adbin, ad.adrelid) LIKE '%statement_timestamp()%'""").fetchall()
+    assert readers == []
+    from pgq import statements
+    from pgq.cluster import sql as node_sql
+
+    for module in (statements, node_sql):
+        texts = [v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)]
+        assert not [t for t in texts if "statement_timestamp()" in t and "pgq.now" not in t]
+
+
+def test_a_session_setting_moves_pgq_now_and_the_leases_it_grants(client, dsn):
+    import psycopg
+
+    from pgq.floors import FROM_THE_FRONT
+
+    client.add_job("clock", b"x", retry=60)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        ahead = conn.execute("SELECT statement_timestamp() + interval '1 hour'").fetchone()[0]
+        conn.execute("SELECT set_config('pgq.now', %s, false)", (ahead.isoformat(),))
+        assert conn.execute("SELECT pgq.now()").fetchone()[0] == ahead
+        conn.execute(statements_claim(), {"queues": ["clock"], "floors": [FROM_THE_FRONT],
+                                          "count": 1}).fetchall()
+        due = conn.execute("SELECT requeue_at FROM pgq.jobs WHERE queue = 'clock'").fetchone()[0]
+        assert 60 <= (due - ahead).total_seconds() <= 60.25  # the lease: virtual now + retry (+ jitter)
+        conn.execute("RESET pgq.now")
+        assert conn.execute("SELECT pgq.now() > '2026-01-01' AND pgq.now() < '2030-01-01'").fetchone()[0]
+
+
+def statements_claim() -> str:
+    from pgq import statements
+
+    return statements.CLAIM

@@ -94,13 +94,13 @@ INSERT INTO pgq.jobs (id, queue, state, ctime, body, repl, retry, delay, expires
 SELECT s.id, %(queue)s,
        CASE WHEN h.origin AND %(delay)s::float8 = 0 THEN 'queued' ELSE 'active' END,
        %(base_ctime)s::bigint + s.seq, s.body, %(repl)s, %(retry)s, %(delay)s,
-       statement_timestamp() + %(ttl)s::float8 * interval '1 second',
+       pgq.now() + %(ttl)s::float8 * interval '1 second',
        CASE WHEN h.origin AND %(delay)s::float8 > 0
-            THEN statement_timestamp() + %(delay)s::float8 * interval '1 second' END,
+            THEN pgq.now() + %(delay)s::float8 * interval '1 second' END,
        CASE WHEN NOT h.origin AND %(retry)s::float8 > 0
-            THEN statement_timestamp()
+            THEN pgq.now()
                  + (%(delay)s::float8 + %(retry)s::float8 + random() * 0.5) * interval '1 second' END,
-       CASE WHEN h.origin AND %(delay)s::float8 = 0 THEN statement_timestamp() END,
+       CASE WHEN h.origin AND %(delay)s::float8 = 0 THEN pgq.now() END,
        CASE WHEN h.origin AND %(delay)s::float8 = 0 THEN 1 ELSE 0 END,
        CASE WHEN %(repl)s > 1 THEN string_to_array(h.holders, ',') END,
        CASE WHEN %(repl)s > 1 THEN string_to_array(h.holders, ',') END
@@ -117,7 +117,7 @@ def merge_staged(*, deduplicate: bool, skip_acked: bool) -> str:
 
 
 MARK_MERGED = """
-UPDATE pgq.ingests SET state = 'merged', jobs = %(jobs)s, merged_at = statement_timestamp()
+UPDATE pgq.ingests SET state = 'merged', jobs = %(jobs)s, merged_at = pgq.now()
 WHERE ingest_id = %(ingest_id)s
 """
 
