@@ -553,7 +553,8 @@ class NodeCore:
 
     def _on_willqueue(self, peer: str, message: m.WillQueue) -> Step:
         assert self.requeues is not None
-        rows = yield _rows(sql.WILLQUEUE_STATE, {"ids": list(message.ids)})
+        rows = yield _rows(sql.WILLQUEUE_STATE, {"ids": list(message.ids), "sender": peer,
+                                                 "myself": self.node_id})
         queued, acked = self.requeues.on_willqueue((r[0], r[1], r[2]) for r in rows)
         if queued:
             self.send(peer, m.Queued(queued, ""))
@@ -561,11 +562,15 @@ class NodeCore:
             self.send(peer, m.SetAck(acked))
 
     def _on_queued(self, peer: str, message: m.Queued) -> Step:
-        yield _rows(sql.APPLY_QUEUED, {"ids": list(message.ids), "counter": message.counter,
-                                       "sender": peer, "myself": self.node_id})
+        rows = yield _rows(sql.APPLY_QUEUED, {"ids": list(message.ids), "counter": message.counter,
+                                              "sender": peer, "myself": self.node_id})
+        kept = tuple(job_id for job_id, still_queued in rows if still_queued)
+        if kept:  # we keep them queued (tie-break): the sender must yield
+            self.send(peer, m.Queued(kept, ""))
 
     def _on_working(self, peer: str, message: m.Working) -> Step:
-        yield _rows(sql.APPLY_WORKING, {"ids": list(message.ids)})
+        yield _rows(sql.APPLY_WORKING, {"ids": list(message.ids), "sender": peer,
+                                        "myself": self.node_id})
 
     def _on_enqueue(self, peer: str, message: m.Enqueue) -> Step:
         yield _rows(sql.APPLY_ENQUEUE, {"ids": list(message.ids)})

@@ -109,12 +109,26 @@ class Replicator:
         found unreplicated after a restart): ``state`` 'wait-repl' is a
         synchronous add. External replication (W copies elsewhere, none
         here): the job was stored while this node was leaving (no holder
-        recorded, not even us), or is a synchronous add drained while leaving."""
+        recorded, not even us), or is a synchronous add drained while leaving.
+
+        The holders the database knows (``copy.nodes`` delivered,
+        ``confirmed``) are where copies already are: they count, and every
+        copy sent from now on names them. A restarted origin that forgot
+        them sent copies naming only itself and the new target, and holders
+        that never heard of each other could not agree on one queued copy
+        (found by the simulation, seed 41)."""
         sync = state == "wait-repl"
         external = sync and (not confirmed or leaving)
-        base = 0 if external else max(len(confirmed), 1)
-        minimum = None if repl_min is None else int(repl_min) - base
-        self.add(copy, copy.repl - base, sync, now, ttl_left, minimum=minimum, external=external)
+        mine = 0 if external else 1
+        if copy.id in self.pending or copy.repl - mine <= 0:
+            return
+        soft = None if repl_min is None else int(repl_min) - mine
+        self.add(copy, copy.repl - mine, sync, now, ttl_left, minimum=soft, external=external)
+        entry = self.pending[copy.id]
+        entry.confirmed = set(confirmed) - {self.myself}
+        entry.sent = (set(copy.nodes) | entry.confirmed) - {self.myself}
+        if entry.achieved:  # its copies exist already (an event drained after a restart)
+            del self.pending[copy.id]
 
     def confirmed(self, peer: str, ids: list[str]) -> list[Pending]:
         """Record GOTJOB; return the jobs that just reached their copies."""

@@ -319,8 +319,24 @@ SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM acks)
 
 # ------------------------------------------------------------ one queued copy
 
-WILLQUEUE_STATE = """
-SELECT j.id, j.state, NULL::text[] FROM pgq.jobs j WHERE j.id = ANY (%(ids)s::text[])
+# A holder we hear from about a job holds a copy: remember it, so that our own
+# announcements (WILLQUEUE, QUEUED) and ACK reach it. Holder lists diverge:
+# the origin widens replication to a node after the first copies were sent,
+# and a copy never hears of holders added later (found by the simulation,
+# seed 4: two nodes kept one job queued).
+_LEARN_HOLDER = """
+    nodes_delivered = CASE WHEN nodes_delivered @> ARRAY[%(sender)s::text] THEN nodes_delivered
+                           ELSE coalesce(nodes_delivered, ARRAY[%(myself)s::text]) || %(sender)s::text
+                      END"""
+
+WILLQUEUE_STATE = f"""
+WITH learned AS (
+    UPDATE pgq.jobs SET {_LEARN_HOLDER}
+    WHERE id = ANY (%(ids)s::text[]) AND NOT coalesce(nodes_delivered @> ARRAY[%(sender)s::text], false)
+    RETURNING id
+)
+SELECT j.id, j.state, NULL::text[] FROM pgq.jobs j
+WHERE j.id = ANY (%(ids)s::text[]) AND (SELECT count(*) FROM learned) >= 0
 UNION ALL
 SELECT a.id, 'acked', a.nodes FROM pgq.acks a WHERE a.id = ANY (%(ids)s::text[])
 """
@@ -328,22 +344,26 @@ SELECT a.id, 'acked', a.nodes FROM pgq.acks a WHERE a.id = ANY (%(ids)s::text[])
 # QUEUED from `sender`: another holder queued these. Count the (re-)queue,
 # postpone our own re-queue by retry, and if we have it queued too keep it
 # only if we win the tie-break (the lower node id keeps it, as in Disque).
-APPLY_QUEUED = """
-UPDATE pgq.jobs SET
+# A copy we keep is returned: the node answers QUEUED at once, so that the
+# sender (the loser) yields, and the copy keeps watch (see FIRE_TIMERS) in
+# case that answer is lost. Without it the winner stayed silent and both
+# kept the job queued for good (found by the simulation, seed 13).
+APPLY_QUEUED = f"""
+UPDATE pgq.jobs SET{_LEARN_HOLDER},
     nacks = nacks + (%(counter)s = 'nacks')::integer,
     additional_deliveries = additional_deliveries + (%(counter)s = 'additional_deliveries')::integer,
     state = CASE WHEN state = 'queued' AND %(sender)s < %(myself)s THEN 'active' ELSE state END,
     requeue_at = CASE WHEN state = 'queued' AND %(sender)s < %(myself)s THEN NULL ELSE requeue_at END,
     cluster_requeue_at = CASE
-        WHEN retry > 0 AND (state = 'active' OR %(sender)s < %(myself)s)
-        THEN pgq.now() + (retry + random() * 0.5) * interval '1 second'
+        WHEN retry > 0 THEN pgq.now() + (retry + random() * 0.5) * interval '1 second'
         ELSE cluster_requeue_at END
 WHERE id = ANY (%(ids)s::text[]) AND state <> 'wait-repl'
+RETURNING id, state = 'queued' AS kept
 """
 
 # WORKING from another holder: out of our queue, re-queue postponed by retry.
-APPLY_WORKING = """
-UPDATE pgq.jobs SET
+APPLY_WORKING = f"""
+UPDATE pgq.jobs SET{_LEARN_HOLDER},
     state = 'active', requeue_at = NULL,
     cluster_requeue_at = pgq.now() + (retry + random() * 0.5) * interval '1 second'
 WHERE id = ANY (%(ids)s::text[]) AND retry > 0 AND state IN ('queued', 'active')
@@ -376,25 +396,51 @@ ORDER BY cluster_requeue_at LIMIT 2000
 # queues it once replicated, or after its delay) and nobody acknowledged it
 # within retry, so it counts an additional delivery - on every copy - unless
 # it ends a NACK's back-off (requeue_counts false: the NACK counted already).
+#
+# Every queued copy of a replicated job keeps watch (schema 0009): its timer
+# stays armed (copies queued another way - replication achieved, NACK,
+# ENQUEUE, an import - are armed by the `armed` part), and when it comes due
+# on the still-queued copy the node announces QUEUED again (no count) and
+# re-arms it. Another holder may have queued the job too while the
+# announcements between them were lost; the repeated QUEUED makes the one
+# with the higher node id yield. A claim replaces the watch with its lease;
+# a copy that yields has its timer postponed like any active copy.
 FIRE_TIMERS = """
-WITH due AS (
-    SELECT ctid, requeue_counts FROM pgq.jobs
-    WHERE cluster_requeue_at <= pgq.now() AND state = 'active'
+WITH armed AS (  -- queued copies without their watch yet (schema 0009): armed, no announcement
+    UPDATE pgq.jobs j SET
+        cluster_requeue_at = pgq.now() + (j.retry + random() * 0.5) * interval '1 second'
+    WHERE j.ctid = ANY (ARRAY(
+        SELECT ctid FROM pgq.jobs
+        WHERE state = 'queued' AND cluster_requeue_at IS NULL AND cardinality(nodes_delivered) > 1
+          AND retry > 0
+        LIMIT 2000 FOR UPDATE SKIP LOCKED))
+    RETURNING 1
+), due AS (
+    SELECT ctid, state, requeue_counts FROM pgq.jobs
+    WHERE cluster_requeue_at <= pgq.now() AND state IN ('active', 'queued')
       AND expires_at > pgq.now()
     LIMIT 2000 FOR UPDATE SKIP LOCKED
 ), fired AS (
     UPDATE pgq.jobs j SET
-        state = 'queued', queued_at = pgq.now(), cluster_requeue_at = NULL,
-        requeue_at = NULL, enqueues = j.enqueues + 1,
-        additional_deliveries = j.additional_deliveries + d.requeue_counts::integer,
+        state = 'queued',
+        queued_at = CASE WHEN d.state = 'active' THEN pgq.now() ELSE j.queued_at END,
+        cluster_requeue_at = CASE WHEN j.retry > 0 AND cardinality(j.nodes_delivered) > 1
+                                  THEN pgq.now() + (j.retry + random() * 0.5) * interval '1 second'
+                             END,
+        requeue_at = NULL,
+        enqueues = j.enqueues + (d.state = 'active')::integer,
+        additional_deliveries = j.additional_deliveries
+                                + (d.state = 'active' AND d.requeue_counts)::integer,
         requeue_counts = true
     FROM due d WHERE j.ctid = d.ctid
-    RETURNING j.id, j.queue, coalesce(j.nodes_delivered, '{}'::text[]), d.requeue_counts
+    RETURNING j.id, j.queue, coalesce(j.nodes_delivered, '{}'::text[]) AS nodes_delivered,
+              d.state = 'active' AND d.requeue_counts AS counted, d.state = 'active' AS fresh
 ), woken AS (
-    SELECT pg_notify('pgq', q.queue) FROM (SELECT DISTINCT queue FROM fired) AS q
+    SELECT pg_notify('pgq', q.queue) FROM (SELECT DISTINCT queue FROM fired WHERE fresh) AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
 )
-SELECT f.*, (SELECT count(*) FROM woken) FROM fired f
+SELECT f.id, f.queue, f.nodes_delivered, f.counted, (SELECT count(*) FROM woken) FROM fired f
+WHERE (SELECT count(*) FROM armed) >= 0
 """
 
 # --------------------------------------------------------------- federation

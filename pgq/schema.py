@@ -105,6 +105,10 @@ jobs = Table(
     Index("jobs_cluster_timer_idx", "cluster_requeue_at",
           postgresql_where=text("cluster_requeue_at IS NOT NULL")),
     Index("jobs_wait_repl_idx", "ctime", postgresql_where=text("state = 'wait-repl'::text")),
+    # Queued copies of replicated jobs whose watch the node has yet to arm (schema 0009).
+    Index("jobs_unwatched_idx", "id",
+          postgresql_where=text("state = 'queued'::text AND cluster_requeue_at IS NULL "
+                                "AND cardinality(nodes_delivered) > 1")),
     postgresql_with={
         "fillfactor": "70",
         "autovacuum_vacuum_scale_factor": "0.01",
