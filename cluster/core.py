@@ -321,6 +321,7 @@ class NodeCore:
         # peer) per peer and kind, not one per job.
         deljobs: dict[str, list[str]] = {}
         notices: list[tuple[str, str, str, str]] = []  # (peer, kind, counter, job id)
+        known: dict[str, tuple[str, ...]] = {}  # job id -> every holder we know
         finished_gc: list[Any] = []
         for event, job in rows:
             kind, job_id, arg = event.kind, event.job_id, event.arg
@@ -345,8 +346,9 @@ class NodeCore:
                     deljobs.setdefault(peer, []).append(job_id or "")
             elif kind in ("queued", "working"):
                 counter, _, holders_text = (arg or "").partition(":")
-                notices += [(peer, kind, counter, job_id or "")
-                            for peer in holders_text.split(",") if peer]
+                peers = [peer for peer in holders_text.split(",") if peer]
+                notices += [(peer, kind, counter, job_id or "") for peer in peers]
+                known[job_id or ""] = tuple(sorted({*peers, self.node_id}))
             elif kind == "pause":
                 for peer in self._everyone():
                     self.send(peer, m.Pause(event.queue or "", arg or "none"))
@@ -364,7 +366,8 @@ class NodeCore:
                 self._act(self.membership.set_leaving(self.leaving, now))
         self._send_deljobs(deljobs)
         for peer, kind, counter, ids in batched_notices(notices):
-            self.send(peer, m.Queued(ids, counter) if kind == "queued" else m.Working(ids))
+            self.send(peer, m.Queued(ids, counter, tuple(known[i] for i in ids))
+                      if kind == "queued" else m.Working(ids))
         yield from self._finish_gcs(finished_gc)
         if to_replicate:
             self._resume_replication(to_replicate)
@@ -542,31 +545,40 @@ class NodeCore:
         """Announce re-queue timers due soon (WILLQUEUE), fire the due ones
         (QUEUED): :mod:`.requeue`."""
         assert self.requeues is not None
-        soon = yield _rows(sql.TIMERS_SOON, {"ahead": ANNOUNCE_AHEAD})
+        rows = yield _rows(sql.TIMERS, {"ahead": ANNOUNCE_AHEAD})
+        holders = {job_id: tuple(nodes) for _kind, job_id, nodes, _c, _due in rows}
+        soon = [(job_id, nodes, due) for kind, job_id, nodes, _c, due in rows if kind == "soon"]
         for peer, ids in self.requeues.announce(soon).items():
-            self.send(peer, m.WillQueue(tuple(ids)))
-        fired = yield _rows(sql.FIRE_TIMERS)
+            self.send(peer, m.WillQueue(tuple(ids), tuple(holders[i] for i in ids)))
         notices = self.requeues.fired((job_id, nodes, counted)
-                                      for job_id, _queue, nodes, counted, _woken in fired)
+                                      for kind, job_id, nodes, counted, _due in rows
+                                      if kind == "fired")
         for (peer, counter), ids in notices.items():
-            self.send(peer, m.Queued(tuple(ids), counter))
+            self.send(peer, m.Queued(tuple(ids), counter, tuple(holders[i] for i in ids)))
 
     def _on_willqueue(self, peer: str, message: m.WillQueue) -> Step:
         assert self.requeues is not None
-        rows = yield _rows(sql.WILLQUEUE_STATE, {"ids": list(message.ids), "sender": peer,
+        rows = yield _rows(sql.WILLQUEUE_STATE, {**self._named(message), "sender": peer,
                                                  "myself": self.node_id})
         queued, acked = self.requeues.on_willqueue((r[0], r[1], r[2]) for r in rows)
         if queued:
-            self.send(peer, m.Queued(queued, ""))
+            holders = {r[0]: tuple(r[2] or ()) for r in rows}
+            self.send(peer, m.Queued(queued, "", tuple(holders[i] for i in queued)))
         if acked:
             self.send(peer, m.SetAck(acked))
 
     def _on_queued(self, peer: str, message: m.Queued) -> Step:
-        rows = yield _rows(sql.APPLY_QUEUED, {"ids": list(message.ids), "counter": message.counter,
+        rows = yield _rows(sql.APPLY_QUEUED, {**self._named(message), "counter": message.counter,
                                               "sender": peer, "myself": self.node_id})
-        kept = tuple(job_id for job_id, still_queued in rows if still_queued)
+        kept = [(job_id, tuple(nodes or ())) for job_id, still_queued, nodes in rows if still_queued]
         if kept:  # we keep them queued (tie-break): the sender must yield
-            self.send(peer, m.Queued(kept, ""))
+            self.send(peer, m.Queued(tuple(i for i, _ in kept), "", tuple(n for _, n in kept)))
+
+    @staticmethod
+    def _named(message: m.WillQueue | m.Queued) -> dict[str, Any]:
+        """A message's ids and, per id, the holders it names (comma-joined)."""
+        named = message.holders or tuple(() for _ in message.ids)
+        return {"ids": list(message.ids), "holders": [_csv(h) for h in named]}
 
     def _on_working(self, peer: str, message: m.Working) -> Step:
         yield _rows(sql.APPLY_WORKING, {"ids": list(message.ids), "sender": peer,

@@ -312,29 +312,54 @@ class Enqueue(_Ids):
     KIND: ClassVar[str] = "enqueue"
 
 
+def _holders_to_wire(holders: tuple[tuple[str, ...], ...]) -> list[list[str]]:
+    return [list(h) for h in holders]
+
+
+def _holders_from_wire(raw: Any, ids: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
+    """Per job, the holders the sender knows: as many lists as ids, or none."""
+    holders = tuple(tuple(_node(n) for n in _list(h, 1000)) for h in _list(raw or []))
+    _need(len(holders) in (0, len(ids)), "holders do not match ids")
+    return holders
+
+
 @dataclass(frozen=True, slots=True)
-class WillQueue(_Ids):
-    """I am about to re-queue these: tell me if you have them queued or acked."""
+class WillQueue(Message):
+    """I am about to re-queue these: tell me if you have them queued or acked.
+    ``holders``: per job, the holders I know (you learn those you did not)."""
 
     KIND: ClassVar[str] = "willqueue"
+    ids: tuple[str, ...] = ()
+    holders: tuple[tuple[str, ...], ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        return {"i": list(self.ids), "h": _holders_to_wire(self.holders)}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> WillQueue:
+        ids = tuple(_job(i) for i in _list(raw.get("i")))
+        return cls(ids, _holders_from_wire(raw.get("h"), ids))
 
 
 @dataclass(frozen=True, slots=True)
 class Queued(Message):
-    """I queued these; ``counter`` is the counter the (re-)queue increments."""
+    """I queued these; ``counter`` is the counter the (re-)queue increments;
+    ``holders``: per job, the holders I know (you learn those you did not)."""
 
     KIND: ClassVar[str] = "queued"
     ids: tuple[str, ...] = ()
     counter: str = ""  # "", "nacks" or "additional_deliveries"
+    holders: tuple[tuple[str, ...], ...] = ()
 
     def fields(self) -> dict[str, Any]:
-        return {"i": list(self.ids), "c": self.counter}
+        return {"i": list(self.ids), "c": self.counter, "h": _holders_to_wire(self.holders)}
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Queued:
         counter = _str(raw.get("c"), 32)
         _need(counter in ("", "nacks", "additional_deliveries"), "bad counter")
-        return cls(tuple(_job(i) for i in _list(raw.get("i"))), counter)
+        ids = tuple(_job(i) for i in _list(raw.get("i")))
+        return cls(ids, counter, _holders_from_wire(raw.get("h"), ids))
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,13 +87,14 @@ QUEUE = "sim"
 EPOCH = 1_800_000_000.0  # virtual wall time at t = 0 (2027-01-15)
 PORT = 7711
 CLEAN_FOR = 20.0  # seconds of a perfect link before a death is a false one
+SET_NOW = "SELECT set_config('pgq.now', %s, false)"
 
 
 @dataclass
 class SimOptions:
     seed: int
     nodes: int = 3
-    seconds: float = 8.0  # workload and faults
+    seconds: float = 6.0  # workload and faults
     adds: int = 24
     faults: tuple[str, ...] = FAULTS
     max_settle: float = 90.0  # the end phase stops as soon as everything settled
@@ -384,8 +385,10 @@ class Simulation:
                 except StopIteration as done:
                     return done.value
                 reply = self._query(node, node.conn, request)
-        except psycopg.Error as exc:
-            self.violate("no step raises", f"{node.name} {name}: {type(exc).__name__}: {exc}")
+        except _Stop:
+            raise
+        except Exception as exc:  # a database error or a bug of the core: both are findings
+            self.violate("no step raises", f"{node.name} {name}: {_error(exc)}")
         finally:
             step.close()
             if node.core is not None:
@@ -394,10 +397,14 @@ class Simulation:
     def _query(self, node: SimNode, conn: psycopg.Connection, request: Query) -> Any:
         wall = node.clock.wall()
         if node.now_set.get(id(conn)) != wall:
+            # The node's time for SQL (pgq.now()), sent with the query: one round trip.
             stamp = dt.datetime.fromtimestamp(wall, dt.timezone.utc).isoformat()
-            conn.execute("SELECT set_config('pgq.now', %s, false)", (stamp,))
+            with conn.pipeline():
+                conn.execute(SET_NOW, (stamp,), prepare=True)
+                cursor = conn.execute(request.sql, request.params, prepare=True)
             node.now_set[id(conn)] = wall
-        cursor = conn.execute(request.sql, request.params, prepare=True)
+        else:
+            cursor = conn.execute(request.sql, request.params, prepare=True)
         rows = cursor.fetchall() if cursor.description is not None else None
         return extract(cursor, request.result, rows)
 
@@ -508,9 +515,11 @@ class Simulation:
             self._ring(node)
             command.close()
             done(exc)
-        except psycopg.Error as exc:
+        except _Stop:
+            raise
+        except Exception as exc:
             command.close()
-            self.violate("no step raises", f"client {what} on {node.name}: {exc}")
+            self.violate("no step raises", f"client {what} on {node.name}: {_error(exc)}")
 
     def _plan_workload(self) -> None:
         opts = self.options
@@ -736,6 +745,15 @@ class Simulation:
                              if retry > 0 and j not in self.acked)
             self.violate("settles", f"not settled after {self.now:.1f} s: {len(pending)} "
                                     f"job(s) not acked{self._leftovers()}")
+
+
+def _error(exc: BaseException) -> str:
+    """An exception and where it was raised, in a few lines."""
+    import traceback
+
+    where = traceback.extract_tb(exc.__traceback__)[-3:]
+    return f"{type(exc).__name__}: {exc} (at " + " <- ".join(
+        f"{frame.filename.rsplit('/', 1)[-1]}:{frame.lineno}" for frame in reversed(where)) + ")"
 
 
 def short(job_id: str) -> str:

@@ -319,24 +319,39 @@ SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM acks)
 
 # ------------------------------------------------------------ one queued copy
 
-# A holder we hear from about a job holds a copy: remember it, so that our own
-# announcements (WILLQUEUE, QUEUED) and ACK reach it. Holder lists diverge:
-# the origin widens replication to a node after the first copies were sent,
-# and a copy never hears of holders added later (found by the simulation,
-# seed 4: two nodes kept one job queued).
+# A holder we hear from about a job holds a copy, and so do the holders it
+# names: remember them all, so that our own announcements (WILLQUEUE,
+# QUEUED, the watch) and ACK reach them. Holder lists diverge (the origin
+# widens replication after the first copies went out; a restarted origin
+# resumes): holders that never heard of each other could each keep the job
+# queued (found by the simulation: seeds 4 and 25).
 _LEARN_HOLDER = """
     nodes_delivered = CASE WHEN nodes_delivered @> ARRAY[%(sender)s::text] THEN nodes_delivered
                            ELSE coalesce(nodes_delivered, ARRAY[%(myself)s::text]) || %(sender)s::text
                       END"""
 
+# `given`: per job, the holders the message names (comma-joined).
+_GIVEN_HOLDERS = """
+given AS (
+    SELECT g.id, array_remove(string_to_array(g.holders, ','), '') || %(sender)s::text AS named
+    FROM unnest(%(ids)s::text[], %(holders)s::text[]) AS g(id, holders)
+)"""
+
+# Our holders plus those named (and the sender), as a sorted set.
+_MERGED_HOLDERS = """
+    (SELECT array_agg(DISTINCT n ORDER BY n)
+     FROM unnest(coalesce(j.nodes_delivered, ARRAY[%(myself)s::text]) || g.named) AS n)"""
+
 WILLQUEUE_STATE = f"""
-WITH learned AS (
-    UPDATE pgq.jobs SET {_LEARN_HOLDER}
-    WHERE id = ANY (%(ids)s::text[]) AND NOT coalesce(nodes_delivered @> ARRAY[%(sender)s::text], false)
-    RETURNING id
+WITH {_GIVEN_HOLDERS}, learned AS (
+    UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS}
+    FROM given g
+    WHERE j.id = g.id AND NOT coalesce(j.nodes_delivered @> g.named, false)
+    RETURNING j.id, j.nodes_delivered
 )
-SELECT j.id, j.state, NULL::text[] FROM pgq.jobs j
-WHERE j.id = ANY (%(ids)s::text[]) AND (SELECT count(*) FROM learned) >= 0
+SELECT j.id, j.state, coalesce(l.nodes_delivered, j.nodes_delivered)
+FROM pgq.jobs j LEFT JOIN learned l ON l.id = j.id
+WHERE j.id = ANY (%(ids)s::text[])
 UNION ALL
 SELECT a.id, 'acked', a.nodes FROM pgq.acks a WHERE a.id = ANY (%(ids)s::text[])
 """
@@ -345,20 +360,24 @@ SELECT a.id, 'acked', a.nodes FROM pgq.acks a WHERE a.id = ANY (%(ids)s::text[])
 # postpone our own re-queue by retry, and if we have it queued too keep it
 # only if we win the tie-break (the lower node id keeps it, as in Disque).
 # A copy we keep is returned: the node answers QUEUED at once, so that the
-# sender (the loser) yields, and the copy keeps watch (see FIRE_TIMERS) in
+# sender (the loser) yields, and the copy keeps watch (see TIMERS) in
 # case that answer is lost. Without it the winner stayed silent and both
 # kept the job queued for good (found by the simulation, seed 13).
 APPLY_QUEUED = f"""
-UPDATE pgq.jobs SET{_LEARN_HOLDER},
-    nacks = nacks + (%(counter)s = 'nacks')::integer,
-    additional_deliveries = additional_deliveries + (%(counter)s = 'additional_deliveries')::integer,
-    state = CASE WHEN state = 'queued' AND %(sender)s < %(myself)s THEN 'active' ELSE state END,
-    requeue_at = CASE WHEN state = 'queued' AND %(sender)s < %(myself)s THEN NULL ELSE requeue_at END,
+WITH {_GIVEN_HOLDERS}
+UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS},
+    nacks = j.nacks + (%(counter)s = 'nacks')::integer,
+    additional_deliveries = j.additional_deliveries
+                            + (%(counter)s = 'additional_deliveries')::integer,
+    state = CASE WHEN j.state = 'queued' AND %(sender)s < %(myself)s THEN 'active' ELSE j.state END,
+    requeue_at = CASE WHEN j.state = 'queued' AND %(sender)s < %(myself)s THEN NULL
+                      ELSE j.requeue_at END,
     cluster_requeue_at = CASE
-        WHEN retry > 0 THEN pgq.now() + (retry + random() * 0.5) * interval '1 second'
-        ELSE cluster_requeue_at END
-WHERE id = ANY (%(ids)s::text[]) AND state <> 'wait-repl'
-RETURNING id, state = 'queued' AS kept
+        WHEN j.retry > 0 THEN pgq.now() + (j.retry + random() * 0.5) * interval '1 second'
+        ELSE j.cluster_requeue_at END
+FROM given g
+WHERE j.id = g.id AND j.state <> 'wait-repl'
+RETURNING j.id, j.state = 'queued' AS kept, j.nodes_delivered
 """
 
 # WORKING from another holder: out of our queue, re-queue postponed by retry.
@@ -380,17 +399,11 @@ WITH done AS (
 SELECT count(pg_notify('pgq', q.queue)) FROM (SELECT DISTINCT queue FROM done) AS q
 """
 
-# Re-queue timers run by the node: jobs due within `ahead` seconds get a
-# WILLQUEUE to their other holders first.
-TIMERS_SOON = """
-SELECT id, coalesce(nodes_delivered, '{}'::text[]),
-       extract(epoch FROM cluster_requeue_at)::float8
-FROM pgq.jobs
-WHERE cluster_requeue_at <= pgq.now() + %(ahead)s * interval '1 second'
-  AND state = 'active' AND expires_at > pgq.now()
-ORDER BY cluster_requeue_at LIMIT 2000
-"""
-
+# Re-queue timers run by the node, in one statement (the node runs it ten
+# times a second): the timers that fired ('fired' rows), and those due within
+# `ahead` seconds ('soon' rows), which get a WILLQUEUE to the other holders
+# first.
+#
 # The timer fired and nobody objected: queue it here, announce QUEUED. A
 # node-run timer only fires after the job was queued somewhere (the origin
 # queues it once replicated, or after its delay) and nobody acknowledged it
@@ -405,7 +418,7 @@ ORDER BY cluster_requeue_at LIMIT 2000
 # announcements between them were lost; the repeated QUEUED makes the one
 # with the higher node id yield. A claim replaces the watch with its lease;
 # a copy that yields has its timer postponed like any active copy.
-FIRE_TIMERS = """
+TIMERS = """
 WITH armed AS (  -- queued copies without their watch yet (schema 0009): armed, no announcement
     UPDATE pgq.jobs j SET
         cluster_requeue_at = pgq.now() + (j.retry + random() * 0.5) * interval '1 second'
@@ -439,8 +452,20 @@ WITH armed AS (  -- queued copies without their watch yet (schema 0009): armed, 
     SELECT pg_notify('pgq', q.queue) FROM (SELECT DISTINCT queue FROM fired WHERE fresh) AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
 )
-SELECT f.id, f.queue, f.nodes_delivered, f.counted, (SELECT count(*) FROM woken) FROM fired f
-WHERE (SELECT count(*) FROM armed) >= 0
+SELECT 'fired' AS kind, f.id, f.nodes_delivered, f.counted, NULL::float8 AS due
+FROM fired f
+WHERE (SELECT count(*) FROM armed) >= 0 AND (SELECT count(*) FROM woken) >= 0
+UNION ALL
+-- Due within `ahead` seconds: a WILLQUEUE to the other holders first. (Read
+-- with the statement's snapshot: a copy fired above is not among them.)
+SELECT 'soon', s.id, s.nodes, NULL, s.due
+FROM (SELECT j.id, coalesce(j.nodes_delivered, '{}'::text[]) AS nodes,
+             extract(epoch FROM j.cluster_requeue_at)::float8 AS due
+      FROM pgq.jobs j
+      WHERE j.cluster_requeue_at > pgq.now()
+        AND j.cluster_requeue_at <= pgq.now() + %(ahead)s * interval '1 second'
+        AND j.state = 'active' AND j.expires_at > pgq.now()
+      ORDER BY j.cluster_requeue_at LIMIT 2000) AS s
 """
 
 # --------------------------------------------------------------- federation

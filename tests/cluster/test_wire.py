@@ -144,6 +144,7 @@ JOB = "D-aaaaaaaa-" + "A" * 24 + "-0001"
     m.Ack(3, B), m.PingReq(4, B), m.PushPull((m.Member(B, "h", 1, 0),), True), m.Forget(A),
     m.ReplJob((m.JobCopy(JOB, "q", b"\x00body", 10**18, 3, 5.0, 0.0, 1.7e9, 1, 2, (A, B)),)),
     m.GotJob((JOB,)), m.Enqueue((JOB,)), m.WillQueue((JOB,)), m.Queued((JOB,), "nacks"),
+    m.WillQueue((JOB,), ((A, B),)), m.Queued((JOB,), "", ((A,),)),
     m.Working((JOB,)), m.SetAck(((JOB, (A, B)),)), m.GotAck(((JOB, True),)), m.DelJob((JOB,)),
     m.NeedJobs("q", 10), m.YourJobs(()), m.Pause("q", "out"),
 ])
@@ -161,6 +162,8 @@ def test_every_message_round_trips(message):
     m.msgpack.packb({"k": "pushpull", "m": [[A, "h", 99999, 0, "alive", False, ""]], "r": True}),
     m.msgpack.packb({"k": "pushpull", "m": [[A, "h", 1, 0, "zombie", False, ""]], "r": True}),
     m.msgpack.packb({"k": "queued", "i": [JOB], "c": "everything"}),
+    m.msgpack.packb({"k": "queued", "i": [JOB], "c": "", "h": [[A], [B]]}),  # 2 lists, 1 job
+    m.msgpack.packb({"k": "willqueue", "i": [JOB], "h": [["not-a-node"]]}),
     m.msgpack.packb({"k": "setack", "a": [[JOB]]}),
 ])
 def test_malformed_payloads_raise_message_error(payload):

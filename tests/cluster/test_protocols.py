@@ -1,0 +1,161 @@
+"""The pure protocol modules on their own (no database, no network, no clock):
+re-queue announcements, the ACK collector and its GC take-over, the
+replicator (resume after a restart, the leaving hand-over), federation's
+pacing, and the in-memory network's routing."""
+
+from __future__ import annotations
+
+import random
+
+from pgq.cluster.acks import AckCollector, take_over
+from pgq.cluster.federation import Federation, export_count
+from pgq.cluster.messages import JobCopy
+from pgq.cluster.mock_transport import Network, NetworkFaults
+from pgq.cluster.replication import GRACE, Replicator
+from pgq.cluster.requeue import Requeues
+
+
+def copy(job_id: str = "J", repl: int = 3, nodes: tuple[str, ...] = ()) -> JobCopy:
+    return JobCopy(job_id, "q", b"x", 1, repl, 5.0, 0.0, 2e9, 0, 0, nodes)
+
+
+# ------------------------------------------------------------ requeue
+
+def test_a_timer_is_announced_once_per_due_time_to_the_other_holders():
+    r = Requeues("me")
+    assert r.announce([("J", ["me", "a", "b"], 10.0)]) == {"a": ["J"], "b": ["J"]}
+    assert r.announce([("J", ["me", "a", "b"], 10.0)]) == {}  # the same due time: once
+    assert r.announce([("J", ["me", "a", "b"], 12.0)]) == {"a": ["J"], "b": ["J"]}  # postponed
+
+
+def test_announcements_are_forgotten_when_their_job_is_no_longer_due_soon():
+    r = Requeues("me")
+    r.announce([("J", ["me", "a"], 10.0), ("K", ["me", "a"], 10.0)])
+    assert r.announce([("K", ["me", "a"], 10.0)]) == {}
+    assert r._announced == {"K": 10.0}  # J left the window: nothing of it is kept
+    assert r.announce([("J", ["me", "a"], 10.0)]) == {"a": ["J"]}  # back again: announced again
+
+
+def test_fired_timers_tell_every_other_holder_with_the_counter_to_bump():
+    r = Requeues("me")
+    notices = r.fired([("J", ["me", "a", "b"], True), ("K", ["a"], False)])
+    assert notices == {("a", "additional_deliveries"): ["J"], ("b", "additional_deliveries"): ["J"],
+                       ("a", ""): ["K"]}
+
+
+def test_a_willqueue_is_answered_with_queued_jobs_and_acks():
+    queued, acked = Requeues("me").on_willqueue(
+        iter([("J", "queued", None), ("K", "active", None), ("L", "acked", ["a", "me"])]))
+    assert queued == ("J",) and acked == (("L", ("a", "me")),)
+
+
+# ------------------------------------------------------------ acks
+
+def test_an_ack_is_collected_once_every_holder_confirmed():
+    acks = AckCollector("me")
+    acks.add("J", {"a", "b"}, now=0.0)
+    assert acks.sends(0.0, {"a", "b"}) == {"a": [("J", ("a", "b", "me"))], "b": [("J", ("a", "b", "me"))]}
+    assert acks.sends(0.5, {"a", "b"}) == {}  # backing off: the next try after 1 s
+    assert acks.got_ack("a", "J", True) is None
+    assert acks.sends(1.0, {"a", "b"}) == {"b": [("J", ("a", "b", "me"))]}  # only the silent one
+    outcome = acks.got_ack("b", "J", True)
+    assert outcome is not None and outcome.deljob_to == ("a", "b") and acks.pending == {}
+
+
+def test_a_dummy_ack_ends_as_soon_as_a_holder_takes_it_over():
+    acks = AckCollector("me")
+    acks.add("J", None, 0.0, everyone={"a", "b"})
+    assert acks.got_ack("a", "J", False) is None
+    outcome = acks.got_ack("b", "J", True)
+    assert outcome is not None and outcome.deljob_to == () and acks.pending == {}
+
+
+def test_a_holder_drives_the_gc_for_holders_the_sender_did_not_know():
+    # we hold J with holders a, b and c; the acking node 'a' knew only a and me
+    decided = take_over("me", [("J", True, ["a", "b", "c", "me"])], {"J": {"a", "me"}}, {"J": {"a"}})
+    assert decided.drive == {"J": {"a", "b", "c", "me"}} and decided.finished == []
+    # a dummy ack (no holder named) reaching the only holder: complete
+    decided = take_over("me", [("K", True, ["me"])], {"K": set()}, {"K": {"a"}})
+    assert decided.drive == {} and decided.finished == ["K"]
+    # not known here: nothing to do
+    assert take_over("me", [("L", False, None)], {"L": set()}, {"L": {"a"}}).drive == {}
+
+
+# ------------------------------------------------------------ replication
+
+def test_replication_widens_and_reaches_its_copies():
+    r = Replicator("me", random.Random(1))
+    r.add(copy(), 2, sync=True, now=0.0, ttl_left=60)
+    first = r.sends(0.0, ["a", "b", "c"])
+    assert sum(len(v) for v in first.values()) == 2 and all(c.nodes for v in first.values() for c in v)
+    targets = sorted(first)
+    assert r.confirmed(targets[0], ["J"]) == []
+    done = r.confirmed(targets[1], ["J"])
+    assert [d.copy.id for d in done] == ["J"] and r.pending == {}
+
+
+def test_resume_counts_the_copies_the_database_knows_and_names_them_in_new_ones():
+    r = Replicator("me", random.Random(2))
+    r.resume(copy(nodes=("me", "a")), "queued", ["me", "a"], None, 60, leaving=False, now=0.0)
+    entry = r.pending["J"]
+    assert entry.confirmed == {"a"} and entry.sent == {"a"} and entry.needed == 2
+    sends = r.sends(0.0, ["a", "b"])
+    assert list(sends) == ["b"] and set(sends["b"][0].nodes) == {"me", "a", "b"}
+    # already fully replicated (an event drained after a restart): nothing kept
+    r.resume(copy("K", nodes=("me", "a", "b")), "queued", ["me", "a", "b"], None, 60, False, 0.0)
+    assert "K" not in r.pending
+
+
+def test_a_leaving_origin_replicates_externally_and_hands_the_job_to_one_holder():
+    r = Replicator("me", random.Random(3))
+    r.resume(copy(repl=2), "wait-repl", [], None, 60, leaving=True, now=0.0)
+    entry = r.pending["J"]
+    assert entry.external and entry.needed == 2
+    r.sends(0.0, ["a", "b"])
+    r.confirmed("b", ["J"])
+    done = r.confirmed("a", ["J"])
+    assert done[0].heir() == "a" and "me" not in done[0].holders("me")
+
+
+def test_a_defaulted_replicate_settles_after_the_grace_with_its_minimum():
+    r = Replicator("me", random.Random(4))
+    r.add(copy(), 2, sync=True, now=0.0, ttl_left=60, minimum=1)
+    target = next(iter(r.sends(0.0, ["a", "b"])))
+    r.confirmed(target, ["J"])
+    assert r.settled(GRACE / 2) == []
+    settled = r.settled(GRACE)
+    assert [s.copy.id for s in settled] == ["J"] and "J" in r.pending  # async from now on
+
+
+# ------------------------------------------------------------ federation
+
+def test_federation_backs_off_and_exports_at_most_half():
+    f = Federation()
+    assert f.needs("q", 0.0, ["a", "b"]) == [(["a", "b"], 1)]  # discovery broadcast
+    assert f.needs("q", 1.0, ["a", "b"]) == []  # backing off
+    f.imported("q", "a", 10, 1.5)
+    asked = f.needs("q", 1.6, ["a", "b"])
+    assert (["a"], 5) in asked or any(t == ["a"] for t, _ in asked)
+    assert export_count(10, 100) == 10 and export_count(10, 6) == 3 and export_count(10, 0) == 0
+
+
+# ------------------------------------------------------------ network
+
+def test_the_network_cuts_partitions_and_replays_its_fate_from_its_seed():
+    def fates(seed: int) -> list[list[tuple[float, str]]]:
+        net = Network(random.Random(seed), NetworkFaults(drop=0.3, duplicate=0.3, slow=0.3))
+        net.register("a", "10.0.0.1", 1)
+        net.register("b", "10.0.0.2", 1)
+        return [net.route("a", "10.0.0.2", 1) for _ in range(50)]
+
+    assert fates(5) == fates(5) and fates(5) != fates(6)
+    outcomes = fates(5)
+    assert any(o == [] for o in outcomes) and any(len(o) == 2 for o in outcomes)
+    net = Network(random.Random(0))
+    net.register("a", "10.0.0.1", 1)
+    net.register("b", "10.0.0.2", 1)
+    net.partition({"a"}, {"b"})
+    assert net.route("a", "10.0.0.2", 1) == [] and not net.can_talk("b", "a")
+    net.heal()
+    assert [d for _, d in net.route("a", "10.0.0.2", 1)] == ["b"]
+    assert net.route("a", "10.0.0.9", 1) == []  # nobody there
