@@ -1,7 +1,10 @@
 """The cluster layer of pgq (installed as ``pgq.cluster``).
 
-Home of the node process, the authenticated cluster bus, gossip membership and
-the inter-node job protocol (replication to W node databases, ACK/DELJOB,
-re-queue coordination, federation, leaving). It is built in the cluster issue;
-until then pgq runs as a single node and this package holds no code.
+The node process (``node.py``, wiring) around an I/O-free core
+(``core.py``) whose decisions live in pure modules: membership (SWIM +
+Lifeguard), replication to W node databases, re-queue coordination, ACK
+collection, federation; the authenticated bus (``bus.py``, ``wire.py``)
+behind a transport seam, and the seeded simulation that runs the same core
+under a virtual clock (``simulation.py``, ``scenario.py``). The protocols
+as state machines, and which module holds each: ``docs/cluster-protocol.md``.
 """

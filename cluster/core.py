@@ -43,6 +43,7 @@ from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgq import contracts as c
 from pgq.errors import PgqError
 from pgq.protocol import Query, Result
 
@@ -325,49 +326,48 @@ class NodeCore:
         finished_gc: list[Any] = []
         for event, job in rows:
             kind, job_id, arg = event.kind, event.job_id, event.arg
-            if kind == "replicate":
+            if kind == c.OUTBOX_REPLICATE:
                 if job is not None:  # still there (not withdrawn or acked meanwhile)
                     to_replicate.append(job)
-            elif kind == "abort":
+            elif kind == c.OUTBOX_ABORT:
                 # The client gave up: remove partial copies, best effort. If we
                 # no longer know whom we sent it to (we restarted), ask everyone.
                 entry = self.replicator.forget(job_id or "")
                 for peer in entry.sent if entry else self._everyone():
                     deljobs.setdefault(peer, []).append(job_id or "")
-            elif kind == "ack":
-                holders = {n for n in (arg or "").split(",") if n and n != self.node_id}
+            elif kind == c.OUTBOX_ACK:
+                holders = set(c.split_holders(arg)) - {self.node_id}
                 if arg:
                     self.acks.add(job_id or "", holders, now)
                 else:  # dummy ack: ask everyone
                     self.acks.add(job_id or "", None, now, everyone=self._everyone())
-            elif kind == "fastack":
-                targets = (arg or "").split(",") if arg else list(self._everyone())
+            elif kind == c.OUTBOX_FASTACK:
+                targets = c.split_holders(arg) or sorted(self._everyone())
                 for peer in targets:
                     deljobs.setdefault(peer, []).append(job_id or "")
-            elif kind in ("queued", "working"):
-                counter, _, holders_text = (arg or "").partition(":")
-                peers = [peer for peer in holders_text.split(",") if peer]
+            elif kind in (c.OUTBOX_QUEUED, c.OUTBOX_WORKING):
+                counter, peers = c.split_notice(arg)
                 notices += [(peer, kind, counter, job_id or "") for peer in peers]
                 known[job_id or ""] = tuple(sorted({*peers, self.node_id}))
-            elif kind == "pause":
+            elif kind == c.OUTBOX_PAUSE:
                 for peer in self._everyone():
                     self.send(peer, m.Pause(event.queue or "", arg or "none"))
-            elif kind == "meet":
+            elif kind == c.OUTBOX_MEET:
                 try:
                     host, port = parse_address(arg or "")
                 except PgqError:
                     continue  # checked by the CLI; a hand-written event is ignored
                 self._act(self.membership.join(host, port, now))
-            elif kind == "forget":
+            elif kind == c.OUTBOX_FORGET:
                 self._act(self.membership.forget(arg or "", now))
                 finished_gc += self.acks.forget_node(arg or "")
-            elif kind == "leaving":
+            elif kind == c.OUTBOX_LEAVING:
                 self.leaving = arg == "yes"
                 self._act(self.membership.set_leaving(self.leaving, now))
         self._send_deljobs(deljobs)
         for peer, kind, counter, ids in batched_notices(notices):
             self.send(peer, m.Queued(ids, counter, tuple(known[i] for i in ids))
-                      if kind == "queued" else m.Working(ids))
+                      if kind == c.OUTBOX_QUEUED else m.Working(ids))
         yield from self._finish_gcs(finished_gc)
         if to_replicate:
             self._resume_replication(to_replicate)

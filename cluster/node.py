@@ -34,6 +34,7 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from pgq.contracts import DOORBELL_CHANNEL
 from pgq.driver import extract
 from pgq.protocol import Query
 from pgq.statements import SESSION_OPTIONS
@@ -48,7 +49,7 @@ from .transport import Transport
 __all__ = ["Node", "NodeSettings"]
 
 log = logging.getLogger("pgq.cluster.node")
-DOORBELL = "pgq_node"
+DOORBELL = DOORBELL_CHANNEL
 INBOX_LIMIT = 20_000  # messages waiting to be applied: the bus stops reading beyond
 INBOX_BYTES = 256 * 1024 * 1024
 

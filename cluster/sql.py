@@ -12,6 +12,8 @@ jobs) commit synchronously; bookkeeping that can be recomputed after a crash
 
 from __future__ import annotations
 
+from pgq.contracts import JOBS_CHANNEL, REPLICATION_CHANNEL_PREFIX
+
 from typing import Any, NamedTuple
 
 # ------------------------------------------------------------------- identity
@@ -211,7 +213,7 @@ SELECT 'acked', id, nodes FROM acked
 # without waiting for the WAL flush: after a crash the job is still
 # 'wait-repl' here, the restarted node replicates it again and the peers,
 # which hold their copies durably, confirm at once.
-REPLICATION_ACHIEVED = """
+REPLICATION_ACHIEVED = f"""
 WITH relaxed AS MATERIALIZED (
     SELECT set_config('synchronous_commit', 'off', true)
 ), done AS (
@@ -228,9 +230,9 @@ WITH relaxed AS MATERIALIZED (
     WHERE j.id = u.id AND j.state = 'wait-repl'
     RETURNING j.id, j.queue, j.state, j.repl_waiter
 ), woken AS (
-    SELECT pg_notify('pgq_r' || repl_waiter, id) FROM done WHERE repl_waiter IS NOT NULL
+    SELECT pg_notify('{REPLICATION_CHANNEL_PREFIX}' || repl_waiter, id) FROM done WHERE repl_waiter IS NOT NULL
 ), consumers AS (
-    SELECT pg_notify('pgq', q.queue)
+    SELECT pg_notify('{JOBS_CHANNEL}', q.queue)
     FROM (SELECT DISTINCT queue FROM done WHERE state = 'queued') AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
 )
@@ -251,7 +253,7 @@ WHERE j.id = u.id
 # A leaving node handed a new job over (external replication): it keeps no
 # copy it would serve. The row stays as a receipt for the waiting client
 # (never claimable: active, no timers) until the maintenance sweep drops it.
-HANDED_OVER = """
+HANDED_OVER = f"""
 WITH done AS (
     UPDATE pgq.jobs j SET state = 'active', requeue_at = NULL, cluster_requeue_at = NULL,
         nodes_delivered = string_to_array(u.delivered, ','),
@@ -261,7 +263,7 @@ WITH done AS (
     WHERE j.id = u.id
     RETURNING j.id, j.repl_waiter
 )
-SELECT count(*), count(pg_notify('pgq_r' || repl_waiter, id)) FROM done
+SELECT count(*), count(pg_notify('{REPLICATION_CHANNEL_PREFIX}' || repl_waiter, id)) FROM done
 WHERE repl_waiter IS NOT NULL
 """
 
@@ -389,14 +391,14 @@ WHERE id = ANY (%(ids)s::text[]) AND retry > 0 AND state IN ('queued', 'active')
 """
 
 # ENQUEUE from a leaving node: the job is ours to queue now.
-APPLY_ENQUEUE = """
+APPLY_ENQUEUE = f"""
 WITH done AS (
     UPDATE pgq.jobs SET state = 'queued', queued_at = pgq.now(), requeue_at = NULL,
         cluster_requeue_at = NULL, enqueues = enqueues + 1
     WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
     RETURNING queue
 )
-SELECT count(pg_notify('pgq', q.queue)) FROM (SELECT DISTINCT queue FROM done) AS q
+SELECT count(pg_notify('{JOBS_CHANNEL}', q.queue)) FROM (SELECT DISTINCT queue FROM done) AS q
 """
 
 # Re-queue timers run by the node, in one statement (the node runs it ten
@@ -418,7 +420,7 @@ SELECT count(pg_notify('pgq', q.queue)) FROM (SELECT DISTINCT queue FROM done) A
 # announcements between them were lost; the repeated QUEUED makes the one
 # with the higher node id yield. A claim replaces the watch with its lease;
 # a copy that yields has its timer postponed like any active copy.
-TIMERS = """
+TIMERS = f"""
 WITH armed AS (  -- queued copies without their watch yet (schema 0009): armed, no announcement
     UPDATE pgq.jobs j SET
         cluster_requeue_at = pgq.now() + (j.retry + random() * 0.5) * interval '1 second'
@@ -446,10 +448,10 @@ WITH armed AS (  -- queued copies without their watch yet (schema 0009): armed, 
                                 + (d.state = 'active' AND d.requeue_counts)::integer,
         requeue_counts = true
     FROM due d WHERE j.ctid = d.ctid
-    RETURNING j.id, j.queue, coalesce(j.nodes_delivered, '{}'::text[]) AS nodes_delivered,
+    RETURNING j.id, j.queue, coalesce(j.nodes_delivered, '{{}}'::text[]) AS nodes_delivered,
               d.state = 'active' AND d.requeue_counts AS counted, d.state = 'active' AS fresh
 ), woken AS (
-    SELECT pg_notify('pgq', q.queue) FROM (SELECT DISTINCT queue FROM fired WHERE fresh) AS q
+    SELECT pg_notify('{JOBS_CHANNEL}', q.queue) FROM (SELECT DISTINCT queue FROM fired WHERE fresh) AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
 )
 SELECT 'fired' AS kind, f.id, f.nodes_delivered, f.counted, NULL::float8 AS due
@@ -459,7 +461,7 @@ UNION ALL
 -- Due within `ahead` seconds: a WILLQUEUE to the other holders first. (Read
 -- with the statement's snapshot: a copy fired above is not among them.)
 SELECT 'soon', s.id, s.nodes, NULL, s.due
-FROM (SELECT j.id, coalesce(j.nodes_delivered, '{}'::text[]) AS nodes,
+FROM (SELECT j.id, coalesce(j.nodes_delivered, '{{}}'::text[]) AS nodes,
              extract(epoch FROM j.cluster_requeue_at)::float8 AS due
       FROM pgq.jobs j
       WHERE j.cluster_requeue_at > pgq.now()
@@ -510,7 +512,7 @@ SELECT * FROM moved UNION ALL SELECT * FROM kept
 
 # YOURJOBS: queue the imported jobs here (an active copy we hold is queued),
 # unless acknowledged already. Imports do not count as deliveries.
-IMPORT_JOBS = """
+IMPORT_JOBS = f"""
 WITH incoming AS (
     SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
                          %(ctimes)s::bigint[], %(repls)s::int[], %(retries)s::float8[],
@@ -535,7 +537,7 @@ WITH incoming AS (
     WHERE j.state = 'active'
     RETURNING j.id, j.queue
 ), woken AS (
-    SELECT pg_notify('pgq', q.queue) FROM (SELECT DISTINCT queue FROM imported) AS q
+    SELECT pg_notify('{JOBS_CHANNEL}', q.queue) FROM (SELECT DISTINCT queue FROM imported) AS q
 )
 SELECT queue, count(*), (SELECT count(*) FROM woken) FROM imported GROUP BY queue
 """
@@ -554,7 +556,7 @@ DELETE FROM pgq.queue_imports WHERE NOT (queue = ANY (%(queues)s::text[]))
 
 # -------------------------------------------------------------------- pause
 
-APPLY_PAUSE = """
+APPLY_PAUSE = f"""
 WITH cleared AS (
     DELETE FROM pgq.queues WHERE name = %(queue)s AND %(state)s = 'none' RETURNING 1
 ), stored AS (
@@ -562,13 +564,5 @@ WITH cleared AS (
     ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = pgq.now()
     RETURNING 1
 )
-SELECT pg_notify('pgq', %(queue)s)
-"""
-
-# -------------------------------------------------------------------- leaving
-
-HELD_JOBS = """
-SELECT (SELECT count(*) FROM pgq.jobs
-        WHERE nodes_delivered IS NULL OR %(myself)s = ANY (nodes_delivered))
-     + (SELECT count(*) FROM pgq.acks)
+SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s)
 """

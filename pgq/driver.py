@@ -32,6 +32,7 @@ import anyio.lowlevel
 import psycopg
 
 from . import statements as sql
+from .contracts import JOBS_CHANNEL, REPLICATION_CHANNEL_PREFIX
 from .protocol import (
     Begin,
     Command,
@@ -49,14 +50,14 @@ from .protocol import (
 __all__ = ["SyncDriver", "AsyncDriver", "CHANNEL"]
 
 T = TypeVar("T")
-CHANNEL = "pgq"
+CHANNEL = JOBS_CHANNEL  # kept under its shipped name
 
 # Connections already listening on their private replication channel.
 _replication_listeners: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def replication_channel(conn: Any) -> str:
-    return f"pgq_r{conn.info.backend_pid}"
+    return f"{REPLICATION_CHANNEL_PREFIX}{conn.info.backend_pid}"
 
 
 def extract(cursor: Any, result: Result, rows: list[Any] | None) -> Any:

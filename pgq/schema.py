@@ -42,6 +42,8 @@ from sqlalchemy import (
     text,
 )
 
+from .contracts import OUTBOX_KINDS
+
 __all__ = ["SCHEMA", "metadata", "jobs", "history", "acks", "queues", "queue_counters",
            "waiters", "meta", "outbox", "nodes", "queue_imports", "dead_letters", "ingests",
            "CTIME_DEFAULT"]
@@ -225,9 +227,7 @@ outbox = Table(
            server_default=text("pgq.now()")),
     PrimaryKeyConstraint("seq", name="outbox_pkey"),
     CheckConstraint(
-        "kind = ANY (ARRAY['replicate'::text, 'abort'::text, 'ack'::text, 'fastack'::text, "
-        "'queued'::text, 'working'::text, 'pause'::text, 'meet'::text, 'forget'::text, "
-        "'leaving'::text])",
+        "kind = ANY (ARRAY[" + ", ".join(f"'{kind}'::text" for kind in OUTBOX_KINDS) + "])",
         name="outbox_kind_check",
     ),
 )

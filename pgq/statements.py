@@ -21,6 +21,9 @@ Conventions:
 
 from __future__ import annotations
 
+from .contracts import (DOORBELL_CHANNEL, JOBS_CHANNEL, OUTBOX_ABORT, OUTBOX_ACK, OUTBOX_FASTACK,
+                        OUTBOX_PAUSE, OUTBOX_QUEUED, OUTBOX_REPLICATE, OUTBOX_WORKING)
+
 # ------------------------------------------------------------- connections
 
 # Settings of every connection pgq opens for itself (client pools and the
@@ -73,6 +76,25 @@ SWEEP_ALL_QUEUES = "SELECT pgq.expire_jobs(), pgq.requeue_due(10000)"
 
 # ---------------------------------------------------------------------- add
 
+# The parts ADD_JOBS and ADD_JOBS_CLUSTER share: PAUSED and MAXLEN checked
+# by the inserting statement, and its reply (paused, full, added, and the
+# NOTIFY of blocked consumers when a job became ready).
+_ADD_PAUSED_ROOM = """paused AS (
+    SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')
+), room AS (
+    SELECT %(maxlen)s::bigint IS NULL
+           OR coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
+              + %(n)s::bigint <= %(maxlen)s::bigint AS ok
+)"""
+
+_ADD_REPLY = f"""SELECT EXISTS (SELECT 1 FROM paused) AS paused,
+       NOT (SELECT ok FROM room) AS full,
+       (SELECT count(*) FROM inserted) AS added,
+       (SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s)::text
+        WHERE EXISTS (SELECT 1 FROM inserted WHERE state = 'queued')
+          AND (%(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)))
+        AS notified,"""
+
 # One statement adds one or many jobs. Why it is safe:
 # * ON CONFLICT (id) DO NOTHING makes a retry after a lost connection
 #   idempotent: IDs are made by the client, so a second attempt finds the row.
@@ -82,16 +104,10 @@ SWEEP_ALL_QUEUES = "SELECT pgq.expire_jobs(), pgq.requeue_due(10000)"
 # * NOTIFY is sent at most once per statement, and only when a consumer is
 #   registered as blocked on the queue (or, inside a caller's transaction,
 #   always: see protocol.Session). No trigger is involved.
-ADD_JOBS = """
+ADD_JOBS = f"""
 WITH leaving AS (  -- a leaving node keeps no new copy (the client re-routes the add)
     SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
-), paused AS (
-    SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')
-), room AS (
-    SELECT %(maxlen)s::bigint IS NULL
-           OR coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
-              + %(n)s::bigint <= %(maxlen)s::bigint AS ok
-), inserted AS (
+), {_ADD_PAUSED_ROOM}, inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, retry, delay,
                           expires_at, requeue_at, queued_at, enqueues)
     SELECT u.id, %(queue)s,
@@ -109,13 +125,7 @@ WITH leaving AS (  -- a leaving node keeps no new copy (the client re-routes the
     ON CONFLICT (id) DO NOTHING
     RETURNING state
 )
-SELECT EXISTS (SELECT 1 FROM paused) AS paused,
-       NOT (SELECT ok FROM room) AS full,
-       (SELECT count(*) FROM inserted) AS added,
-       (SELECT pg_notify('pgq', %(queue)s)::text
-        WHERE EXISTS (SELECT 1 FROM inserted WHERE state = 'queued')
-          AND (%(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)))
-        AS notified,
+{_ADD_REPLY}
        EXISTS (SELECT 1 FROM leaving) AS leaving
 """
 
@@ -124,7 +134,7 @@ SELECT EXISTS (SELECT 1 FROM paused) AS paused,
 # all. Safe for the same reasons as ADD_JOBS (idempotent by client-made IDs;
 # PAUSED checked in the statement; a leaving node stores nothing: every
 # call is then re-routed). MAXLEN adds never come here (they lock).
-ADD_MANY = """
+ADD_MANY = f"""
 WITH leaving AS (
     SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
 ), input AS (
@@ -150,7 +160,7 @@ WITH leaving AS (
     ON CONFLICT (id) DO NOTHING
     RETURNING queue, state
 ), woken AS (
-    SELECT pg_notify('pgq', q.queue)
+    SELECT pg_notify('{JOBS_CHANNEL}', q.queue)
     FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
 )
@@ -165,16 +175,10 @@ SELECT ARRAY(SELECT name FROM paused) AS paused,
 # * synchronous add: state 'wait-repl' (not deliverable) until the node
 #   confirms W copies and wakes this connection (channel pgq_r<pid>);
 # * asynchronous or transactional add: queued at once, copied in the background.
-ADD_JOBS_CLUSTER = """
+ADD_JOBS_CLUSTER = f"""
 WITH leaving AS (  -- read at statement time, whatever the client cached
     SELECT coalesce(pgq.meta_value('leaving')::boolean, false) AS yes
-), paused AS (
-    SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')
-), room AS (
-    SELECT %(maxlen)s::bigint IS NULL
-           OR coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
-              + %(n)s::bigint <= %(maxlen)s::bigint AS ok
-), inserted AS (
+), {_ADD_PAUSED_ROOM}, inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
                           requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
                           repl_waiter)
@@ -190,8 +194,8 @@ WITH leaving AS (  -- read at statement time, whatever the client cached
            CASE WHEN %(wait)s OR l.yes OR %(delay)s::float8 > 0 THEN 0 ELSE 1 END,
            -- leaving: this node holds no copy; the node process hands the
            -- job to W other nodes (external replication) and drops the row
-           CASE WHEN l.yes THEN '{}'::text[] ELSE ARRAY[%(myself)s]::text[] END,
-           CASE WHEN l.yes THEN '{}'::text[] ELSE ARRAY[%(myself)s]::text[] END,
+           CASE WHEN l.yes THEN '{{}}'::text[] ELSE ARRAY[%(myself)s]::text[] END,
+           CASE WHEN l.yes THEN '{{}}'::text[] ELSE ARRAY[%(myself)s]::text[] END,
            CASE WHEN %(wait)s THEN pg_backend_pid() END
     FROM unnest(%(ids)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(id, body, n)
     CROSS JOIN leaving l
@@ -200,24 +204,18 @@ WITH leaving AS (  -- read at statement time, whatever the client cached
     ON CONFLICT (id) DO NOTHING
     RETURNING id, state
 ), events AS (
-    INSERT INTO pgq.outbox (kind, job_id) SELECT 'replicate', id FROM inserted RETURNING 1
+    INSERT INTO pgq.outbox (kind, job_id) SELECT '{OUTBOX_REPLICATE}', id FROM inserted RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM paused) AS paused,
-       NOT (SELECT ok FROM room) AS full,
-       (SELECT count(*) FROM inserted) AS added,
-       (SELECT pg_notify('pgq', %(queue)s)::text
-        WHERE EXISTS (SELECT 1 FROM inserted WHERE state = 'queued')
-          AND (%(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)))
-        AS notified,
-       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
+{_ADD_REPLY}
+       (SELECT pg_notify('{DOORBELL_CHANNEL}', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
         AS rang
 """
 
 # The doorbell of the node process, rung after outbox events committed. It
 # commits without waiting for the WAL flush: it carries nothing durable
 # (the events are), and NOTIFY's commit is serialised cluster-wide.
-RING_NODE = """
-SELECT set_config('synchronous_commit', 'off', true), pg_notify('pgq_node', '')
+RING_NODE = f"""
+SELECT set_config('synchronous_commit', 'off', true), pg_notify('{DOORBELL_CHANNEL}', '')
 """
 
 CLUSTER_STATE = """
@@ -236,11 +234,11 @@ FROM unnest(%(ids)s::text[]) AS u(id) LEFT JOIN pgq.jobs j ON j.id = u.id
 
 # The client gave up waiting: remove the jobs still waiting, and ask the node
 # to delete partial copies. A job confirmed meanwhile stays (and counts).
-ABORT_REPLICATION = """
+ABORT_REPLICATION = f"""
 WITH gone AS (
     DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) AND state = 'wait-repl' RETURNING id
 ), events AS (
-    INSERT INTO pgq.outbox (kind, job_id) SELECT 'abort', id FROM gone RETURNING 1
+    INSERT INTO pgq.outbox (kind, job_id) SELECT '{OUTBOX_ABORT}', id FROM gone RETURNING 1
 )
 SELECT id FROM gone
 """
@@ -251,8 +249,6 @@ SELECT id FROM pgq.jobs
 WHERE id = ANY (%(ids)s::text[])
   AND coalesce(cardinality(nodes_confirmed), 1) < repl
 """
-
-LISTEN_REPLICATION = "SELECT pg_backend_pid()"
 
 # Serialises producers that pass MAXLEN for one queue until their commit.
 LOCK_QUEUE_FOR_MAXLEN = "SELECT pg_advisory_xact_lock(hashtextextended(%(queue)s, 7))"
@@ -275,8 +271,8 @@ COPY_JOBS_CONSTANT_TYPES = ("text", "text", "int4", "float8", "float8",
 
 DB_NOW = "SELECT pgq.now()"
 
-NOTIFY_QUEUE = """
-SELECT pg_notify('pgq', %(queue)s)::text
+NOTIFY_QUEUE = f"""
+SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s)::text
 WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)
 """
 
@@ -448,20 +444,20 @@ WITH {_DELETE_GONE}, {_LOG_GONE}, tombstones AS (
     RETURNING id
 ), events AS (
     INSERT INTO pgq.outbox (kind, job_id, arg)
-    SELECT 'ack', id, array_to_string(nodes_delivered, ',') FROM gone
+    SELECT '{OUTBOX_ACK}', id, array_to_string(nodes_delivered, ',') FROM gone
     WHERE cardinality(nodes_delivered) > 1
     UNION ALL
-    SELECT 'ack', id, NULL FROM dummies WHERE %(cluster)s
+    SELECT '{OUTBOX_ACK}', id, NULL FROM dummies WHERE %(cluster)s
     RETURNING 1
 )
 SELECT ARRAY(SELECT id FROM gone WHERE expires_at > pgq.now()) AS acked,
        (SELECT count(*) FROM events),
-       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
+       (SELECT pg_notify('{DOORBELL_CHANNEL}', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 """
 
 # A worker gives up on jobs: like ACK (every holder learns it is done), and
 # the job goes to pgq.dead_letters with its body and the reason.
-DEAD_LETTER = """
+DEAD_LETTER = f"""
 WITH gone AS (
     DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
     RETURNING id, queue, body, ctime, delivered_at, deliveries, nacks, additional_deliveries,
@@ -484,12 +480,12 @@ WITH gone AS (
     ON CONFLICT (id) DO UPDATE SET nodes = excluded.nodes
 ), events AS (
     INSERT INTO pgq.outbox (kind, job_id, arg)
-    SELECT 'ack', id, array_to_string(nodes_delivered, ',') FROM gone
+    SELECT '{OUTBOX_ACK}', id, array_to_string(nodes_delivered, ',') FROM gone
     WHERE cardinality(nodes_delivered) > 1
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM events),
-       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
+       (SELECT pg_notify('{DOORBELL_CHANNEL}', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 """
 
 DEAD_LETTERS = """
@@ -518,17 +514,17 @@ WITH {_DELETE_GONE}, {_LOG_GONE}, tombstones AS (
     DELETE FROM pgq.acks WHERE %(with_acks)s AND id = ANY (%(ids)s::text[]) RETURNING 1
 ), events AS (
     INSERT INTO pgq.outbox (kind, job_id, arg)
-    SELECT 'fastack', id, array_to_string(nodes_delivered, ',') FROM gone
+    SELECT '{OUTBOX_FASTACK}', id, array_to_string(nodes_delivered, ',') FROM gone
     WHERE %(broadcast)s AND cardinality(nodes_delivered) > 1
     UNION ALL
-    SELECT 'fastack', u.id, NULL FROM unnest(%(ids)s::text[]) AS u(id)
+    SELECT '{OUTBOX_FASTACK}', u.id, NULL FROM unnest(%(ids)s::text[]) AS u(id)
     WHERE %(broadcast)s AND %(cluster)s AND NOT EXISTS (SELECT 1 FROM gone g WHERE g.id = u.id)
     RETURNING 1
 )
 SELECT (SELECT count(*) FILTER (WHERE expires_at > pgq.now()) FROM gone)
        + (SELECT count(*) FROM tombstones),
        (SELECT count(*) FROM events),
-       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
+       (SELECT pg_notify('{DOORBELL_CHANNEL}', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 """
 
 # ------------------------------------------------------- nack / (en|de)queue
@@ -538,7 +534,7 @@ SELECT (SELECT count(*) FILTER (WHERE expires_at > pgq.now()) FROM gone)
 # when the job was queued before (Disque's rule). A NACK with a back-off
 # `delay` (a pgq extension, for workers) keeps the job active until then; its
 # timed re-queue is the NACK's and counts nothing more (requeue_counts).
-REQUEUE = """
+REQUEUE = f"""
 WITH requeued AS (
     UPDATE pgq.jobs SET
         state = CASE WHEN %(delay)s > 0 THEN 'active' ELSE 'queued' END,
@@ -557,13 +553,13 @@ WITH requeued AS (
       AND NOT (retry = 0 AND deliveries > 0)
     RETURNING id, queue, state, nodes_delivered, enqueues > 1 AS counted
 ), woken AS (
-    SELECT pg_notify('pgq', r.queue)
+    SELECT pg_notify('{JOBS_CHANNEL}', r.queue)
     FROM (SELECT DISTINCT queue FROM requeued WHERE state = 'queued') AS r
     WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = r.queue)
 ), events AS (
     -- other holders count it too and postpone their own re-queue (QUEUED)
     INSERT INTO pgq.outbox (kind, job_id, arg)
-    SELECT 'queued', id,
+    SELECT '{OUTBOX_QUEUED}', id,
            CASE WHEN %(nack)s::boolean THEN 'nacks' WHEN counted THEN 'additional_deliveries' ELSE '' END
            || ':' || array_to_string(nodes_delivered, ',')
     FROM requeued WHERE cardinality(nodes_delivered) > 1
@@ -572,7 +568,7 @@ WITH requeued AS (
 SELECT (SELECT count(*) FROM requeued) AS requeued,
        (SELECT count(*) FROM woken) AS woken,  -- a plain CTE runs only if referenced
        (SELECT count(*) FROM events) AS events,
-       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
+       (SELECT pg_notify('{DOORBELL_CHANNEL}', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 """
 
 # DEQUEUE: queued -> active; the retry timer queues it again (never for retry 0).
@@ -589,7 +585,7 @@ WHERE id = ANY (%(ids)s::text[]) AND state = 'queued' AND expires_at > pgq.now()
 # WORKING: postpone the next re-queue by RETRY (dequeueing the job if it is
 # queued). TOOLATE once half the TTL has elapsed, so a worker cannot keep a
 # job forever. Nothing to postpone for a retry-0 job.
-WORKING = """
+WORKING = f"""
 WITH target AS (
     SELECT id, state, retry, nodes_delivered,
            pgq.now() - to_timestamp(ctime / 1e9)
@@ -612,7 +608,7 @@ WITH target AS (
 ), events AS (
     -- every other holder takes it out of its queue and postpones its re-queue
     INSERT INTO pgq.outbox (kind, job_id, arg)
-    SELECT 'working', id, ':' || array_to_string(nodes_delivered, ',') FROM postponed
+    SELECT '{OUTBOX_WORKING}', id, ':' || array_to_string(nodes_delivered, ',') FROM postponed
     WHERE cardinality(nodes_delivered) > 1
     RETURNING 1
 )
@@ -620,7 +616,7 @@ SELECT t.state, t.retry, t.too_late,
        EXISTS (SELECT 1 FROM pgq.acks a
                WHERE a.id = %(id)s AND a.expires_at > pgq.now()) AS acked,
        (SELECT count(*) FROM events) AS events,
-       (SELECT pg_notify('pgq_node', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
+       (SELECT pg_notify('{DOORBELL_CHANNEL}', '')::text WHERE %(ring)s AND EXISTS (SELECT 1 FROM events))
 FROM (SELECT 1) AS one LEFT JOIN target t ON true
 """
 
@@ -715,7 +711,7 @@ PAUSE_STATE = "SELECT coalesce((SELECT paused FROM pgq.queues WHERE name = %(que
 
 # Setting a pause creates the queue's row; clearing it removes the row.
 # Consumers blocked on the queue are woken when output resumes.
-SET_PAUSE = """
+SET_PAUSE = f"""
 WITH cleared AS (
     DELETE FROM pgq.queues WHERE name = %(queue)s AND %(state)s = 'none' RETURNING 1
 ), stored AS (
@@ -724,10 +720,10 @@ WITH cleared AS (
     ON CONFLICT (name) DO UPDATE SET paused = excluded.paused, updated_at = pgq.now()
     RETURNING paused
 ), woken AS (
-    SELECT pg_notify('pgq', %(queue)s) WHERE %(state)s IN ('none', 'in')
+    SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s) WHERE %(state)s IN ('none', 'in')
 ), events AS (
     INSERT INTO pgq.outbox (kind, queue, arg)
-    SELECT 'pause', %(queue)s, %(state)s WHERE %(bcast)s
+    SELECT '{OUTBOX_PAUSE}', %(queue)s, %(state)s WHERE %(bcast)s
     RETURNING 1
 )
 SELECT %(state)s::text AS paused,

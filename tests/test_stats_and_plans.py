@@ -173,7 +173,7 @@ def _generic_plan(db, statement):
 
 BIG_TABLES = {"jobs", "acks", "history", "outbox", "dead_letters"}
 # Scans of every row on purpose: they count what a node holds (rarely run).
-FULL_SCANS = {"DROP_HANDED_OVER", "HELD_JOBS"}
+FULL_SCANS = {"DROP_HANDED_OVER"}
 
 
 def _statements():

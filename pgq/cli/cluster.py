@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from .. import contracts
 from ..errors import PgqError
 from .common import emit, fail, node_dsn
 
@@ -31,19 +32,29 @@ def _tell_node(dsn: str, kind: str, arg: str | None = None, queue: str | None = 
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("INSERT INTO pgq.outbox (kind, queue, arg) VALUES (%s, %s, %s)", (kind, queue, arg))
-        conn.execute("SELECT pg_notify('pgq_node', '')")
+        conn.execute(contracts.TELL_NODE, {"kind": kind, "queue": queue, "arg": arg})
+
+
+def _set_leaving(dsn: str, leaving: bool) -> str:
+    """The flag in the node's database, then the word to its process;
+    returns the node's id."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(contracts.SET_LEAVING, {"leaving": leaving})
+        myself = conn.execute(contracts.NODE_ID).fetchone()
+    _tell_node(dsn, contracts.OUTBOX_LEAVING, "yes" if leaving else "no")
+    return str(myself[0]) if myself else ""
 
 
 def _cluster_state(dsn: str) -> dict[str, Any]:
     import psycopg
+    from psycopg.rows import dict_row
 
-    with psycopg.connect(dsn, connect_timeout=5) as conn:
-        row = conn.execute("SELECT node_id, active, leaving, reachable_nodes, bus_host, bus_port "
-                           "FROM pgq.cluster_state").fetchone()
+    with psycopg.connect(dsn, connect_timeout=5, row_factory=dict_row) as conn:
+        row = conn.execute(contracts.CLUSTER_STATE).fetchone()
     assert row is not None
-    keys = ("id", "active", "leaving", "reachable_nodes", "bus_host", "bus_port")
-    return dict(zip(keys, row, strict=True))
+    return row
 
 
 @click.group("node")
@@ -232,7 +243,7 @@ def cluster_meet(address: str, data: str | None, dsn: str | None) -> None:
 
     try:
         parse_address(address)
-        _tell_node(node_dsn(data, dsn), "meet", address)
+        _tell_node(node_dsn(data, dsn), contracts.OUTBOX_MEET, address)
         click.echo(f"meeting {address}")
     except PgqError as exc:
         fail(exc)
@@ -244,12 +255,10 @@ def cluster_meet(address: str, data: str | None, dsn: str | None) -> None:
 def cluster_nodes(data: str | None, dsn: str | None, as_json: bool) -> None:
     """List the nodes this node knows, with their state."""
     import psycopg
+    from psycopg.rows import dict_row
 
-    with psycopg.connect(node_dsn(data, dsn)) as conn:
-        rows = conn.execute("SELECT id, name, host, port, myself, status, leaving, priority "
-                            "FROM pgq.cluster_nodes ORDER BY NOT myself, id").fetchall()
-    nodes = [dict(zip(("id", "name", "host", "port", "myself", "status", "leaving", "priority"),
-                      r, strict=True)) for r in rows]
+    with psycopg.connect(node_dsn(data, dsn), row_factory=dict_row) as conn:
+        nodes = conn.execute(contracts.NODES).fetchall()
     if as_json:
         click.echo(json.dumps(nodes))
         return
@@ -267,7 +276,7 @@ def cluster_forget(node_id: str, data: str | None, dsn: str | None) -> None:
 
     if not is_node_id(node_id):
         fail(PgqError(f"{node_id!r} is not a 40-hex node id (see `pgq cluster nodes`)"))
-    _tell_node(node_dsn(data, dsn), "forget", node_id)
+    _tell_node(node_dsn(data, dsn), contracts.OUTBOX_FORGET, node_id)
     click.echo(f"forgetting {node_id}")
 
 
@@ -276,14 +285,7 @@ def cluster_forget(node_id: str, data: str | None, dsn: str | None) -> None:
 @_node_target
 def cluster_leaving(flag: str, data: str | None, dsn: str | None) -> None:
     """Mark the node as leaving (it takes no new copies and drains) or not."""
-    import psycopg
-
-    target = node_dsn(data, dsn)
-    with psycopg.connect(target, autocommit=True) as conn:
-        conn.execute("INSERT INTO pgq.meta VALUES ('leaving', %s) "
-                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-                     ("true" if flag == "yes" else "false",))
-    _tell_node(target, "leaving", flag)
+    _set_leaving(node_dsn(data, dsn), flag == "yes")
     click.echo(f"leaving: {flag}")
 
 
@@ -297,25 +299,19 @@ def cluster_leave(data: str | None, dsn: str | None, timeout: float) -> None:
     import psycopg
 
     target = node_dsn(data, dsn)
-    with psycopg.connect(target, autocommit=True) as conn:
-        conn.execute("INSERT INTO pgq.meta VALUES ('leaving', 'true') "
-                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
-        myself = conn.execute("SELECT pgq.meta_value('node_id')").fetchone()[0]  # type: ignore[index]
-    _tell_node(target, "leaving", "yes")
+    myself = _set_leaving(target, True)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     deadline = time.monotonic() + timeout
     held = -1
-    query = ("SELECT (SELECT count(*) FROM pgq.jobs WHERE nodes_delivered IS NULL"
-             " OR %(me)s = ANY (nodes_delivered)) + (SELECT count(*) FROM pgq.acks)")
     interactive = sys.stderr.isatty()
     with psycopg.connect(target, autocommit=True) as conn, \
             Progress(TextColumn("draining"), BarColumn(), MofNCompleteColumn(),
                      transient=True, disable=not interactive) as progress:
-        start = conn.execute(query, {"me": myself}).fetchone()[0]  # type: ignore[index]
+        start = conn.execute(contracts.HELD_BY_NODE, {"myself": myself}).fetchone()[0]  # type: ignore[index]
         task = progress.add_task("drain", total=max(start, 1))
         while time.monotonic() < deadline:
-            held = conn.execute(query, {"me": myself}).fetchone()[0]  # type: ignore[index]
+            held = conn.execute(contracts.HELD_BY_NODE, {"myself": myself}).fetchone()[0]  # type: ignore[index]
             progress.update(task, completed=max(start - held, 0))
             if held == 0:
                 break

@@ -6,6 +6,8 @@ it is filled in with :func:`psycopg.sql.Identifier`, never spliced as text.
 
 from __future__ import annotations
 
+from ..contracts import JOBS_CHANNEL
+
 from psycopg import sql as pgsql
 
 __all__ = ["staging", "NODE", "INGEST_STATE", "RECORD_INGEST", "LOCK_INGEST", "QUEUE_PAUSED_IN",
@@ -121,8 +123,8 @@ UPDATE pgq.ingests SET state = 'merged', jobs = %(jobs)s, merged_at = pgq.now()
 WHERE ingest_id = %(ingest_id)s
 """
 
-NOTIFY_QUEUE = """
-SELECT pg_notify('pgq', %(queue)s) WHERE EXISTS (SELECT 1 FROM pgq.waiters WHERE queue = %(queue)s)
+NOTIFY_QUEUE = f"""
+SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s) WHERE EXISTS (SELECT 1 FROM pgq.waiters WHERE queue = %(queue)s)
 """
 
 # ----------------------------------------------------------------- reading

@@ -1,0 +1,122 @@
+"""The contracts between pgq's clients and a node process, written once.
+
+A client never talks to its node process directly: both meet in the node's
+database. This module holds every name and encoding they share, so that
+the client statements (:mod:`pgq.statements`), the CLI, the Spark writer
+and the node (:mod:`pgq.cluster.sql`, :mod:`pgq.cluster.core`) cannot drift
+apart:
+
+* **NOTIFY channels.** :data:`JOBS_CHANNEL` (payload: a queue name) wakes
+  consumers blocked on that queue; :data:`DOORBELL_CHANNEL` (empty payload)
+  tells the node process that outbox events committed;
+  :data:`REPLICATION_CHANNEL_PREFIX` + a client backend's pid (payload: a
+  job ID) tells a synchronous adder that its job got its W copies. A lost
+  notification costs latency only: every waiter also polls.
+* **Outbox events** (``pgq.outbox``: kind, job_id, queue, arg), written by
+  client statements in the transaction of the change they announce, and
+  read by the node process in ``seq`` order (:data:`OUTBOX_KINDS`; the
+  schema's CHECK constraint lists the same kinds). Arguments:
+
+  ========== ======== ===== =====================================================
+  kind       job_id   queue arg
+  ========== ======== ===== =====================================================
+  replicate  new job        (none): copy it to W-1 peers
+  abort      job            (none): the adder gave up; remove partial copies
+  ack        job            holders, comma-separated; empty: unknown (dummy ack)
+  fastack    job            holders, comma-separated; empty: ask everyone
+  queued     job            ``counter:holders`` (counter ``nacks``,
+                            ``additional_deliveries`` or empty)
+  working    job            ``:holders``
+  pause      (none)   queue the new pause state (``none|in|out|all``)
+  meet       (none)         ``HOST:PORT`` to join
+  forget     (none)         a node ID
+  leaving    (none)         ``yes`` or ``no``
+  ========== ======== ===== =====================================================
+
+The statements a tool uses to speak to a node (:data:`TELL_NODE`,
+:data:`SET_LEAVING`, :data:`HELD_BY_NODE`, ...) are here too: the CLI and
+the simulation send exactly what a client statement would.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "JOBS_CHANNEL", "DOORBELL_CHANNEL", "REPLICATION_CHANNEL_PREFIX", "OUTBOX_KINDS",
+    "OUTBOX_REPLICATE", "OUTBOX_ABORT", "OUTBOX_ACK", "OUTBOX_FASTACK", "OUTBOX_QUEUED",
+    "OUTBOX_WORKING", "OUTBOX_PAUSE", "OUTBOX_MEET", "OUTBOX_FORGET", "OUTBOX_LEAVING",
+    "TELL_NODE", "SET_LEAVING", "NODE_ID", "HELD_BY_NODE", "CLUSTER_STATE", "NODES",
+    "holders_arg", "split_holders", "notice_arg", "split_notice",
+]
+
+JOBS_CHANNEL = "pgq"
+DOORBELL_CHANNEL = "pgq_node"
+REPLICATION_CHANNEL_PREFIX = "pgq_r"
+
+OUTBOX_REPLICATE = "replicate"
+OUTBOX_ABORT = "abort"
+OUTBOX_ACK = "ack"
+OUTBOX_FASTACK = "fastack"
+OUTBOX_QUEUED = "queued"
+OUTBOX_WORKING = "working"
+OUTBOX_PAUSE = "pause"
+OUTBOX_MEET = "meet"
+OUTBOX_FORGET = "forget"
+OUTBOX_LEAVING = "leaving"
+OUTBOX_KINDS = (OUTBOX_REPLICATE, OUTBOX_ABORT, OUTBOX_ACK, OUTBOX_FASTACK, OUTBOX_QUEUED,
+                OUTBOX_WORKING, OUTBOX_PAUSE, OUTBOX_MEET, OUTBOX_FORGET, OUTBOX_LEAVING)
+
+
+def holders_arg(nodes: list[str] | tuple[str, ...]) -> str:
+    """An ``ack``/``fastack`` argument: the holders, comma-separated."""
+    return ",".join(nodes)
+
+
+def split_holders(arg: str | None) -> list[str]:
+    """The holders an ``ack``/``fastack`` argument names (empty: unknown)."""
+    return [node for node in (arg or "").split(",") if node]
+
+
+def notice_arg(counter: str, holders: list[str] | tuple[str, ...]) -> str:
+    """A ``queued``/``working`` argument: ``counter:holders``."""
+    return f"{counter}:{holders_arg(holders)}"
+
+
+def split_notice(arg: str | None) -> tuple[str, list[str]]:
+    """(counter, holders) of a ``queued``/``working`` argument."""
+    counter, _, holders = (arg or "").partition(":")
+    return counter, split_holders(holders)
+
+
+# An event for the node process, and its doorbell (the node also polls).
+TELL_NODE = f"""
+WITH event AS (
+    INSERT INTO pgq.outbox (kind, queue, arg) VALUES (%(kind)s, %(queue)s, %(arg)s) RETURNING 1
+)
+SELECT pg_notify('{DOORBELL_CHANNEL}', '') FROM event
+"""
+
+# The leaving flag a node reads at start (its process learns it from the
+# 'leaving' event, which follows).
+SET_LEAVING = """
+INSERT INTO pgq.meta (key, value) VALUES ('leaving', CASE WHEN %(leaving)s THEN 'true' ELSE 'false' END)
+ON CONFLICT (key) DO UPDATE SET value = excluded.value
+"""
+
+NODE_ID = "SELECT pgq.meta_value('node_id')"
+
+# What a leaving node still holds: jobs it has a copy of, ACKs it still
+# has to collect. Zero: it may stop.
+HELD_BY_NODE = """
+SELECT (SELECT count(*) FROM pgq.jobs
+        WHERE nodes_delivered IS NULL OR %(myself)s = ANY (nodes_delivered))
+     + (SELECT count(*) FROM pgq.acks)
+"""
+
+CLUSTER_STATE = """
+SELECT node_id AS id, active, leaving, reachable_nodes, bus_host, bus_port FROM pgq.cluster_state
+"""
+
+NODES = """
+SELECT id, name, host, port, myself, status, leaving, priority FROM pgq.cluster_nodes
+ORDER BY NOT myself, id
+"""
