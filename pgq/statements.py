@@ -384,8 +384,12 @@ CLAIM_RELAXED = _CLAIM_BODY + """, commit_mode AS (
 
 # How long until a job of these queues becomes due (delayed or leased), so a
 # blocked consumer wakes up in time without polling faster.
+# Seconds until the next lease of these queues runs out (negative: already),
+# NULL when none will. Not greatest(0, ...): GREATEST ignores NULL, so "none"
+# read as "due now" and a blocked GET on an idle queue polled every
+# millisecond (790 statements/s; the simulation found it). The caller clamps.
 NEXT_DUE = """
-SELECT greatest(0, extract(epoch FROM min(d.requeue_at) - pgq.now()))::float8
+SELECT extract(epoch FROM min(d.requeue_at) - pgq.now())::float8
 FROM unnest(%(queues)s::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT j.requeue_at FROM pgq.jobs j

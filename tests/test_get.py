@@ -175,3 +175,28 @@ def test_a_job_queued_again_behind_the_claim_floor_is_still_delivered(client):
         jobs = client.get_job("floor", count=10, timeout=1)
         seen = any(j.id == first.id for j in jobs)
     assert seen, "a NACKed job below the floor was never delivered again"
+
+
+def test_a_consumer_blocked_on_an_idle_queue_does_not_spin(dsn, monkeypatch):
+    """NEXT_DUE once said "due now" when nothing was due (GREATEST ignores
+    NULL): a blocked GET polled every millisecond, ~800 statements a second.
+    It backs off now: 50 ms doubling to the poll interval."""
+    from pgq.driver import SyncDriver
+    from pgq.protocol import Query
+
+    queries = []
+    handle = SyncDriver._handle
+
+    def counting(self, request):
+        if isinstance(request, Query):
+            queries.append(request.sql)
+        return handle(self, request)
+
+    monkeypatch.setattr(SyncDriver, "_handle", counting)
+    for options in ({}, {"pgbouncer": True, "poll_interval": 0.2}):
+        with pgq.Client(dsn, **options) as consumer:
+            consumer.get_job("idle", nohang=True)
+            queries.clear()
+            assert consumer.get_job("idle", timeout=1) == []
+        # claim + next-due per wake-up: 50, 100, 200, 400 ms, then the interval
+        assert len(queries) < 40, (options, len(queries))
