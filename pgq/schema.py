@@ -52,9 +52,10 @@ SCHEMA = "pgq"
 metadata = MetaData(schema=SCHEMA)
 
 # Disque's ctime: milliseconds * 10^6 + a per-millisecond sequence, so jobs
-# created in the same millisecond keep their creation order.
+# created in the same millisecond keep their creation order (pgq's clock
+# since schema 0010).
 CTIME_DEFAULT = (
-    "(((floor((date_part('epoch'::text, clock_timestamp()) * (1000)::double precision)))"
+    "(((floor((date_part('epoch'::text, pgq.now()) * (1000)::double precision)))"
     "::bigint * 1000000) + (nextval('pgq.ctime_seq'::regclass) % (1000000)::bigint))"
 )
 
