@@ -19,7 +19,8 @@ Rules (Disque's):
   does, the dummy is dropped once every node answered.
 * A holder that learns of more holders than the sender knew drives the GC
   for them itself (:func:`take_over`); a dummy ack that reached the only
-  holder is complete at once.
+  holder is complete at once. The sender's DELJOB does not end a GC taken
+  over this way (:meth:`AckCollector.on_deljob`).
 """
 
 from __future__ import annotations
@@ -111,6 +112,23 @@ class AckCollector:
 
     def forget(self, job_id: str) -> None:
         self.pending.pop(job_id, None)
+
+    def on_deljob(self, peer: str, job_id: str) -> bool:
+        """A DELJOB from ``peer``: its GC of the job is over. A GC this node
+        drives for holders the sender never knew (taken over) goes on: True,
+        keep the tombstone. Otherwise the job is forgotten here (False).
+
+        Found by a scenario (tests/cluster/test_scenarios.py): the acker's
+        DELJOB reached the holder that had just taken the GC over for a node
+        that imported the job, and wiped the tombstone before any SETACK
+        went out: the importer's copy was never collected."""
+        entry = self.pending.get(job_id)
+        if entry is not None and not entry.dummy:
+            entry.confirmed.add(peer)
+            if entry.holders - entry.confirmed - {peer}:
+                return True
+        self.pending.pop(job_id, None)
+        return False
 
     def forget_node(self, node_id: str) -> list[Outcome]:
         """A node was FORGOTTEN (removed for good): stop waiting for it."""

@@ -533,11 +533,15 @@ class NodeCore:
 
     def _on_deljobs(self, items: list[tuple[str, m.DelJob]]) -> Step:
         assert self.acks is not None and self.replicator is not None
-        ids = list(dict.fromkeys(job_id for _peer, message in items for job_id in message.ids))
+        driving = {job_id for peer, message in items for job_id in message.ids
+                   if self.acks.on_deljob(peer, job_id)}
+        ids = [job_id for job_id in dict.fromkeys(job_id for _peer, message in items
+                                                  for job_id in message.ids)
+               if job_id not in driving]
         for job_id in ids:
-            self.acks.forget(job_id)
             self.replicator.forget(job_id)
-        yield _rows(sql.APPLY_DELJOB, {"ids": ids})
+        if ids:
+            yield _rows(sql.APPLY_DELJOB, {"ids": ids})
 
     # ------------------------------------------------------------ one queued copy
 

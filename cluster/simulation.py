@@ -3,10 +3,11 @@
 Three to seven :class:`~.core.NodeCore` run in one process under one
 virtual clock, on an in-memory :class:`~.mock_transport.Network`, each with
 its node database (one database per node on one real PostgreSQL server).
-Simulated clients add, get, ack and nack through the real client commands
-(:mod:`pgq.commands`). Everything that could vary between two runs is
-drawn from the seed: the workload, the faults, message delays and losses,
-the nodes' and clients' random choices, job IDs, and the time SQL sees
+Simulated clients add, get (some blocking, so that federation imports for
+them), ack and nack through the real client commands (:mod:`pgq.commands`).
+Everything that could vary between two runs is drawn from the seed: the
+workload, the faults, message delays and losses, the nodes' and clients'
+random choices, job IDs, and the time SQL sees
 (``pgq.now()`` is set to the node's virtual wall clock before each step).
 A run is therefore a pure function of its seed: the same seed replays the
 same schedule, the same messages and the same failure.
@@ -55,6 +56,7 @@ from typing import Any
 import psycopg
 
 from pgq import arguments, commands
+from pgq import statements as client_sql
 from pgq import embedded as embedded_server
 from pgq.driver import extract
 from pgq.errors import PgqError
@@ -225,6 +227,7 @@ class SimNode:
     inbox: list[tuple[str, m.Message]] = field(default_factory=list)
     cluster_view: ClusterView = field(default_factory=ClusterView)
     now_set: dict[int, float] = field(default_factory=dict)  # connection id -> pgq.now set
+    listening: set[int] = field(default_factory=set)  # blocked client commands (ids)
 
 
 @dataclass
@@ -469,9 +472,12 @@ class Simulation:
 
     # ------------------------------------------------------------ clients
 
-    def _session(self, node: SimNode) -> Session:
+    def _session(self, node: SimNode, listen: bool = False) -> Session:
+        """A client session on the node. ``listen``: a blocked GET registers
+        as a waiter (what federation looks for); notifications never come,
+        the command polls."""
         return Session(owned=True, node_id=node.node_id, clock=lambda: self.now,
-                       can_listen=False, poll_interval=0.05, host=node.host, port=5432,
+                       can_listen=listen, poll_interval=0.05, host=node.host, port=5432,
                        cluster=node.cluster_view, replication_timeout=5.0, floors=None,
                        wall=lambda: EPOCH + self.now,
                        random_bytes=self.client_rng.randbytes)
@@ -489,6 +495,7 @@ class Simulation:
                 try:
                     request = command.send(reply)
                 except StopIteration as finished:
+                    self._unlisten(node, command)
                     self._ring(node)  # the doorbell a client rings after outbox events
                     done(finished.value)
                     return
@@ -507,11 +514,16 @@ class Simulation:
                         for chunk in request.data:
                             copy.write(chunk)
                     reply = None
-                elif isinstance(request, (Listen, ListenReplication, Housekeeping)):
+                elif isinstance(request, Listen):
+                    conn.execute(client_sql.REGISTER_WAITER, {"queues": list(request.queues)})
+                    node.listening.add(id(command))
+                    reply = None
+                elif isinstance(request, (ListenReplication, Housekeeping)):
                     reply = None
                 else:  # pragma: no cover - a new request kind
                     raise TypeError(f"the simulation cannot run {request!r}")
         except PgqError as exc:
+            self._unlisten(node, command)
             self._ring(node)
             command.close()
             done(exc)
@@ -520,6 +532,15 @@ class Simulation:
         except Exception as exc:
             command.close()
             self.violate("no step raises", f"client {what} on {node.name}: {_error(exc)}")
+
+    def _unlisten(self, node: SimNode, command: Generator[Any, Any, Any]) -> None:
+        """A blocked GET ended: its waiter registration goes (the driver's
+        UNLISTEN; the node's clients share one connection, so the last
+        waiting command of a node removes it)."""
+        if id(command) in node.listening:
+            node.listening.discard(id(command))
+            if not node.listening:
+                node.client_conn.execute(client_sql.UNREGISTER_WAITER)
 
     def _plan_workload(self) -> None:
         opts = self.options
@@ -572,8 +593,12 @@ class Simulation:
                 self._client(node, commands.nack_jobs(self._session(node), nacks), "nack",
                              lambda n: None)
 
-        self._client(node, commands.get_jobs(self._session(node), [QUEUE], count, None, True,
-                                             False), "get", got)
+        # Some consumers block for a while (a waiter: federation imports
+        # for them from other nodes); the others do not wait.
+        timeout = rng.choice([None, None, 0.5, 2.0]) if not drain else None
+        self._client(node, commands.get_jobs(self._session(node, listen=timeout is not None),
+                                             [QUEUE], count, timeout, timeout is None, False),
+                     "get", got)
 
     def _delivered(self, job_id: str, value: str, node: SimNode) -> None:
         self.trace(f"client got {value} ({short(job_id)}) on {node.name}")

@@ -58,6 +58,17 @@ class Server:
 
 
 @pytest.fixture(scope="session")
+def sim_databases(server):
+    """Five node databases for the simulation, on the suite's server (reset
+    before every run)."""
+    from pgq.cluster.simulation import SimDatabases
+
+    databases = SimDatabases(embedded.ensure_running(server.home), 5)
+    yield databases
+    databases.close()
+
+
+@pytest.fixture(scope="session")
 def servers() -> Iterator[list[Server]]:
     root = Path(tempfile.mkdtemp(prefix="pgq-cluster-"))
     os.chmod(root, 0o711)  # the server user must traverse it

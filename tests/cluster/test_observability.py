@@ -59,14 +59,12 @@ def test_worker_metrics(make_cluster, tmp_path):
                                "--metrics", f"127.0.0.1:{port}"], cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        text = wait_until(lambda: _scrape_if(port, lambda t: metric(
-            t, "pgq_worker_jobs_total", outcome="succeeded") == 3), 20,
-                          message="the worker to report 3 jobs")
         # a job counts as succeeded when its handler returns; its batched ack
         # is timed when the ack statement returns, a moment later
-        text = wait_until(lambda: _scrape_if(port, lambda t: (metric(
-            t, "pgq_worker_ack_seconds_count") or 0) >= 1), 10,
-                          message="the worker to time its ack")
+        text = wait_until(lambda: _scrape_if(port, lambda t: metric(
+            t, "pgq_worker_jobs_total", outcome="succeeded") == 3 and (metric(
+                t, "pgq_worker_ack_seconds_count") or 0) >= 1), 20,
+                          message="the worker to report 3 jobs and time its ack")
         assert metric(text, "pgq_worker_jobs_total", queue="metered", outcome="succeeded") == 3
         assert metric(text, "pgq_worker_claim_seconds_count") >= 1
         assert metric(text, "pgq_worker_ack_seconds_count") >= 1

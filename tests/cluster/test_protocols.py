@@ -81,6 +81,20 @@ def test_a_holder_drives_the_gc_for_holders_the_sender_did_not_know():
     assert take_over("me", [("L", False, None)], {"L": set()}, {"L": {"a"}}).drive == {}
 
 
+def test_the_senders_deljob_does_not_end_a_gc_taken_over():
+    acks = AckCollector("me")
+    acks.add("J", {"a", "b", "c"}, 0.0)  # taken over: 'a' acked knowing only itself and me
+    assert acks.on_deljob("a", "J") is True  # b and c still to tell: keep the tombstone
+    assert sorted(acks.sends(0.0, {"a", "b", "c"})) == ["b", "c"]
+    acks.got_ack("b", "J", True)
+    outcome = acks.got_ack("c", "J", False)
+    assert outcome is not None and outcome.deljob_to == ("a", "b", "c")
+    # a plain holder told to delete: nothing pending here, forget it
+    assert acks.on_deljob("a", "K") is False
+    acks.add("L", {"a"}, 0.0)  # only the sender left to confirm: done
+    assert acks.on_deljob("a", "L") is False and acks.pending == {}
+
+
 # ------------------------------------------------------------ replication
 
 def test_replication_widens_and_reaches_its_copies():

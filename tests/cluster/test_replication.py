@@ -1,16 +1,17 @@
-"""Synchronous and asynchronous replication to W node databases."""
+"""Synchronous and asynchronous replication to W node databases, through
+real node processes. The stories with failures (W copies while nodes died
+undetected, a timeout withdrawing the job, a target coming back, NOREPL
+following what the node sees) are proven in the simulation:
+tests/cluster/test_scenarios.py."""
 
 from __future__ import annotations
 
-import threading
-import time
 
 import psycopg
 import pytest
 
 import pgq
 
-from .conftest import wait_until
 
 
 def test_replicate_1_and_3_sync_copy_counts(make_cluster):
@@ -51,8 +52,10 @@ def test_transactional_add_is_replicated_after_commit(make_cluster):
         with psycopg.connect(cluster[0].dsn) as other:
             rolled = client.add_job("rt", b"y", replicate=2, conn=other)
             other.rollback()
-    time.sleep(0.5)
-    assert cluster.copies(rolled) == 0
+        # The node drains its outbox in commit order: once a job committed
+        # after the rollback has its copies, the rolled-back one had its chance.
+        later = client.add_job("rt", b"z", replicate=2)
+    assert cluster.copies(later) == 2 and cluster.copies(rolled) == 0
 
 
 def test_norepl_when_w_exceeds_reachable_nodes(make_cluster):
@@ -61,62 +64,3 @@ def test_norepl_when_w_exceeds_reachable_nodes(make_cluster):
         with pytest.raises(pgq.errors.NoReplError, match="2 can take a copy"):
             client.add_job("n", b"x", replicate=3)
         assert client.qlen("n") == 0
-        cluster[1].kill()
-        wait_until(lambda: list(cluster[0].view().values()) == ["dead"], 20)
-        time.sleep(1.1)  # the client's view of the cluster refreshes every second
-        with pytest.raises(pgq.errors.NoReplError):
-            client.add_job("n", b"x", replicate=2)
-        assert client.add_job("n", b"x") is not None  # default W follows reachable nodes (1)
-
-
-def test_w_succeeds_when_nodes_died_but_are_not_yet_detected(make_cluster):
-    cluster = make_cluster(5)
-    cluster[3].kill()
-    cluster[4].kill()  # still "alive" in everyone's view for several seconds
-    start = time.monotonic()
-    with cluster[0].client() as client:
-        jobs = [client.add_job("w", b"%d" % i, replicate=3, timeout=5) for i in range(5)]
-    assert time.monotonic() - start < 5
-    for job in jobs:
-        holders = cluster.holders(job)
-        assert len(holders) == 3 and "n4" not in holders and "n5" not in holders
-
-
-def test_timeout_withdraws_the_job_and_partial_copies(make_cluster):
-    cluster = make_cluster(3)
-    cluster[1].kill()
-    cluster[2].kill()
-    with cluster[0].client() as client:
-        with pytest.raises(pgq.errors.NoReplError) as info:
-            client.add_job("t", b"x", replicate=3, timeout=0.5)
-        job = info.value.removed[0]
-        assert client.show(job) is None and client.qlen("t") == 0
-
-
-def test_replication_completes_when_a_dead_target_comes_back(make_cluster):
-    cluster = make_cluster(2)
-    cluster[1].kill()
-    result = {}
-
-    def add():
-        with cluster[0].client() as client:
-            start = time.monotonic()
-            result["id"] = client.add_job("back", b"x", replicate=2, timeout=20)
-            result["took"] = time.monotonic() - start
-
-    thread = threading.Thread(target=add)
-    thread.start()
-    time.sleep(2)
-    cluster[1].start()
-    thread.join(30)
-    assert "id" in result, "add_job did not return"
-    assert 1.5 < result["took"] < 20
-    assert cluster.copies(result["id"]) == 2
-
-
-def test_bulk_replicated_add(make_cluster):
-    cluster = make_cluster(3)
-    with cluster[0].client() as client:
-        ids = client.add_jobs("bulk", [b"%d" % i for i in range(300)], replicate=2)
-        assert client.qlen("bulk") == 300
-    assert all(cluster.copies(i) == 2 for i in ids[::37])

@@ -14,21 +14,18 @@ import time
 
 import pytest
 
-from pgq import embedded
 from pgq import statements as client_sql
 from pgq.cluster import core as node_core
 from pgq.cluster import sql as node_sql
-from pgq.cluster.simulation import FAULTS, SimDatabases, SimOptions, Simulation, run_seeds
+from pgq.cluster.simulation import FAULTS, SimOptions, Simulation, run_seeds
 
 pytestmark = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",
                                 reason="the simulation needs the embedded server")
 
 
-@pytest.fixture(scope="module")
-def databases(server):
-    dbs = SimDatabases(embedded.ensure_running(server.home), 5)
-    yield dbs
-    dbs.close()
+@pytest.fixture
+def databases(sim_databases):
+    return sim_databases
 
 
 def run(databases, seed: int, **options):
@@ -60,14 +57,14 @@ def test_a_replay_does_not_depend_on_pythons_hash_seed(databases, server):
     assert digests == [mine.digest, mine.digest]
 
 
-def test_a_hundred_seeds_on_three_nodes_and_twenty_on_five_find_nothing(databases):
+def test_two_hundred_seeds_on_three_and_five_nodes_find_nothing(databases):
     started = time.monotonic()
-    results = run_seeds(databases, list(range(1, 101)), 3, FAULTS)
-    results += run_seeds(databases, list(range(1, 21)), 5, FAULTS)
+    results = run_seeds(databases, list(range(1, 161)), 3, FAULTS)
+    results += run_seeds(databases, list(range(1, 41)), 5, FAULTS)
     violations = [v for r in results for v in r.violations]
     assert violations == [], "\n\n".join(v.report() for v in violations[:3])
-    assert sum(r.added for r in results) > 1500
-    print(f"120 seeds, {sum(r.steps for r in results)} steps in {time.monotonic() - started:.1f} s")
+    assert sum(r.added for r in results) > 3000
+    print(f"200 seeds, {sum(r.steps for r in results)} steps in {time.monotonic() - started:.1f} s")
 
 
 # The seeds that found the bugs fixed with the simulation (cluster/sql.py and

@@ -1,0 +1,330 @@
+"""The cluster's stories, proven in the simulation (pgq.cluster.scenario):
+re-queue coordination, replication timeouts and late targets, ACK garbage
+collection with holders down, federation, and a node leaving.
+
+Each story runs node cores on the suite's PostgreSQL server under a virtual
+clock and waits for conditions in virtual time: no process, no socket, no
+sleep, and the same run every time. The real-process tests keep the
+wiring (tests/cluster/test_*.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pgq import arguments, commands, contracts
+from pgq.cluster.scenario import Scenario
+from pgq.errors import LeavingError, NoReplError
+
+pytestmark = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",
+                                reason="the simulation needs the embedded server")
+
+
+def cluster(sim_databases, nodes: int = 3, seed: int = 1) -> Scenario:
+    return Scenario(sim_databases, nodes, seed)
+
+
+def collected(s: Scenario, job: str):
+    return lambda: s.holders(job) == {}
+
+
+def copies(s: Scenario, job: str) -> set[str]:
+    """The nodes holding a copy of the job (not a tombstone)."""
+    return {name for name, state in s.holders(job).items() if state != "acked"}
+
+
+def params(**options):
+    return arguments.job_params(**{"replicate": None, "delay": 0, "retry": None, "ttl": 600,
+                                   "maxlen": None, "asynchronous": False, "timeout": None,
+                                   **options})
+
+
+def priority(s: Scenario, observer: str, target: str) -> int | None:
+    """HELLO's priority of ``target`` as a client of ``observer`` reads it."""
+    nodes = s.do(observer, commands.hello, "hello")["nodes"]
+    return next((n["priority"] for n in nodes if n["id"] == s.node(target).node_id), None)
+
+
+# ------------------------------------------------------------ re-queue
+
+def test_an_unconsumed_job_stays_queued_on_one_node_only(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=1)
+    assert sorted(s.holders(job).values()) == ["active", "active", "queued"]
+    # The other copies' timers fire after about retry seconds and announce
+    # first (WILLQUEUE); the origin still has it queued, so they postpone.
+    s.holds(lambda: s.queued_on(job) == ["n1"], 6.0, "one queued copy, on the origin")
+    got = s.get("n1", withcounters=True)
+    assert got[0].id == job and got[0].additional_deliveries == 0
+
+
+def test_a_holder_requeues_once_the_queueing_node_crashed(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=1)
+    s.crash("n1")  # its database keeps its queued copy, out of reach of consumers elsewhere
+    queued = s.until(lambda: [n for n in s.queued_on(job) if n != "n1"], 5.0,
+                     "another holder to queue the job")
+    assert len(queued) == 1
+    got = s.get(queued[0], withcounters=True)
+    assert got[0].id == job and got[0].additional_deliveries == 1
+
+
+def test_an_unacked_delivery_is_requeued_on_exactly_one_node(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n2", b"x", replicate=3, retry=1)
+    assert s.get("n2")[0].id == job  # delivered, never acked
+    s.until(lambda: s.queued_on(job), 5.0, "a re-queue after retry")
+    s.holds(lambda: len(s.queued_on(job)) == 1, 4.0, "exactly one queued copy")
+
+
+def test_two_holders_whose_timers_fire_together_agree_on_one(sim_databases):
+    """The race Disque's WILLQUEUE exists for: both copies' timers fire in the
+    same instant (their jitter made equal here); the tie-break by node ID
+    leaves one queued copy."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=1)
+    s.get("n1")  # leased on n1: every copy's timer is armed
+    for name in s.names:
+        s.sql(name, "UPDATE pgq.jobs SET cluster_requeue_at = pgq.now() + interval '1 second', "
+                    "requeue_at = NULL WHERE id = %s", (job,))
+    s.until(lambda: s.queued_on(job), 4.0, "a re-queue")
+    s.holds(lambda: len(s.queued_on(job)) == 1, 4.0, "one queued copy after the race")
+
+
+def test_an_at_most_once_job_is_never_requeued(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", retry=0)
+    assert s.get("n1")[0].id == job
+    s.holds(lambda: s.holders(job) == {"n1": "active"}, 5.0, "the one copy stays delivered")
+    assert s.get("n1") == []
+
+
+def test_working_keeps_every_copy_unqueued(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=2)
+    s.get("n1")
+    for _ in range(4):  # 4 s > 2 * retry: without WORKING a copy would be queued
+        assert s.working("n1", job) == 2
+        s.holds(lambda: s.queued_on(job) == [], 1.0, "no copy queued while working")
+
+
+def test_nacks_and_additional_deliveries_count_on_every_copy(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=1)
+    for _ in range(2):
+        s.get("n1")
+        assert s.nack("n1", job) == 1
+    s.until(lambda: set(s.counters(job).values()) == {(2, 0)}, 2.0, "two nacks on every copy")
+    s.get("n1")  # delivered, not acked: re-queued after retry, counted everywhere
+    s.until(lambda: set(s.counters(job).values()) == {(2, 1)} and len(s.counters(job)) == 3,
+            5.0, "the additional delivery on every copy")
+
+
+def test_a_ttl_expires_every_copy(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, ttl=2)
+    assert len(s.holders(job)) == 3
+    s.run_for(2.2)
+    for name in s.names:
+        s.do(name, commands.sweep, "sweep")  # what a client's housekeeping runs
+    assert s.holders(job) == {}
+    assert s.do("n1", lambda ses: commands.show(ses, job), "show") is None
+
+
+# ------------------------------------------------------------ replication
+
+def test_w_copies_go_to_nodes_that_answer_when_two_died_undetected(sim_databases):
+    s = cluster(sim_databases, nodes=5)
+    s.crash("n4")
+    s.crash("n5")  # still alive in everyone's view for a while
+    assert s.sees("n1", "n4") == "alive"
+    started = s.now
+    jobs = [s.add("n1", b"%d" % i, replicate=3, timeout=5) for i in range(5)]
+    assert s.now - started < 5
+    for job in jobs:
+        holders = s.holders(job)
+        assert len(holders) == 3 and not {"n4", "n5"} & set(holders), holders
+
+
+def test_a_replication_timeout_withdraws_the_job_and_its_partial_copies(sim_databases):
+    s = cluster(sim_databases)
+    s.crash("n2")
+    s.crash("n3")
+    with pytest.raises(NoReplError) as info:
+        s.add("n1", b"x", replicate=3, timeout=0.5)
+    job = info.value.removed[0]
+    assert s.holders(job) == {}
+    s.restart("n2")
+    s.restart("n3")
+    s.until(s.meshed, 10.0, "the nodes back")
+    s.holds(lambda: s.holders(job) == {}, 2.0, "no copy of the withdrawn job anywhere")
+
+
+def test_replication_completes_when_a_dead_target_comes_back(sim_databases):
+    s = cluster(sim_databases, nodes=3)
+    s.crash("n2")
+    s.crash("n3")  # not yet suspected: the add waits for copies
+    two = params(replicate=2, timeout=20)
+    call = s.start("n1", lambda ses: commands.add_jobs(ses, "q", [b"x"], two), "add W=2")
+    s.run_for(2.0)
+    assert not call.done  # nobody can take a copy yet
+    started = s.now
+    s.restart("n2")
+    s.until(lambda: call.done, 15.0, "the add to return once n2 is back")
+    assert call.error is None and s.now - started < 15
+    assert copies(s, call.value[0]) == {"n1", "n2"}
+
+
+def test_norepl_follows_what_the_node_sees(sim_databases):
+    s = cluster(sim_databases, nodes=3)
+    s.crash("n2")
+    s.crash("n3")
+    s.until(lambda: s.sees("n1", "n2") == "dead" and s.sees("n1", "n3") == "dead", 40.0,
+            "n2 and n3 declared dead")
+    s.run_for(1.1)  # the client's view of the cluster is cached for a second
+    with pytest.raises(NoReplError):
+        s.add("n1", b"x", replicate=2)
+    job = s.add("n1", b"x")  # the default W follows the reachable nodes: 1
+    assert s.holders(job) == {"n1": "queued"}
+
+
+# ------------------------------------------------------------ ACKs
+
+def test_an_ack_reaches_every_holder_and_is_collected(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3)
+    assert s.get("n1")[0].id == job and s.ack("n1", job) == 1
+    s.until(collected(s, job), 3.0, "the job and its ACKs collected")
+
+
+def test_an_ack_on_a_node_that_never_held_the_job(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=2)
+    outsider = next(n for n in s.names if n not in s.holders(job))
+    assert s.ack(outsider, job) == 0  # unknown there: a dummy ack, asked of everyone
+    s.until(collected(s, job), 3.0, "the job acked everywhere")
+
+
+def test_an_ack_kept_for_a_crashed_holder_reaches_it_when_it_returns(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3)
+    s.crash("n1")
+    assert s.ack("n2", job) == 1
+    s.until(lambda: copies(s, job) == {"n1"}, 5.0, "the live copies gone")
+    assert s.holders(job)["n1"] == "queued"  # the crashed origin still has it...
+    s.run_for(5.0)
+    assert copies(s, job) == {"n1"}  # ...and keeps it while it is down (the others
+    assert s.holders(job)["n1"] == "queued"  # keep their tombstones for it)
+    s.restart("n1")  # ...until it comes back: the ACK was kept for it
+    s.until(collected(s, job), 15.0, "the origin to learn the ACK")
+
+
+def test_a_dummy_ack_with_every_holder_down_is_collected_when_they_return(sim_databases):
+    s = cluster(sim_databases, nodes=4)
+    job = s.add("n1", b"x", replicate=2)
+    holders = sorted(s.holders(job))
+    acker = next(n for n in s.names if n not in holders)
+    for name in holders:
+        s.crash(name)
+    assert s.ack(acker, job) == 0  # nobody alive knows it
+    s.run_for(3.0)
+    for name in holders:
+        s.restart(name)
+    s.until(collected(s, job), 30.0, "no copy or ACK anywhere")
+
+
+def test_an_acking_node_that_crashes_resumes_its_gc_from_its_database(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3)
+    s.crash("n3")  # a holder that cannot confirm yet
+    assert s.ack("n1", job) == 1
+    s.until(lambda: s.holders(job).get("n2") == "acked", 3.0, "n2 to get the SETACK")
+    s.crash("n1")  # the acker goes before n3 confirmed
+    s.restart("n3")
+    s.holds(lambda: copies(s, job) == {"n3"}, 5.0, "n3's copy waits for the acker")
+    s.restart("n1")  # reloads the pending GC from its database
+    s.until(collected(s, job), 20.0, "every trace gone once n1 is back")
+
+
+def test_an_ack_reaches_a_holder_that_imported_the_job(sim_databases):
+    """A holder learnt of late (a federation import) is told of the ACK:
+    by the announcements' holder lists, or by a holder that knows more
+    holders than the acking node and takes the GC over for them."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=2, retry=30)
+    other, importer = sorted(set(s.names) - {"n1"}, key=lambda n: n in s.holders(job))[::-1]
+    assert set(s.holders(job)) == {"n1", other}
+    got = s.get(importer, timeout=5)  # blocked there: imported from n1
+    assert [j.id for j in got] == [job] and importer in s.holders(job)
+    assert s.ack(other, job) == 1  # on the holder that did not export it
+    s.until(collected(s, job), 10.0, "every copy and tombstone gone")
+
+
+def test_fast_acks_from_a_holder_and_from_a_stranger(sim_databases):
+    s = cluster(sim_databases)
+    one = s.add("n1", b"x", replicate=3)
+    two = s.add("n1", b"y", replicate=2)
+    assert s.fast_ack("n1", one) == 1
+    s.until(collected(s, one), 3.0, "fast-acked copies gone")
+    outsider = next(n for n in s.names if n not in s.holders(two))
+    assert s.fast_ack(outsider, two) == 0
+    s.until(collected(s, two), 3.0, "copies of an unknown ID gone")
+
+
+# ------------------------------------------------------------ federation
+
+@pytest.mark.parametrize("retry", [30.0, 0.0], ids=["at-least-once", "at-most-once"])
+def test_a_blocked_consumer_gets_jobs_queued_on_other_nodes(sim_databases, retry):
+    s = cluster(sim_databases)
+    added = [s.add("n2" if i % 2 else "n3", b"%d" % i, replicate=1, retry=retry)
+             for i in range(20)]
+    consumed: list[str] = []
+    while len(consumed) < len(added):
+        jobs = s.get("n1", count=10, timeout=5)
+        assert jobs, f"federation stalled at {len(consumed)} of {len(added)}"
+        consumed += [j.id for j in jobs]
+        s.ack("n1", *(j.id for j in jobs))
+    assert sorted(consumed) == sorted(added)  # all of them, each once
+    # moved (at-most-once) or acked on the importer, which told the origin
+    s.until(lambda: all(s.holders(j) == {} for j in added), 5.0, "nothing left anywhere")
+
+
+def test_a_queue_paused_for_output_is_not_exported(sim_databases):
+    s = cluster(sim_databases, nodes=3)
+    job = s.add("n2", b"x", replicate=1)
+    s.do("n2", lambda ses: commands.pause(ses, "q", ["out"]), "pause out")
+    assert s.get("n1", timeout=3) == []
+    s.do("n2", lambda ses: commands.pause(ses, "q", ["none"]), "unpause")
+    assert [j.id for j in s.get("n1", timeout=5)] == [job]
+
+
+# ------------------------------------------------------------ leaving
+
+def test_a_leaving_node_drains_through_federation_and_takes_no_copy(sim_databases):
+    s = cluster(sim_databases)
+    held = [s.add("n3", b"%d" % i, replicate=1) for i in range(10)]
+    s.leaving("n3")
+    s.until(lambda: priority(s, "n1", "n3") == 100, 3.0, "the leaving flag to spread",
+            every=0.1)
+    s.run_for(1.1)  # the clients' view of the cluster is cached for a second
+    with pytest.raises(LeavingError):
+        s.get("n3", queue="nothing", timeout=1)  # it would block: refused
+    assert s.get("n3", queue="nothing") == []
+    new = s.add("n3", b"new", queue="other")  # kept elsewhere, on W other nodes
+    s.until(lambda: "n3" not in s.holders(new), 3.0, "the leaving node to drop its hand-over")
+    assert len(s.holders(new)) == 2
+    with pytest.raises(NoReplError):
+        s.add("n1", b"x", replicate=3)  # nobody gets new copies onto the leaving node
+    got: list[str] = []
+    while len(got) < len(held):
+        jobs = s.get("n1", count=10, timeout=5)
+        assert jobs, "federation stalled"
+        got += [j.id for j in jobs]
+        s.ack("n1", *(j.id for j in jobs))
+    assert sorted(got) == sorted(held)
+    s.ack("n2", new)
+    myself = s.node("n3").node_id
+    s.until(lambda: s.sql("n3", contracts.HELD_BY_NODE, {"myself": myself})[0][0] == 0, 10.0,
+            "the leaving node to hold nothing")
+
