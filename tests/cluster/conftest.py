@@ -63,7 +63,7 @@ def sim_databases(server):
     before every run)."""
     from pgq.cluster.simulation import SimDatabases
 
-    databases = SimDatabases(embedded.ensure_running(server.home), 5)
+    databases = SimDatabases(embedded.ensure_running(server.home), 5, prefix="pgqsim_suite")
     yield databases
     databases.close()
 
