@@ -172,14 +172,21 @@ class Worker:
 
     # ------------------------------------------------------------ running
 
-    def run(self, *, install_signal_handlers: bool | None = None) -> WorkerStats:
-        """Run until stopped (SIGTERM, SIGINT or ``stop()``); returns the stats."""
+    def run(self, *, install_signal_handlers: bool | None = None,
+            until_empty: bool = False) -> WorkerStats:
+        """Run until stopped (SIGTERM, SIGINT or ``stop()``); returns the stats.
+
+        ``until_empty``: stop by itself once no job of its queues is ready and
+        none is running (tests, batch scripts); jobs not ready yet (delayed,
+        or NACKed with a back-off) stay queued for a later run."""
         if install_signal_handlers is None:
             install_signal_handlers = threading.current_thread() is threading.main_thread()
-        anyio.run(self.run_async, install_signal_handlers)
+        anyio.run(self.run_async, install_signal_handlers, until_empty)
         return self.stats
 
-    async def run_async(self, install_signal_handlers: bool = False) -> WorkerStats:
+    async def run_async(self, install_signal_handlers: bool = False,
+                        until_empty: bool = False) -> WorkerStats:
+        self._until_empty = until_empty
         if not self.tasks:
             raise InvalidArgumentError("nothing to do: register a handler with @worker.task(queue)")
         self._stopping = anyio.Event()
@@ -248,7 +255,7 @@ class Worker:
             try:
                 started = time.perf_counter()
                 got = await self.client.get_job(*queues, count=free, timeout=self.poll_timeout,
-                                                withcounters=True)
+                                                withcounters=True, nohang=self._until_empty)
                 self._observe("claim", time.perf_counter() - started)
             except PgqError as exc:
                 log.warning("worker: claim failed: %s", exc)
@@ -261,6 +268,12 @@ class Worker:
             if got:
                 arrived, self._job_arrived = self._job_arrived, anyio.Event()
                 arrived.set()
+            elif self._until_empty:
+                if not self._in_flight:
+                    return  # nothing ready, nothing running: done
+                self._room = anyio.Event()  # a job ends (and may queue another)
+                with anyio.move_on_after(self.poll_timeout):
+                    await self._room.wait()
 
     async def _runner(self) -> None:
         """Run claimed jobs one after the other, for as long as the worker runs."""

@@ -41,6 +41,18 @@ def test_every_command_has_help(path):
     assert "Usage:" in done.stdout and done.stdout.count("\n") > 3
 
 
+def test_python_dash_m_pgq_is_the_pgq_command_of_the_pgq_disque_distribution():
+    import importlib.metadata
+
+    done = subprocess.run([sys.executable, "-m", "pgq", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "Disque's distributed job queue" in done.stdout
+    dist = importlib.metadata.distribution("pgq-disque")
+    scripts = {(e.group, e.name): e.value for e in dist.entry_points}
+    assert scripts[("console_scripts", "pgq")] == "pgq.cli:main"
+    assert scripts[("pytest11", "pgq")] == "pgq.testing"  # the pgq_dsn/pgq_client fixtures
+
+
 def test_add_get_ack_round_trip_with_json(dsn):
     ids = json.loads(pgq("add", "cli-q", "first", "second", "--retry", "30", "--json", dsn=dsn).stdout)
     assert len(ids) == 2

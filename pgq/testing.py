@@ -1,0 +1,134 @@
+"""Test helpers for projects that use pgq: a pytest plugin and a worker runner.
+
+Installed with pgq (a ``pytest11`` entry point), the plugin gives tests:
+
+* ``pgq_dsn``: a fresh, migrated database for this test only. The session
+  starts one PostgreSQL server (pgq's embedded launcher, in a temporary
+  directory removed at the end) or uses the server of ``PGQ_TEST_ADMIN_DSN``
+  (a role that may create databases), migrates a template database once, and
+  clones it for every test (``CREATE DATABASE ... TEMPLATE``: milliseconds).
+  The database is dropped after the test.
+* ``pgq_client``: a :class:`pgq.Client` on that database.
+
+and :func:`run_jobs`, which runs the jobs queued for a :class:`pgq.Worker`
+synchronously, in the test, until none is ready::
+
+    def test_welcome_mail_is_sent(pgq_client):
+        signup(pgq_client, "ada@example.com")          # adds a job
+        stats = run_jobs(worker_of_my_app(pgq_client))
+        assert stats.succeeded == 1
+
+Fixtures are named ``pgq_*`` so that they never shadow a project's own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+__all__ = ["TestServer", "run_jobs", "pgq_server", "pgq_dsn", "pgq_client"]
+
+TEMPLATE = "pgq_testing_template"
+_numbers = itertools.count()
+
+
+@dataclass
+class TestServer:
+    """A PostgreSQL server whose databases the tests may create and drop."""
+
+    __test__ = False  # not a test class, whatever pytest's name rules say
+
+    admin_dsn: str  # a role that may create databases, on database 'postgres'
+    home: Path | None = None  # embedded server directory (None: PGQ_TEST_ADMIN_DSN)
+
+    def dsn_for(self, database: str) -> str:
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        return make_conninfo(**{**conninfo_to_dict(self.admin_dsn), "dbname": database})
+
+    def create(self, name: str, template: str | None = None) -> str:
+        """A new database (from ``template``); its DSN."""
+        if self.home is not None:
+            from . import embedded
+
+            embedded.create_database(embedded.ensure_running(self.home), name, template)
+            return embedded.ensure_running(self.home).dsn_for(name)
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        return self.dsn_for(name)
+
+    def drop(self, name: str) -> None:
+        if self.home is not None:
+            from . import embedded
+
+            admin = embedded.ensure_running(self.home).admin_dsn_for("postgres")
+        else:
+            admin = self.admin_dsn
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _start_server() -> Iterator[TestServer]:
+    admin = os.environ.get("PGQ_TEST_ADMIN_DSN")
+    if admin:
+        yield TestServer(admin)
+        return
+    from . import embedded
+
+    home = Path(tempfile.mkdtemp(prefix="pgq-testing-"))
+    try:
+        instance = embedded.ensure_running(home)
+        yield TestServer(instance.admin_dsn_for("postgres"), home)
+    finally:
+        try:
+            embedded.stop(home)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pgq_server() -> Iterator[TestServer]:
+    """The session's PostgreSQL server, with a migrated template database."""
+    from .migrate import migrate
+
+    for server in _start_server():
+        migrate(server.create(TEMPLATE))
+        yield server
+        server.drop(TEMPLATE)
+
+
+@pytest.fixture
+def pgq_dsn(pgq_server: TestServer) -> Iterator[str]:
+    """A fresh, migrated database for this test only (dropped after it)."""
+    name = f"pgq_testing_{os.getpid()}_{next(_numbers)}"
+    dsn = pgq_server.create(name, TEMPLATE)
+    try:
+        yield dsn
+    finally:
+        pgq_server.drop(name)
+
+
+@pytest.fixture
+def pgq_client(pgq_dsn: str) -> Iterator[Any]:
+    """A :class:`pgq.Client` on this test's database."""
+    from .client import Client
+
+    with Client(pgq_dsn) as client:
+        yield client
+
+
+def run_jobs(worker: Any) -> Any:
+    """Run ``worker`` (a :class:`pgq.Worker`) in this thread until none of
+    its queues has a job ready and none is running; its
+    :class:`~pgq.worker.WorkerStats`. Jobs not ready yet (delayed, or NACKed
+    with a back-off after a failure) stay queued."""
+    return worker.run(install_signal_handlers=False, until_empty=True)
