@@ -52,6 +52,7 @@ $(CHAOS_TOOLS):
 install: $(STAMP) $(JDBC_JAR) $(CHAOS_TOOLS)
 
 test: install
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 demo: install
@@ -65,3 +66,6 @@ chaos: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+lint: install
+	$(BIN)/ruff check .

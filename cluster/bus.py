@@ -328,7 +328,7 @@ class Bus:
 async def _close_quietly(stream: SocketStream) -> None:
     try:
         await stream.aclose()
-    except Exception:  # noqa: S110 - closing a dead connection may fail: nothing to do
+    except Exception:
         pass
 
 

@@ -76,7 +76,7 @@ class NodeDirectory:
     def acquire(self, name: str) -> None:
         """Take the directory for this process, or raise NodeRunningError."""
         self.path.mkdir(parents=True, exist_ok=True)
-        handle = open(self.lock_file, "a+")  # noqa: SIM115 - kept open while the node runs
+        handle = open(self.lock_file, "a+")
         os.chmod(self.lock_file, 0o600)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -102,7 +102,7 @@ class NodeDirectory:
     def running_pid(self) -> int | None:
         """The pid of the node process that holds the directory, or None."""
         try:
-            handle = open(self.lock_file)  # noqa: SIM115
+            handle = open(self.lock_file)
         except FileNotFoundError:
             return None
         with handle:

@@ -60,8 +60,8 @@ from typing import Any
 import psycopg
 
 from pgq import arguments, commands
-from pgq import statements as client_sql
 from pgq import embedded as embedded_server
+from pgq import statements as client_sql
 from pgq.driver import extract
 from pgq.errors import PgqError
 from pgq.migrate import SCHEMA_VERSION, schema_version
@@ -414,7 +414,7 @@ class Simulation:
         wall = node.clock.wall()
         if node.now_set.get(id(conn)) != wall:
             # The node's time for SQL (pgq.now()), sent with the query: one round trip.
-            stamp = dt.datetime.fromtimestamp(wall, dt.timezone.utc).isoformat()
+            stamp = dt.datetime.fromtimestamp(wall, dt.UTC).isoformat()
             with conn.pipeline():
                 conn.execute(SET_NOW, (stamp,), prepare=True)
                 cursor = conn.execute(request.sql, request.params, prepare=True)
@@ -753,11 +753,14 @@ class Simulation:
             acks = node.client_conn.execute(
                 "SELECT id, dummy, nodes, confirmed FROM pgq.acks ORDER BY id").fetchall()
             core = node.core
+            pending_acks = [(short(k), sorted(named(v.holders)), sorted(named(v.confirmed)))
+                            for k, v in core.acks.pending.items()] if core and core.acks else "-"
+            pending_copies = [short(k) for k in core.replicator.pending] \
+                if core and core.replicator else "-"
             lines.append(
                 f"\n    {node.name}: jobs {[(short(i), st, named(n)) for i, st, n in jobs]} "
                 f"acks {[(short(i), d, named(n), named(c)) for i, d, n, c in acks]} "
-                f"pending acks {[(short(k), sorted(named(v.holders)), sorted(named(v.confirmed))) for k, v in core.acks.pending.items()] if core and core.acks else '-'} "
-                f"pending copies {[short(k) for k in core.replicator.pending] if core and core.replicator else '-'}")
+                f"pending acks {pending_acks} pending copies {pending_copies}")
         return "".join(lines)
 
     def _held(self, node: SimNode) -> int:

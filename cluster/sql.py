@@ -12,9 +12,9 @@ jobs) commit synchronously; bookkeeping that can be recomputed after a crash
 
 from __future__ import annotations
 
-from pgq.contracts import JOBS_CHANNEL, REPLICATION_CHANNEL_PREFIX
-
 from typing import Any, NamedTuple
+
+from pgq.contracts import JOBS_CHANNEL, REPLICATION_CHANNEL_PREFIX
 
 # ------------------------------------------------------------------- identity
 

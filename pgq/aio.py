@@ -22,11 +22,11 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import commands
 from .combine import AsyncCombiner
+from .connecting import first_connection_async
 from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
 from .driver import AsyncDriver
 from .errors import DatabaseUnavailableError, NoReplError
 from .job import Job
-from .connecting import first_connection_async
 from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations

@@ -28,11 +28,11 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import commands
 from .combine import Shared, SyncCombiner
+from .connecting import first_connection
 from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
 from .driver import SyncDriver
 from .errors import NoReplError
 from .job import Job
-from .connecting import first_connection
 from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations

@@ -3,7 +3,8 @@
 A combiner takes calls of one kind (adds, claims, acks) from any number of
 concurrent callers and hands them to a ``flush`` function in batches. The
 caller that makes a flush passes its own *context* (the client whose pool
-runs it), so one combiner may serve several clients of the same database. Its rule, the one Disque applies to its AOF per event-loop turn:
+runs it), so one combiner may serve several clients of the same database.
+Its rule, the one Disque applies to its AOF per event-loop turn:
 
 * **No flush in flight: the caller flushes at once**, alone. A lone caller
   pays nothing for the batching (no timer, no hand-off to another thread).

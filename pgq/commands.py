@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 from . import statements as sql
 from .arguments import JobParams
 from .copydata import binary_copy
-from .floors import FROM_THE_FRONT
 from .errors import (
     InvalidArgumentError,
     LeavingError,
@@ -31,6 +30,7 @@ from .errors import (
     PausedError,
     TooLateError,
 )
+from .floors import FROM_THE_FRONT
 from .ids import is_at_least_once_id, new_job_ids, ttl_seconds_from_id
 from .job import Job
 from .protocol import (
@@ -255,7 +255,8 @@ def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequen
         row = yield Query(sql.ADD_JOBS_CLUSTER, {
             "queue": queue, "ids": ids[chunk], "bodies": list(bodies[chunk]),
             "n": len(bodies) if start == 0 else 0, "maxlen": params.maxlen, "repl": wanted,
-            "repl_min": minimum if minimum < wanted else None, "retry": params.retry, "delay": params.delay, "ttl": params.ttl,
+            "repl_min": minimum if minimum < wanted else None, "retry": params.retry,
+            "delay": params.delay, "ttl": params.ttl,
             "always_notify": not session.owned, "wait": sync, "myself": session.node_id,
             "ring": not session.owned,
         }, Result.ROW)

@@ -29,7 +29,7 @@ SIGNATURE = b"PGCOPY\n\xff\r\n\x00" + b"\x00\x00\x00\x00" + b"\x00\x00\x00\x00"
 TRAILER = b"\xff\xff"
 NULL = b"\xff\xff\xff\xff"
 # PostgreSQL's timestamps count microseconds from 2000-01-01 00:00 UTC.
-_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.timezone.utc)
+_PG_EPOCH = dt.datetime(2000, 1, 1, tzinfo=dt.UTC)
 _ROWS_PER_CHUNK = 5000
 
 

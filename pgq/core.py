@@ -19,8 +19,8 @@ import psycopg
 
 from . import arguments as args
 from . import commands
-from .dsn import host_and_port as _host_and_port
 from .connecting import FIRST_CONNECT_TIMEOUT
+from .dsn import host_and_port as _host_and_port
 from .dsn import libpq_url
 from .errors import (
     DatabaseUnavailableError,

@@ -70,7 +70,7 @@ class LocalNode:
         if self.join:
             args += ["--join", self.join]
         self.data.mkdir(parents=True, exist_ok=True)
-        log = open(self.data.parent / f"{self.name}.log", "a")  # noqa: SIM115 - owned by the process
+        log = open(self.data.parent / f"{self.name}.log", "a")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                         env={**os.environ, **self.env})
         log.close()
@@ -191,7 +191,7 @@ class LocalCluster:
             if (node.data / "postgres").exists():
                 try:
                     embedded.stop(node.data / "postgres")
-                except Exception:  # noqa: S110 - best effort: the directory goes next
+                except Exception:
                     pass
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -21,8 +21,17 @@ Conventions:
 
 from __future__ import annotations
 
-from .contracts import (DOORBELL_CHANNEL, JOBS_CHANNEL, OUTBOX_ABORT, OUTBOX_ACK, OUTBOX_FASTACK,
-                        OUTBOX_PAUSE, OUTBOX_QUEUED, OUTBOX_REPLICATE, OUTBOX_WORKING)
+from .contracts import (
+                        DOORBELL_CHANNEL,
+                        JOBS_CHANNEL,
+                        OUTBOX_ABORT,
+                        OUTBOX_ACK,
+                        OUTBOX_FASTACK,
+                        OUTBOX_PAUSE,
+                        OUTBOX_QUEUED,
+                        OUTBOX_REPLICATE,
+                        OUTBOX_WORKING,
+)
 
 # ------------------------------------------------------------- connections
 

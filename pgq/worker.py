@@ -227,7 +227,8 @@ class Worker:
                 return
 
     async def _watch_stop_flag(self) -> None:
-        while not self._stop.is_set():
+        # stop() may be called from any thread: a threading.Event, polled
+        while not self._stop.is_set():  # noqa: ASYNC110
             await anyio.sleep(0.05)
         self._stopping.set()  # type: ignore[union-attr]
 
@@ -285,7 +286,7 @@ class Worker:
     async def _drain(self, jobs: anyio.abc.TaskGroup) -> None:
         """Shutdown: in-flight jobs get `grace` seconds; the rest are NACKed."""
         with anyio.move_on_after(self.grace):
-            while self._in_flight:
+            while self._in_flight:  # noqa: ASYNC110 (a shutdown-only poll of the jobs' ends)
                 await anyio.sleep(0.05)
         if self._in_flight:
             left = dict(self._in_flight)

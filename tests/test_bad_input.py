@@ -8,7 +8,6 @@ import pytest
 import pgq
 from pgq.errors import BadIdError, InvalidArgumentError, InvalidTypeError, PgqError
 
-
 HOSTILE_NAMES = [
     "q'; DROP TABLE pgq.jobs; --",
     'q" OR 1=1 --',

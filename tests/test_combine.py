@@ -41,7 +41,7 @@ def test_callers_arriving_during_a_flush_share_the_next_one():
     for thread in others:
         thread.start()
     # wait (by condition, not time) until all 20 are queued behind the flush
-    while len(combiner._queue.waiting) < 20:  # noqa: SLF001 - observing the queue
+    while len(combiner._queue.waiting) < 20:
         threading.Event().wait(0.001)
     gate.set()
     for thread in [first, *others]:
@@ -96,7 +96,7 @@ def test_async_batches_share_flushes_and_survive_cancellation():
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(call, 0)
             await anyio.wait_all_tasks_blocked()
-            with anyio.CancelScope() as doomed:
+            with anyio.CancelScope() as doomed:  # noqa: ASYNC100 (cancelled on purpose)
                 doomed.cancel()
                 # a caller cancelled while queued leaves no trace
                 tasks.start_soon(call, 99)

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from pgq.cluster import core
+from pgq.cluster import sql as node_sql
 
 from pgq import contracts, driver, protocol
 from pgq import statements as client_sql
 from pgq.aio import AsyncClient
 from pgq.client import Client
-from pgq.cluster import core
-from pgq.cluster import sql as node_sql
 from pgq.schema import outbox
 from pgq.spark import sql as spark_sql
 
@@ -51,7 +51,7 @@ def test_every_notify_names_a_contract_channel():
 
 def test_every_outbox_kind_written_is_a_contract_kind_the_node_handles():
     written = set()
-    for name, text in _statements():
+    for _name, text in _statements():
         for insert in re.findall(r"INSERT INTO pgq\.outbox[^;]*?(?:RETURNING|\)\s*$)", text, re.S):
             written |= set(re.findall(r"SELECT '(\w+)', ", insert))
     assert written and written <= set(contracts.OUTBOX_KINDS)

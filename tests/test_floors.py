@@ -78,7 +78,7 @@ def test_a_vacuum_that_removes_little_backs_off_and_one_that_cleans_resets():
     assert vacuumer.due("other-db", ["jobs"], now=20.0) == ["jobs"]  # per database
     vacuumer._judge("db", "jobs", before=100_000, after=1_000, now=50.0)  # the horizon moved on
     assert vacuumer.due("db", ["jobs"], now=50.0) == ["jobs"]
-    for attempt in range(20):
+    for _attempt in range(20):
         vacuumer._judge("db", "acks", before=10, after=10, now=0.0)
     assert vacuumer.due("db", ["acks"], now=BACKOFF_MAX + 0.1) == ["acks"]  # bounded
 

@@ -203,8 +203,9 @@ def test_every_function_and_view_reads_the_clock_through_pgq_now(db):
         WHERE c.relnamespace = 'pgq'::regnamespace
           AND pg_get_expr(ad.adbin, ad.adrelid) LIKE '%statement_timestamp()%'""").fetchall()
     assert readers == []
-    from pgq import statements
     from pgq.cluster import sql as node_sql
+
+    from pgq import statements
 
     for module in (statements, node_sql):
         texts = [v for k, v in vars(module).items() if k.isupper() and isinstance(v, str)]

@@ -10,8 +10,8 @@ import json
 import re
 
 import pytest
-
 from pgq.cluster import sql as node_sql
+
 from pgq import statements as sql
 from pgq.floors import FROM_THE_FRONT
 

@@ -103,7 +103,7 @@ def test_failures_back_off_then_go_to_dead_letters(dsn, client, db):
     worker = pgq.Worker(client, queues=["flaky"], handler=handler, max_nacks=3, backoff=0.3)
     stats = run_until(worker, lambda: worker.stats.dead == 1)
     assert len(attempts) == 3 and stats.failed == 2
-    gaps = [b - a for a, b in zip(attempts, attempts[1:])]
+    gaps = [b - a for a, b in zip(attempts, attempts[1:], strict=False)]
     assert 0.25 < gaps[0] < 1.5 and gaps[1] > gaps[0]  # 0.3 s, then 0.6 s
     assert client.show(job_id) is None and client.qlen("flaky") == 0
     dead = client.dead_letters("flaky")

@@ -12,9 +12,9 @@ from .spark_common import rows, session
 
 
 def spark_ingest(dsn: str, n: int) -> dict[str, Any]:
-    from pgq.spark.jdbc import jdbc_target
-
     import psycopg
+
+    from pgq.spark.jdbc import jdbc_target
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE bare (id bigint, body bytea)")

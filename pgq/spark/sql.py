@@ -6,9 +6,9 @@ it is filled in with :func:`psycopg.sql.Identifier`, never spliced as text.
 
 from __future__ import annotations
 
-from ..contracts import JOBS_CHANNEL
-
 from psycopg import sql as pgsql
+
+from ..contracts import JOBS_CHANNEL
 
 __all__ = ["staging", "NODE", "INGEST_STATE", "RECORD_INGEST", "LOCK_INGEST", "QUEUE_PAUSED_IN",
            "CREATE_STAGING", "DROP_STAGING", "TOMBSTONED", "merge_staged", "MARK_MERGED",

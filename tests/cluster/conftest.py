@@ -28,7 +28,7 @@ import pytest
 import pgq
 from pgq import embedded
 
-from ..conftest import wait_until  # noqa: F401  (the cluster tests import it from here)
+from ..conftest import wait_until
 
 HOSTS = [f"127.0.0.{i}" for i in range(2, 7)]
 TEMPLATE = "pgq_node_template"
@@ -120,7 +120,7 @@ class Node:
         for join in self.joins:
             args += ["--join", join]
         args += self.extra_args
-        log = open(self.log, "a")  # noqa: SIM115 - owned by the process
+        log = open(self.log, "a")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
                                         env={**os.environ, **self.env})
         log.close()

@@ -11,7 +11,6 @@ import time
 
 import msgpack
 import pytest
-
 from pgq.cluster.secret import stretch
 from pgq.cluster.wire import ACCEPT_SIZE, CHALLENGE_SIZE, FrameWriter, Initiator
 

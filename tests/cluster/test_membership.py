@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-
 from pgq.cluster.membership import Changed, Config, Membership, Send
 from pgq.cluster.messages import Member
 

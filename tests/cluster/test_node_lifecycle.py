@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from pgq.cluster.nodedir import NodeDirectory
 
 from pgq import embedded
-from pgq.cluster.nodedir import NodeDirectory
 
 from .conftest import free_port, wait_until
 

@@ -12,10 +12,10 @@ import sys
 import time
 
 import pytest
+from pgq.cluster.wire import HELLO_SIZE, Initiator
 
 import pgq
 from pgq import embedded
-from pgq.cluster.wire import HELLO_SIZE, Initiator
 
 from .conftest import wait_until
 

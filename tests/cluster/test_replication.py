@@ -6,12 +6,10 @@ tests/cluster/test_scenarios.py."""
 
 from __future__ import annotations
 
-
 import psycopg
 import pytest
 
 import pgq
-
 
 
 def test_replicate_1_and_3_sync_copy_counts(make_cluster):

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 
 import pytest
+from pgq.cluster.scenario import Scenario
 
 from pgq import arguments, commands, contracts
-from pgq.cluster.scenario import Scenario
 from pgq.errors import LeavingError, NoReplError
 
 pytestmark = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",

@@ -13,11 +13,11 @@ import sys
 import time
 
 import pytest
-
-from pgq import statements as client_sql
 from pgq.cluster import core as node_core
 from pgq.cluster import sql as node_sql
 from pgq.cluster.simulation import FAULTS, SimOptions, Simulation, run_seeds
+
+from pgq import statements as client_sql
 
 pytestmark = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",
                                 reason="the simulation needs the embedded server")

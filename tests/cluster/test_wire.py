@@ -4,7 +4,6 @@ replay protection, strict decoding of every field."""
 from __future__ import annotations
 
 import pytest
-
 from pgq.cluster import messages as m
 from pgq.cluster.wire import (
     HELLO_SIZE,
