@@ -263,7 +263,7 @@ class AsyncClient(ClientCore):
         and the node keeps replicating them)."""
         return await self._run(self.wait_replicated_command(ids, timeout))
 
-    async def ack_job(self, *ids: str, conn: object = None) -> int:
+    async def ack_job(self, *ids: str | Job, conn: object = None) -> int:
         """ACKJOB (see :meth:`pgq.Client.ack_job`)."""
         if conn is not None:
             return await self._run(self.ids_command("ack_jobs", ids), conn)
@@ -272,16 +272,16 @@ class AsyncClient(ClientCore):
             await self.open()
         return await self._acks.submit(checked, self)  # type: ignore[no-any-return]
 
-    async def fast_ack(self, *ids: str, conn: object = None) -> int:
+    async def fast_ack(self, *ids: str | Job, conn: object = None) -> int:
         """FASTACK (see :meth:`pgq.Client.fast_ack`)."""
         return await self._run(self.ids_command("fast_ack_jobs", ids), conn)
 
-    async def nack_job(self, *ids: str, delay: float = 0, conn: object = None) -> int:
+    async def nack_job(self, *ids: str | Job, delay: float = 0, conn: object = None) -> int:
         """NACK: put delivered jobs back in the queue (after ``delay`` seconds:
         a back-off, a pgq extension); returns how many."""
         return await self._run(self.nack_command(ids, delay), conn)
 
-    async def dead_letter(self, *ids: str, reason: str = "", conn: object = None) -> int:
+    async def dead_letter(self, *ids: str | Job, reason: str = "", conn: object = None) -> int:
         """Give up on jobs: acknowledged everywhere, kept in ``pgq.dead_letters``
         with their body and ``reason``; returns how many were moved."""
         return await self._run(self.dead_letter_command(ids, reason), conn)
@@ -297,23 +297,23 @@ class AsyncClient(ClientCore):
         remove them from ``pgq.dead_letters``, atomically; returns the new IDs."""
         return await self._run(self.requeue_dead_letters_command(queue, ids, count, ttl))
 
-    async def working(self, id: str, conn: object = None) -> int | float:
+    async def working(self, id: str | Job, conn: object = None) -> int | float:
         """WORKING (see :meth:`pgq.Client.working`)."""
         return await self._run(self.working_command(id), conn)
 
-    async def show(self, id: str) -> dict[str, Any] | None:
+    async def show(self, id: str | Job) -> dict[str, Any] | None:
         """SHOW (see :meth:`pgq.Client.show`)."""
         return await self._run(self.show_command(id))
 
-    async def del_job(self, *ids: str, conn: object = None) -> int:
+    async def del_job(self, *ids: str | Job, conn: object = None) -> int:
         """DELJOB (see :meth:`pgq.Client.del_job`)."""
         return await self._run(self.ids_command("del_jobs", ids), conn)
 
-    async def enqueue(self, *ids: str, conn: object = None) -> int:
+    async def enqueue(self, *ids: str | Job, conn: object = None) -> int:
         """ENQUEUE (see :meth:`pgq.Client.enqueue`)."""
         return await self._run(self.ids_command("enqueue_jobs", ids), conn)
 
-    async def dequeue(self, *ids: str, conn: object = None) -> int:
+    async def dequeue(self, *ids: str | Job, conn: object = None) -> int:
         """DEQUEUE (see :meth:`pgq.Client.dequeue`)."""
         return await self._run(self.ids_command("dequeue_jobs", ids), conn)
 

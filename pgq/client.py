@@ -267,22 +267,22 @@ class Client(ClientCore):
         and the node keeps replicating them)."""
         return self._run(self.wait_replicated_command(ids, timeout))
 
-    def ack_job(self, *ids: str, conn: object = None) -> int:
+    def ack_job(self, *ids: str | Job, conn: object = None) -> int:
         """ACKJOB: mark jobs done; returns how many known, unacknowledged jobs were acked."""
         if conn is not None:
             return self._run(self.ids_command("ack_jobs", ids), conn)
         return self._combiners().acks.submit(self.job_ids(ids), self)  # type: ignore[no-any-return]
 
-    def fast_ack(self, *ids: str, conn: object = None) -> int:
+    def fast_ack(self, *ids: str | Job, conn: object = None) -> int:
         """FASTACK: delete jobs now (no tombstone); returns how many were deleted."""
         return self._run(self.ids_command("fast_ack_jobs", ids), conn)
 
-    def nack_job(self, *ids: str, delay: float = 0, conn: object = None) -> int:
+    def nack_job(self, *ids: str | Job, delay: float = 0, conn: object = None) -> int:
         """NACK: put delivered jobs back in the queue (after ``delay`` seconds:
         a back-off, a pgq extension); returns how many."""
         return self._run(self.nack_command(ids, delay), conn)
 
-    def dead_letter(self, *ids: str, reason: str = "", conn: object = None) -> int:
+    def dead_letter(self, *ids: str | Job, reason: str = "", conn: object = None) -> int:
         """Give up on jobs: acknowledged everywhere, kept in ``pgq.dead_letters``
         with their body and ``reason``; returns how many were moved."""
         return self._run(self.dead_letter_command(ids, reason), conn)
@@ -298,23 +298,23 @@ class Client(ClientCore):
         remove them from ``pgq.dead_letters``, atomically; returns the new IDs."""
         return self._run(self.requeue_dead_letters_command(queue, ids, count, ttl))
 
-    def working(self, id: str, conn: object = None) -> int | float:
+    def working(self, id: str | Job, conn: object = None) -> int | float:
         """WORKING: postpone a job's re-queue; returns its retry time in seconds."""
         return self._run(self.working_command(id), conn)
 
-    def show(self, id: str) -> dict[str, Any] | None:
+    def show(self, id: str | Job) -> dict[str, Any] | None:
         """SHOW: everything known about a job, or None."""
         return self._run(self.show_command(id))
 
-    def del_job(self, *ids: str, conn: object = None) -> int:
+    def del_job(self, *ids: str | Job, conn: object = None) -> int:
         """DELJOB: delete jobs in any state on this node; returns how many."""
         return self._run(self.ids_command("del_jobs", ids), conn)
 
-    def enqueue(self, *ids: str, conn: object = None) -> int:
+    def enqueue(self, *ids: str | Job, conn: object = None) -> int:
         """ENQUEUE: queue active jobs now; returns how many."""
         return self._run(self.ids_command("enqueue_jobs", ids), conn)
 
-    def dequeue(self, *ids: str, conn: object = None) -> int:
+    def dequeue(self, *ids: str | Job, conn: object = None) -> int:
         """DEQUEUE: take queued jobs out of their queue; returns how many."""
         return self._run(self.ids_command("dequeue_jobs", ids), conn)
 

@@ -138,10 +138,17 @@ def ingest_job_id(node_id: str, started_ms: int, ingest_key: int, seq: int, ttl_
 
 
 def validate_job_id(job_id: object) -> str:
-    """Return ``job_id`` if it is a well-formed job ID, else raise :class:`BadIdError`."""
+    """Return ``job_id`` if it is a well-formed job ID, else raise
+    :class:`BadIdError`. A :class:`~pgq.job.Job` stands for its ID (so
+    ``client.ack_job(job)`` works as well as ``client.ack_job(job.id)``)."""
+    from .job import Job
+
+    if isinstance(job_id, Job):
+        job_id = job_id.id
     if not isinstance(job_id, str):
         raise InvalidTypeError(
-            f"a job ID must be a str of {JOB_ID_LENGTH} characters, not {type(job_id).__name__}"
+            f"a job ID must be a str of {JOB_ID_LENGTH} characters (or a pgq.Job), "
+            f"not {type(job_id).__name__}"
         )
     if len(job_id) != JOB_ID_LENGTH or not _JOB_ID_RE.match(job_id):
         shown = job_id if len(job_id) <= 60 else job_id[:57] + "..."

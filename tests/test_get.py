@@ -200,3 +200,13 @@ def test_a_consumer_blocked_on_an_idle_queue_does_not_spin(dsn, monkeypatch):
             assert consumer.get_job("idle", timeout=1) == []
         # claim + next-due per wake-up: 50, 100, 200, 400 ms, then the interval
         assert len(queries) < 40, (options, len(queries))
+
+
+def test_a_job_stands_for_its_id(client):
+    client.add_jobs("asid", [b"1", b"2"], retry=30)
+    first, second = client.get_job("asid", count=2)
+    assert client.working(first) == 30 and client.show(first)["id"] == first.id
+    assert client.nack_job(second) == 1
+    assert client.ack_job(first) == 1 and client.show(first) is None  # one node: no tombstone
+    again = client.get_job("asid")
+    assert [j.id for j in again] == [second.id] and client.fast_ack(*again) == 1
