@@ -22,16 +22,21 @@ What a worker guarantees:
   WORKING, every half retry, until Disque's half-TTL rule refuses
   (TOOLATE); a job that runs that long may then be delivered again.
 * Success: the job is acknowledged (batched with others). Failure (an
-  exception, or the per-job ``timeout``): NACK with exponential back-off
-  (``backoff * 2**nacks``, at most ``max_backoff``), or, past ``max_nacks`` /
-  ``max_deliveries``, the job goes to the dead letters (``pgq.dead_letters``).
+  exception, or the per-job ``timeout``): its traceback is logged, then NACK
+  with exponential back-off (``backoff * 2**nacks``, at most
+  ``max_backoff``), or, past ``max_nacks`` / ``max_deliveries`` (5 unless
+  told otherwise), the job goes to the dead letters (``pgq.dead_letters``)
+  with the traceback as its reason.
 * ``transactional=True``: the handler receives ``(job, conn)``; its writes and
   the job's ACK commit in one transaction (a failure rolls both back).
 * Shutdown (SIGTERM, SIGINT, ``stop()``): stop claiming, let in-flight jobs
   finish within ``grace`` seconds, NACK the rest so they are queued again at
   once instead of waiting for their lease.
 * At-most-once jobs (retry 0) are never re-queued: a failed one is
-  dead-lettered when a dead-letter policy is set, otherwise dropped (logged).
+  dead-lettered (with ``max_nacks=None, max_deliveries=None``: dropped,
+  logged).
+* It logs a banner when ready (queues, concurrency, node, DSN without its
+  password) and one line per finished job at ``job_log_level``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import logging
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -53,11 +59,17 @@ import psycopg
 
 from .aio import AsyncClient
 from .client import Client
+from .dsn import redact
 from .errors import InvalidArgumentError, InvalidTypeError, NoJobError, PgqError, TooLateError
 from .job import Job
 from .leases import LeaseSchedule
 
-__all__ = ["Worker", "TaskOptions", "WorkerStats"]
+__all__ = ["Worker", "TaskOptions", "WorkerStats", "DEFAULT_MAX_DELIVERIES"]
+
+# A job that failed this many deliveries goes to the dead letters (with its
+# traceback), as Celery's max_retries and DQueue's max_retries bound theirs:
+# not "retry until the TTL, then vanish". max_deliveries=None restores that.
+DEFAULT_MAX_DELIVERIES = 5
 
 log = logging.getLogger("pgq.worker")
 
@@ -103,7 +115,12 @@ class WorkerStats:
 
 
 class _JobFailed(Exception):
-    pass
+    """A handler failed: why (one line), and its traceback (if it raised)."""
+
+    def __init__(self, reason: str, trace: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.trace = trace
 
 
 class Worker:
@@ -113,9 +130,10 @@ class Worker:
                  queues: Sequence[str] = (), handler: Handler | None = None, *,
                  concurrency: int = 4, batch: int = 100, grace: float = 30.0,
                  poll_timeout: float = 1.0, timeout: float | None = None,
-                 max_nacks: int | None = None, max_deliveries: int | None = None,
+                 max_nacks: int | None = None, max_deliveries: int | None = DEFAULT_MAX_DELIVERIES,
                  backoff: float = 1.0, max_backoff: float = 300.0,
-                 transactional: bool = False, metrics: Any = None) -> None:
+                 transactional: bool = False, metrics: Any = None,
+                 job_log_level: int = logging.DEBUG) -> None:
         if isinstance(client, (Client, AsyncClient)):
             self._dsn: Any = client._dsns if len(client._dsns) > 1 else client.dsn
         elif client is None or isinstance(client, str):
@@ -134,6 +152,7 @@ class Worker:
                                     transactional)
         self.tasks: dict[str, _Task] = {}
         self.stats = WorkerStats()
+        self.job_log_level = job_log_level  # one line per finished job, at this level
         self.metrics = metrics
         self._stop = threading.Event()
         self._stopping: anyio.Event | None = None
@@ -203,6 +222,8 @@ class Worker:
         # concurrency 500 must not open 500 server backends.
         async with AsyncClient(self._dsn, pool_size=min(self.concurrency, 16) + 4) as client:
             self.client = client
+            log.info("worker ready: queues %s, concurrency %d, node %s, %s",
+                     ", ".join(self.tasks), self.concurrency, client.node_id, redact(client.dsn))
             async with anyio.create_task_group() as tasks:
                 if install_signal_handlers:
                     tasks.start_soon(self._signals)
@@ -314,7 +335,7 @@ class Worker:
             finally:
                 self._leases.discard(job.id)
             if failure is not None:
-                await self._failed(task, job, str(failure))
+                await self._failed(task, job, failure)
                 return
             if outcome is not None:  # None: transactional, acknowledged already
                 self._ack_later(job.id)
@@ -342,7 +363,8 @@ class Worker:
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
-            raise _JobFailed(f"{type(exc).__name__}: {exc}") from exc
+            trace = "".join(traceback.format_exception(exc)).rstrip()
+            raise _JobFailed(f"{type(exc).__name__}: {exc}", trace) from exc
 
     async def _call_in_transaction(self, task: _Task, job: Job) -> None:
         if task.is_async:
@@ -390,16 +412,22 @@ class Worker:
         except PgqError as exc:  # the next extension is scheduled: try again then
             log.warning("worker: could not extend the lease of job %s: %s", job_id, exc)
 
-    async def _failed(self, task: _Task, job: Job, reason: str) -> None:
+    async def _failed(self, task: _Task, job: Job, failure: _JobFailed) -> None:
         opts = task.options
+        reason = failure.reason
         nacks = (job.nacks or 0) + 1
         deliveries = nacks + (job.additional_deliveries or 0)
         over = (opts.max_nacks is not None and nacks >= opts.max_nacks) or \
                (opts.max_deliveries is not None and deliveries >= opts.max_deliveries)
         policy = opts.max_nacks is not None or opts.max_deliveries is not None
-        log.warning("worker: job %s of %s failed (%s)", job.id, job.queue, reason)
+        if failure.trace:
+            log.warning("worker: job %s of %s failed (%s)\n%s", job.id, job.queue, reason, failure.trace)
+        else:
+            log.warning("worker: job %s of %s failed (%s)", job.id, job.queue, reason)
         if over or (job.retry == 0 and policy):
-            await self.client.dead_letter(job.id, reason=reason)
+            # the dead letter keeps the traceback, for whoever looks at it later
+            full = f"{reason}\n{failure.trace}" if failure.trace else reason
+            await self.client.dead_letter(job.id, reason=full)
             self.stats.count(job.queue, "dead")
             self._done(job, "dead")
         elif job.retry == 0:
@@ -440,6 +468,7 @@ class Worker:
             self.metrics.observe(what, seconds)
 
     def _done(self, job: Job, outcome: str) -> None:
+        log.log(self.job_log_level, "job %s of %s %s", job.id, job.queue, outcome)
         if self.metrics is not None:
             self.metrics.job_done(job.queue, outcome)
 

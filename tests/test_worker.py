@@ -129,17 +129,24 @@ def test_per_job_timeout_counts_as_a_failure(dsn, client):
 
 
 def test_failed_at_most_once_job_is_not_retried(dsn, client):
-    job_id = client.add_job("once", b"x", retry=0)
+    kept = client.add_job("once", b"x", retry=0)
     calls = []
 
     def handler(job):
         calls.append(job.id)
         raise ValueError("nope")
 
+    # by default it goes to the dead letters at once (never delivered again)
     worker = pgq.Worker(client, queues=["once"], handler=handler)
+    run_until(worker, lambda: worker.stats.dead == 1)
+    assert calls == [kept] and client.show(kept) is None
+    assert [d["id"] for d in client.dead_letters("once")] == [kept]
+    # with no dead-letter policy at all it is dropped, and logged
+    dropped = client.add_job("once", b"y", retry=0)
+    worker = pgq.Worker(client, queues=["once"], handler=handler, max_deliveries=None)
     run_until(worker, lambda: worker.stats.failed == 1)
-    time.sleep(0.5)
-    assert calls == [job_id] and client.show(job_id) is None
+    assert calls == [kept, dropped] and client.show(dropped) is None
+    assert [d["id"] for d in client.dead_letters("once")] == [kept]
 
 
 def test_transactional_mode_commits_writes_and_ack_together(dsn, client, db):
@@ -180,3 +187,29 @@ def test_bad_worker_configuration_is_explained(client):
         worker.task("q", retries=3)(lambda job: None)
     with pytest.raises(pgq.errors.InvalidArgumentError):
         pgq.Worker(client, concurrency=0)
+
+
+def test_by_default_a_failing_job_is_dead_lettered_after_5_deliveries_with_its_traceback(
+        client, caplog):
+    import logging
+
+    client.add_job("bounded", b"x", retry=30)
+    calls = []
+
+    def handler(job):
+        calls.append(job.id)
+        raise ValueError("no such user")
+
+    worker = pgq.Worker(client, queues=["bounded"], handler=handler, backoff=0.05,
+                        job_log_level=logging.INFO)
+    with caplog.at_level(logging.INFO, logger="pgq.worker"):
+        stats = run_until(worker, lambda: worker.stats.dead == 1)
+    assert len(calls) == 5 and (stats.failed, stats.dead) == (4, 1)
+    reason = client.dead_letters("bounded")[0]["reason"]
+    assert reason.startswith("ValueError: no such user\nTraceback") and "in handler" in reason
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("worker ready: queues bounded, concurrency 4, node ") for m in messages)
+    assert not any("password" in m or ":pgq@" in m for m in messages if "worker ready" in m)
+    assert sum("Traceback" in m for m in messages) == 5  # each failure, with its traceback
+    assert sum(m.endswith(" of bounded failed") for m in messages) == 4  # one line per job
+    assert sum(m.endswith(" of bounded dead") for m in messages) == 1

@@ -10,7 +10,10 @@ from typing import Any
 import click
 
 from ..connecting import FIRST_CONNECT_TIMEOUT
+from ..worker import DEFAULT_MAX_DELIVERIES
 from .common import client_for, handles_errors, target_options
+
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def _load(target: str) -> Any:
@@ -34,7 +37,8 @@ def _load(target: str) -> Any:
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Jobs handled at once.")
 @click.option("--timeout", type=float, help="Seconds a job may run before it counts as failed.")
 @click.option("--max-nacks", type=int, help="Failures before a job goes to the dead letters.")
-@click.option("--max-deliveries", type=int, help="Deliveries before a job goes to the dead letters.")
+@click.option("--max-deliveries", type=int, default=DEFAULT_MAX_DELIVERIES, show_default=True,
+              help="Deliveries before a job goes to the dead letters (0: no limit).")
 @click.option("--backoff", type=float, default=1.0, show_default=True,
               help="First retry delay after a failure (doubles each time).")
 @click.option("--transactional", is_flag=True, help="Call FUNC(job, conn); its writes commit with the ACK.")
@@ -42,17 +46,27 @@ def _load(target: str) -> Any:
               help="Seconds in-flight jobs get to finish on SIGTERM before being NACKed.")
 @click.option("--metrics", metavar="HOST:PORT", envvar="PGQ_METRICS",
               help="Serve Prometheus metrics on this address.")
+@click.option("--log-level", envvar="PGQ_LOG_LEVEL", default="INFO", show_default=True,
+              type=click.Choice(LEVELS, case_sensitive=False), help="What the worker logs.")
+@click.option("--job-log-level", default="INFO", show_default=True,
+              type=click.Choice(LEVELS, case_sensitive=False),
+              help="Level of the one line logged per finished job.")
 @target_options
 @handles_errors
 def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: float | None,
            max_nacks: int | None, max_deliveries: int | None, backoff: float, transactional: bool,
-           grace: float, metrics: str | None, dsn: str | None, data: str | None) -> None:
+           grace: float, metrics: str | None, log_level: str, job_log_level: str,
+           dsn: str | None, data: str | None) -> None:
     """Run TARGET (MODULE:FUNC, or MODULE:WORKER for a pgq.Worker) on jobs until SIGTERM."""
+    import logging
+
     from ..cluster.process import setup_logging
     from ..metrics import WorkerMetrics
     from ..worker import Worker
 
+    os.environ["PGQ_LOG_LEVEL"] = log_level.upper()
     setup_logging(f"worker:{target}")
+    job_level = getattr(logging, job_log_level.upper())
     handler = _load(target)
     gauges = WorkerMetrics() if metrics else None
     with client_for(dsn, data, connect_timeout=FIRST_CONNECT_TIMEOUT) as client:
@@ -60,13 +74,15 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
             runner = handler
             runner._dsn = client.dsn if runner._dsn is None else runner._dsn
             runner.metrics = gauges
+            runner.job_log_level = job_level
         else:
             if not queues:
                 raise click.UsageError("name the queues to serve: --queue NAME")
             runner = Worker(client, queues=list(queues), handler=handler, concurrency=concurrency,
-                            timeout=timeout, max_nacks=max_nacks, max_deliveries=max_deliveries,
-                            backoff=backoff, transactional=transactional, grace=grace,
-                            metrics=gauges)
+                            timeout=timeout, max_nacks=max_nacks,
+                            max_deliveries=max_deliveries or None, backoff=backoff,
+                            transactional=transactional, grace=grace, metrics=gauges,
+                            job_log_level=job_level)
     if gauges is not None and metrics:
         gauges.serve(metrics)
     stats = runner.run()
