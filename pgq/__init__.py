@@ -5,6 +5,7 @@ Public API (names are stable; code outside this repository calls them):
 * :class:`Client` / :class:`AsyncClient`: Disque's client commands as methods.
 * :class:`Job`: what ``get_job`` and ``qpeek`` return.
 * :class:`Worker`: run a function for every job of some queues.
+* :class:`Tasks`: functions called with arguments through a queue (``defer``).
 * :func:`migrate`: create or upgrade schema ``pgq`` in a database.
 * :func:`stop_embedded`: stop the embedded PostgreSQL server.
 * :mod:`pgq.errors`: every error pgq raises on purpose.
@@ -17,6 +18,7 @@ from .aio import AsyncClient
 from .client import Client
 from .job import Job
 from .migrate import SCHEMA_VERSION, migrate
+from .tasks import Tasks
 from .worker import Worker
 
 __version__ = "0.1.0"
@@ -26,6 +28,7 @@ __all__ = [
     "AsyncClient",
     "Job",
     "Worker",
+    "Tasks",
     "migrate",
     "stop_embedded",
     "errors",

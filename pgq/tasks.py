@@ -1,0 +1,221 @@
+"""Tasks: plain functions called with arguments through a queue.
+
+::
+
+    app = pgq.Tasks(client)
+
+    @app.task(queue="emails", retry=60, replicate=2)
+    def send_email(to: str, subject: str = "Welcome") -> None: ...
+
+    send_email.defer(to="ada@example.com")                  # a job; its ID
+    send_email.using(conn=conn, delay=10).defer(to="ada@example.com")  # in your transaction
+    send_email.defer_many([{"to": "a@x"}, {"to": "b@x"}])   # one round trip
+    app.worker(concurrency=8).run()                         # calls send_email(to=...)
+
+What a task's job holds, and why:
+
+* Its body is the serializer's encoding of ``{"task": NAME, "kwargs": {...}}``
+  (JSON by default: any language can add or read one). NAME is the
+  function's ``module.qualname`` unless ``name=`` says otherwise; the worker
+  finds the function by that name, so a renamed function keeps its old name
+  with ``name=`` while jobs of the old name remain.
+* Arguments are keyword arguments only: a job outlives the code that
+  queued it, and names survive a change of argument order where positions
+  do not. They are checked against the function's signature when the job is
+  deferred (a wrong call fails in the caller, not later in a worker).
+* A task's options (queue, retry, replicate, ttl, delay, ...) are
+  :meth:`pgq.Client.add_job`'s; ``using()`` overrides them for one call and
+  passes ``conn=`` to add inside the caller's transaction.
+* The worker is a :class:`pgq.Worker`: its guarantees (leases, back-off,
+  dead letters, shutdown) hold. A job naming a task this worker does not
+  know fails like any handler error (and ends in the dead letters), so a
+  deploy that removes a task with jobs still queued loses nothing silently.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+
+from .errors import InvalidArgumentError, InvalidTypeError
+from .job import Job
+
+__all__ = ["Tasks", "Task", "Serializer", "JsonSerializer", "UnknownTaskError"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "asynchronous", "timeout")
+
+
+class UnknownTaskError(InvalidArgumentError):
+    """A job names a task this worker does not know (or its body is not a task's)."""
+
+
+class Serializer(Protocol):
+    """How a task's call travels in a job body."""
+
+    def dumps(self, call: dict[str, Any]) -> bytes: ...
+
+    def loads(self, body: bytes) -> dict[str, Any]: ...
+
+
+class JsonSerializer:
+    """JSON, UTF-8: readable from SQL (``convert_from(body, 'UTF8')::jsonb``)
+    and from any language."""
+
+    def dumps(self, call: dict[str, Any]) -> bytes:
+        try:
+            return json.dumps(call, separators=(",", ":"), ensure_ascii=False).encode()
+        except (TypeError, ValueError) as exc:
+            raise InvalidTypeError(f"task arguments must be JSON values: {exc} "
+                                   "(pass ids or plain data, or give Tasks a serializer)") from None
+
+    def loads(self, body: bytes) -> dict[str, Any]:
+        value = json.loads(bytes(body).decode())
+        if not isinstance(value, dict):
+            raise ValueError("not an object")
+        return value
+
+
+@dataclass(frozen=True)
+class _Options:
+    queue: str
+    add: Mapping[str, Any] = field(default_factory=dict)
+    conn: Any = None
+
+
+class Task(Generic[P, R]):
+    """A function that may also be called through a queue (see the module doc)."""
+
+    def __init__(self, app: Tasks, fn: Callable[P, R], name: str, options: _Options) -> None:
+        self.app = app
+        self.fn = fn
+        self.name = name
+        self.options = options
+        self._signature = inspect.signature(fn)
+        self.__doc__ = fn.__doc__
+        self.__name__ = getattr(fn, "__name__", name)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Call the function here and now, as if it were not a task."""
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<pgq task {self.name} on queue {self.options.queue!r}>"
+
+    def using(self, *, conn: object = None, queue: str | None = None, **add: Any) -> Task[P, R]:
+        """The same task with options for one call: ``conn`` (add inside the
+        caller's transaction), ``queue``, and add_job's options."""
+        unknown = set(add) - set(_ADD_OPTIONS)
+        if unknown:
+            raise InvalidArgumentError(f"unknown option(s) {sorted(unknown)}: "
+                                       f"choose among conn, queue, {', '.join(_ADD_OPTIONS)}")
+        options = replace(self.options, queue=queue or self.options.queue,
+                          add={**self.options.add, **add}, conn=conn)
+        return Task(self.app, self.fn, self.name, options)
+
+    def body(self, kwargs: Mapping[str, Any]) -> bytes:
+        """The job body of a call with ``kwargs`` (checked against the signature)."""
+        try:
+            self._signature.bind(**kwargs)
+        except TypeError as exc:
+            raise InvalidArgumentError(f"{self.name}: {exc}") from None
+        return self.app.serializer.dumps({"task": self.name, "kwargs": dict(kwargs)})
+
+    def defer(self, **kwargs: Any) -> str:
+        """Queue a call with these keyword arguments; returns the job's ID."""
+        return self.app.client.add_job(self.options.queue, self.body(kwargs),
+                                       conn=self.options.conn, **self.options.add)
+
+    def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[str]:
+        """Queue many calls (one mapping of keyword arguments each) in one
+        round trip; their IDs, in order."""
+        bodies = [self.body(kwargs) for kwargs in calls]
+        return self.app.client.add_jobs(self.options.queue, bodies, conn=self.options.conn,
+                                        **self.options.add)
+
+
+class Tasks:
+    """A registry of tasks on a :class:`pgq.Client` (see the module doc)."""
+
+    def __init__(self, client: Any, serializer: Serializer | None = None) -> None:
+        self.client = client
+        self.serializer: Serializer = serializer or JsonSerializer()
+        self.tasks: dict[str, Task[Any, Any]] = {}
+
+    def task(self, queue: str | None = None, *, name: str | None = None,
+             **add: Any) -> Callable[[Callable[P, R]], Task[P, R]]:
+        """Decorator: the function becomes a :class:`Task` on ``queue``
+        (default: its name) with add_job's options (retry, replicate, ...)."""
+        unknown = set(add) - set(_ADD_OPTIONS)
+        if unknown:
+            raise InvalidArgumentError(f"unknown task option(s) {sorted(unknown)}: "
+                                       f"choose among {', '.join(_ADD_OPTIONS)}")
+
+        def register(fn: Callable[P, R]) -> Task[P, R]:
+            if not callable(fn):
+                raise InvalidTypeError("a task must be a function")
+            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            if task_name in self.tasks:
+                raise InvalidArgumentError(f"a task named {task_name!r} exists already "
+                                           "(give one of them name=...)")
+            task: Task[P, R] = Task(self, fn, task_name,
+                                    _Options(queue or fn.__name__, dict(add)))
+            self.tasks[task_name] = task
+            return task
+
+        return register
+
+    def queues(self) -> list[str]:
+        return list(dict.fromkeys(t.options.queue for t in self.tasks.values()))
+
+    def decode(self, job: Job) -> tuple[Task[Any, Any], dict[str, Any]]:
+        """The task a job calls and its keyword arguments."""
+        try:
+            call = self.serializer.loads(job.body)
+            name, kwargs = call["task"], call["kwargs"]
+        except Exception:
+            raise UnknownTaskError(f"job {job.id} of {job.queue} is not a task call") from None
+        task = self.tasks.get(name)
+        if task is None or not isinstance(kwargs, dict):
+            raise UnknownTaskError(f"job {job.id} calls task {name!r}, unknown to this worker "
+                                   f"(it knows {sorted(self.tasks) or 'none'})")
+        return task, kwargs
+
+    def run(self, job: Job) -> Any:
+        """Call the task a job names (what the worker does with each job, in
+        a thread; an async task among sync ones runs on a loop of its own)."""
+        task, kwargs = self.decode(job)
+        result = task.fn(**kwargs)
+        if inspect.isawaitable(result):
+            import asyncio
+
+            result = asyncio.run(_awaited(result))
+        return result
+
+    async def run_async(self, job: Job) -> Any:
+        task, kwargs = self.decode(job)
+        result = task.fn(**kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def worker(self, **options: Any) -> Any:
+        """A :class:`pgq.Worker` serving every task's queue (options as Worker's)."""
+        from .worker import Worker
+
+        if not self.tasks:
+            raise InvalidArgumentError("no task registered: decorate functions with @tasks.task()")
+        # all async: run on the worker's loop; otherwise sync handlers in
+        # threads (an async one among them gets a loop of its own)
+        is_async = all(inspect.iscoroutinefunction(t.fn) for t in self.tasks.values())
+        handler = self.run_async if is_async else self.run
+        return Worker(self.client, queues=self.queues(), handler=handler, **options)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable

@@ -1,0 +1,90 @@
+"""pgq.Tasks: functions deferred with keyword arguments, run by a worker that
+finds them by name; wrong calls fail in the caller; transactional defers;
+unknown tasks end in the dead letters."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+import pgq
+from pgq.errors import InvalidArgumentError, InvalidTypeError
+from pgq.testing import run_jobs
+
+
+def make_app(client, calls):
+    app = pgq.Tasks(client)
+
+    @app.task(queue="mail", retry=30)
+    def send_email(to: str, subject: str = "Welcome") -> None:
+        calls.append(("mail", to, subject))
+
+    @app.task(name="billing.charge")
+    async def charge(customer: int, cents: int) -> None:
+        calls.append(("charge", customer, cents))
+
+    return app, send_email, charge
+
+
+def test_deferred_calls_run_with_their_arguments(client):
+    calls = []
+    app, send_email, charge = make_app(client, calls)
+    first = send_email.defer(to="ada@example.com")
+    send_email.defer_many([{"to": "bob@example.com", "subject": "Hi"}, {"to": "eve@example.com"}])
+    charge.defer(customer=7, cents=1250)
+    body = json.loads(client.show(first)["body"])
+    assert body == {"task": f"{__name__}.make_app.<locals>.send_email",
+                    "kwargs": {"to": "ada@example.com"}}
+    assert client.show(first)["retry"] == 30
+    stats = run_jobs(app.worker(concurrency=2))
+    assert stats.succeeded == 4
+    assert sorted(calls) == [("charge", 7, 1250), ("mail", "ada@example.com", "Welcome"),
+                             ("mail", "bob@example.com", "Hi"), ("mail", "eve@example.com", "Welcome")]
+    assert app.queues() == ["mail", "charge"]
+    send_email(to="direct")  # still a plain function
+    assert calls[-1] == ("mail", "direct", "Welcome")
+
+
+def test_a_wrong_call_fails_in_the_caller_and_adds_nothing(client):
+    app, send_email, _ = make_app(client, [])
+    with pytest.raises(InvalidArgumentError, match="missing a required argument: 'to'"):
+        send_email.defer(subject="x")
+    with pytest.raises(InvalidArgumentError, match="unexpected keyword argument"):
+        send_email.defer(to="a", cc="b")
+    with pytest.raises(InvalidTypeError, match="JSON"):
+        send_email.defer(to=object())
+    with pytest.raises(InvalidArgumentError, match="unknown option"):
+        send_email.using(priority=3)
+    assert client.qlen("mail") == 0
+
+
+def test_a_defer_inside_the_callers_transaction_commits_with_it(client, dsn):
+    calls = []
+    app, send_email, _ = make_app(client, calls)
+    with psycopg.connect(dsn) as conn:
+        send_email.using(conn=conn).defer(to="rolled@example.com")
+        conn.rollback()
+        send_email.using(conn=conn, delay=0).defer(to="kept@example.com")
+        conn.commit()
+    run_jobs(app.worker())
+    assert calls == [("mail", "kept@example.com", "Welcome")]
+
+
+def test_a_job_naming_an_unknown_task_ends_in_the_dead_letters(client):
+    app, _, _ = make_app(client, [])
+    ghost = client.add_job("mail", json.dumps({"task": "gone.task", "kwargs": {}}), retry=30)
+    junk = client.add_job("mail", b"\xff not a task", retry=30)
+    stats = run_jobs(app.worker(max_deliveries=1))
+    assert stats.dead == 2
+    reasons = {d["id"]: d["reason"] for d in client.dead_letters("mail")}
+    assert "calls task 'gone.task', unknown to this worker" in reasons[ghost]
+    assert "is not a task call" in reasons[junk]
+
+
+def test_two_tasks_may_not_share_a_name(client):
+    app = pgq.Tasks(client)
+    app.task(name="x")(lambda: None)
+    with pytest.raises(InvalidArgumentError, match="exists already"):
+        app.task(name="x")(lambda: None)
