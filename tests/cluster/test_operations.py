@@ -1,8 +1,8 @@
-"""Operating a cluster: leaving (through the CLI), pause broadcast, bad
-frames, CPU starvation, and a client failing over when a node's PostgreSQL
-dies. Kills of node processes and of their PostgreSQL under load are the
-chaos test's (tests/chaos); the leaving protocol's story is proven in the
-simulation (tests/cluster/test_scenarios.py)."""
+"""Operating a cluster: leaving (through the CLI), bad frames, CPU
+starvation, and a client failing over when a node's PostgreSQL dies. Kills
+of node processes and of their PostgreSQL under load are the chaos test's
+(tests/chaos); the leaving protocol's story and the pause broadcast are
+proven in the simulation (tests/cluster/test_scenarios.py)."""
 
 from __future__ import annotations
 
@@ -46,16 +46,6 @@ def test_leaving_and_leave_through_the_cli(make_cluster):
 def _rejected(node) -> int:
     with node.client() as client:
         return int(client.info()["cluster"]["bus"]["rejected_total"])
-
-
-def test_pause_bcast_reaches_every_node(make_cluster):
-    cluster = make_cluster(3)
-    with cluster[0].client() as client:
-        assert client.pause("pb", "in", "bcast") == "in"
-    for node in cluster.nodes[1:]:
-        wait_until(lambda n=node: n.client().pause("pb", "state") == "in", 5)
-        with node.client() as client, pytest.raises(pgq.errors.PausedError):
-            client.add_job("pb", b"x")
 
 
 def test_bad_or_unauthenticated_frames_change_nothing(make_cluster):

@@ -15,7 +15,7 @@ import pytest
 from pgq.cluster.scenario import Scenario
 
 from pgq import arguments, commands, contracts
-from pgq.errors import LeavingError, NoReplError
+from pgq.errors import LeavingError, NoReplError, PausedError
 
 pytestmark = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",
                                 reason="the simulation needs the embedded server")
@@ -297,6 +297,15 @@ def test_a_queue_paused_for_output_is_not_exported(sim_databases):
     assert s.get("n1", timeout=3) == []
     s.do("n2", lambda ses: commands.pause(ses, "q", ["none"]), "unpause")
     assert [j.id for j in s.get("n1", timeout=5)] == [job]
+
+
+def test_a_pause_broadcast_reaches_every_node(sim_databases):
+    s = cluster(sim_databases)
+    assert s.do("n1", lambda ses: commands.pause(ses, "q", ["in", "bcast"]), "pause") == "in"
+    s.until(lambda: all(s.do(n, lambda ses: commands.pause(ses, "q", ["state"]), "state") == "in"
+                        for n in s.names), 2.0, "every node paused", every=0.05)
+    with pytest.raises(PausedError):
+        s.add("n3", b"x")
 
 
 # ------------------------------------------------------------ leaving
