@@ -172,3 +172,17 @@ def test_sigterm_past_the_grace_nacks_in_flight_jobs(dsn, client, tmp_path):
     assert client.qlen("slow") == 3  # back in the queue at once, not after the 120 s lease
     counters = sorted(j.nacks for j in client.get_job("slow", count=3, withcounters=True))
     assert counters == [0, 1, 1]
+
+
+def test_text_output_leaves_out_what_does_not_apply(capsys):
+    from pgq.cli.common import emit
+
+    # an acked job in a cluster is a tombstone: its counters do not apply
+    emit({"id": "D-x", "state": "acked", "ttl": 30, "nacks": None, "body": None}, False)
+    assert capsys.readouterr().out.splitlines() == ["id     D-x", "state  acked", "ttl    30"]
+
+
+def test_migrate_takes_a_node_directory_like_the_other_commands(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "pgq", "migrate", "--data", str(tmp_path)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no running node found in" in done.stderr

@@ -18,7 +18,7 @@ import click
 
 from .. import contracts
 from ..errors import PgqError
-from .common import emit, fail, node_dsn
+from .common import emit, fail, node_dsn, progress_console
 
 
 def _node_target(func):  # type: ignore[no-untyped-def]
@@ -307,7 +307,7 @@ def cluster_leave(data: str | None, dsn: str | None, timeout: float) -> None:
     interactive = sys.stderr.isatty()
     with psycopg.connect(target, autocommit=True) as conn, \
             Progress(TextColumn("draining"), BarColumn(), MofNCompleteColumn(),
-                     transient=True, disable=not interactive) as progress:
+                     transient=True, disable=not interactive, console=progress_console) as progress:
         start = conn.execute(contracts.HELD_BY_NODE, {"myself": myself}).fetchone()[0]  # type: ignore[index]
         task = progress.add_task("drain", total=max(start, 1))
         while time.monotonic() < deadline:

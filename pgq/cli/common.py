@@ -23,6 +23,9 @@ from ..errors import PgqError
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=False, soft_wrap=True)
+# Progress bars go to stderr: stdout carries the command's output (IDs,
+# JSON), which scripts redirect.
+progress_console = Console(stderr=True)
 
 
 def fail(message: str | PgqError) -> None:
@@ -65,6 +68,7 @@ def emit(data: Any, as_json: bool) -> None:
         click.echo(to_json(data))
         return
     if isinstance(data, dict):
+        data = {k: v for k, v in data.items() if v is not None}  # an acked job: its tombstone
         width = max((len(str(k)) for k in data), default=0)
         for key, value in data.items():
             if isinstance(value, (bytes, bytearray)):

@@ -8,12 +8,22 @@ import sys
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .common import client_for, emit_found, handles_errors, table, target_options, text_of, to_json
+from .common import (
+    client_for,
+    emit_found,
+    handles_errors,
+    progress_console,
+    table,
+    target_options,
+    text_of,
+    to_json,
+)
 
 
 def _progress() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TimeRemainingColumn(), transient=True, disable=not sys.stderr.isatty())
+                    TimeRemainingColumn(), transient=True, disable=not sys.stderr.isatty(),
+                    console=progress_console)
 
 
 @click.command()

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import click
 
-from .common import emit, handles_errors
+from .common import emit, handles_errors, node_dsn
 
 
 @click.command()
 @click.option("--dsn", envvar="PGQ_DSN", help="Database to migrate (default: the embedded server).")
+@click.option("--data", type=click.Path(file_okay=False),
+              help="A node's data directory (its node.json names the DSN).")
 @click.option("--home", envvar="PGQ_HOME", help="Embedded server directory when no DSN is given.")
 @handles_errors
-def migrate(dsn: str | None, home: str | None) -> None:
+def migrate(dsn: str | None, data: str | None, home: str | None) -> None:
     """Create or upgrade schema pgq in a database."""
     from .. import embedded
     from ..migrate import migrate as run
 
+    if data and not dsn:
+        dsn = node_dsn(data, None)
     target = dsn or embedded.ensure_running(home).dsn
     click.echo(f"schema pgq at revision {run(target)}")
 

@@ -26,7 +26,7 @@ from typing import Any
 import click
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from .common import console, handles_errors, table, to_json
+from .common import handles_errors, progress_console, table, to_json
 
 FORMATS = ("parquet", "csv", "json")
 
@@ -52,7 +52,7 @@ def _spark_progress(spark: Any, enabled: bool) -> Iterator[Any]:
     """A progress bar fed by Spark's status tracker (tasks of running stages)."""
     with Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
                   TextColumn("{task.fields[tasks]}"), TimeElapsedColumn(),
-                  disable=not enabled, transient=False, console=console) as progress:
+                  disable=not enabled, transient=False, console=progress_console) as progress:
         task = progress.add_task("starting", total=None, tasks="")
         stop = threading.Event()
 
