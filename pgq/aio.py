@@ -301,6 +301,16 @@ class AsyncClient(ClientCore):
         """WORKING (see :meth:`pgq.Client.working`)."""
         return await self._run(self.working_command(id), conn)
 
+    async def store_result(self, id: str | Job, value: bytes | None = None, *,
+                           error: str | None = None, keep: float = 86400.0) -> None:
+        """See :meth:`pgq.Client.store_result`."""
+        await self._run(self.store_result_command(id, value, error, keep))
+
+    async def wait_result(self, id: str | Job, timeout: float | None = None
+                          ) -> tuple[bytes | None, str | None] | None:
+        """See :meth:`pgq.Client.wait_result`."""
+        return await self._run(self.wait_result_command(id, timeout))
+
     async def show(self, id: str | Job) -> dict[str, Any] | None:
         """SHOW (see :meth:`pgq.Client.show`)."""
         return await self._run(self.show_command(id))

@@ -302,6 +302,19 @@ class Client(ClientCore):
         """WORKING: postpone a job's re-queue; returns its retry time in seconds."""
         return self._run(self.working_command(id), conn)
 
+    def store_result(self, id: str | Job, value: bytes | None = None, *, error: str | None = None,
+                     keep: float = 86400.0) -> None:
+        """Keep a job's result (bytes), or the error that ended it, for
+        ``keep`` seconds (what a worker with ``keep_results`` does)."""
+        self._run(self.store_result_command(id, value, error, keep))
+
+    def wait_result(self, id: str | Job, timeout: float | None = None
+                    ) -> tuple[bytes | None, str | None] | None:
+        """The result a worker stored for a job, ``(value, error)``, waiting
+        up to ``timeout`` seconds (None: forever); None if none came. Read on
+        this client's node: the one whose worker ran the job."""
+        return self._run(self.wait_result_command(id, timeout))
+
     def show(self, id: str | Job) -> dict[str, Any] | None:
         """SHOW: everything known about a job, or None."""
         return self._run(self.show_command(id))

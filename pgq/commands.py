@@ -848,3 +848,34 @@ def sweep(session: Session) -> Command[tuple[int, int, int]]:
     """Run the periodic sweep now: (expired jobs, re-queued jobs, expired acks)."""
     row = yield Query(sql.SWEEP, {"dead_min": 0}, Result.ROW)
     return int(row[0]), int(row[1]), int(row[2])
+
+
+# -------------------------------------------------------------- results
+
+def store_result(session: Session, job_id: str, value: bytes | None, error: str | None,
+                 keep: float) -> Command[None]:
+    """Keep a job's result (or the error that ended it) for ``keep`` seconds."""
+    yield Query(sql.STORE_RESULT, {"id": job_id, "value": value, "error": error, "keep": keep},
+                Result.ROW)
+
+
+def wait_result(session: Session, job_id: str, timeout: float | None,
+                ) -> Command[tuple[bytes | None, str | None] | None]:
+    """A job's stored result ``(value, error)``, waiting up to ``timeout``
+    seconds (``None``: forever) for a worker to store it; None on timeout.
+    Polls (50 ms doubling to the poll interval): results are rare reads."""
+    deadline = None if timeout is None else session.clock() + timeout
+    polls = 0
+    while True:
+        row = yield Query(sql.READ_RESULT, {"id": job_id}, Result.ROW)
+        if row is not None:
+            value, error = row
+            return (bytes(value) if value is not None else None, error)
+        now = session.clock()
+        if deadline is not None and now >= deadline:
+            return None
+        wait = _poll_wait(polls, max(session.poll_interval, 0.05))
+        if deadline is not None:
+            wait = min(wait, deadline - now)
+        polls += 1
+        yield Wait(wait)

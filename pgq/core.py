@@ -348,6 +348,23 @@ class ClientCore:
         checked = validate_job_id(job_id)
         return lambda session: commands.working(session, checked)
 
+    def store_result_command(self, job_id: object, value: object, error: object,
+                             keep: object) -> CommandFactory[None]:
+        checked = validate_job_id(job_id)
+        if value is not None and not isinstance(value, (bytes, bytearray, memoryview)):
+            raise InvalidTypeError(f"a result is bytes (or None), not {type(value).__name__}")
+        if error is not None and not isinstance(error, str):
+            raise InvalidTypeError(f"an error is a str (or None), not {type(error).__name__}")
+        seconds = args.seconds("keep", keep, maximum=args.MAX_TTL, allow_minimum=False)
+        data = bytes(value) if value is not None else None
+        return lambda session: commands.store_result(session, checked, data, error, seconds)
+
+    def wait_result_command(self, job_id: object, timeout: object
+                            ) -> CommandFactory[tuple[bytes | None, str | None] | None]:
+        checked = validate_job_id(job_id)
+        wait = None if timeout is None else args.seconds("timeout", timeout, maximum=args.MAX_TTL)
+        return lambda session: commands.wait_result(session, checked, wait)
+
     def show_command(self, job_id: object) -> CommandFactory[dict[str, Any] | None]:
         checked = validate_job_id(job_id)
         return lambda session: commands.show(session, checked)

@@ -31,6 +31,7 @@ __all__ = [
     "LeavingError",
     "DatabaseUnavailableError",
     "SchemaNotReadyError",
+    "TaskFailedError",
     "TransactionAbortedError",
     "EmbeddedServerError",
     "SparkSetupError",
@@ -121,3 +122,8 @@ class IngestError(PgqError):
     in one transaction or none. Re-run with the same ``ingest_id`` to finish;
     nodes that merged already are skipped.
     """
+
+
+class TaskFailedError(PgqError):
+    """A task's job ended in the dead letters; the message is its error and
+    traceback (see :meth:`pgq.Tasks.result`)."""

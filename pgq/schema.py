@@ -46,7 +46,7 @@ from .contracts import OUTBOX_KINDS
 
 __all__ = ["SCHEMA", "metadata", "jobs", "history", "acks", "queues", "queue_counters",
            "waiters", "meta", "outbox", "nodes", "queue_imports", "dead_letters", "ingests",
-           "CTIME_DEFAULT"]
+           "results", "CTIME_DEFAULT"]
 
 SCHEMA = "pgq"
 metadata = MetaData(schema=SCHEMA)
@@ -301,4 +301,20 @@ ingests = Table(
     Column("merged_at", DateTime(timezone=True)),
     PrimaryKeyConstraint("ingest_id", name="ingests_pkey"),
     CheckConstraint("state = ANY (ARRAY['staging'::text, 'merged'::text])", name="ingests_state_check"),
+)
+
+
+# Results of jobs, for workers told to keep them (schema 0011): the value a
+# handler returned, or the error that sent the job to the dead letters.
+results = Table(
+    "results",
+    metadata,
+    Column("id", Text(collation=C), nullable=False),
+    Column("value", LargeBinary),
+    Column("error", Text),
+    Column("stored_at", DateTime(timezone=True), nullable=False,
+           server_default=text("pgq.now()")),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    PrimaryKeyConstraint("id", name="results_pkey"),
+    Index("results_expires_at_idx", "expires_at"),
 )

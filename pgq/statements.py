@@ -762,3 +762,27 @@ JOB_COUNTS = "SELECT state, jobs FROM pgq.job_counts"
 HELLO_NODES = """
 SELECT id, host, port, priority FROM pgq.cluster_nodes ORDER BY NOT myself, id
 """
+
+# ------------------------------------------------------------------- results
+
+# A job's result (or the error that ended it), kept `keep` seconds; a
+# rerun (at-least-once) overwrites it. Up to 100 expired results go in the
+# same statement, so the table holds what someone may still ask for.
+STORE_RESULT = """
+WITH stored AS (
+    INSERT INTO pgq.results AS r (id, value, error, expires_at)
+    VALUES (%(id)s, %(value)s, %(error)s, pgq.now() + %(keep)s::float8 * interval '1 second')
+    ON CONFLICT (id) DO UPDATE SET value = excluded.value, error = excluded.error,
+        stored_at = pgq.now(), expires_at = excluded.expires_at
+    RETURNING 1
+), expired AS (
+    DELETE FROM pgq.results WHERE id IN (
+        SELECT id FROM pgq.results WHERE expires_at <= pgq.now() ORDER BY expires_at LIMIT 100)
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM stored), (SELECT count(*) FROM expired)
+"""
+
+READ_RESULT = """
+SELECT value, error FROM pgq.results WHERE id = %(id)s AND expires_at > pgq.now()
+"""

@@ -11,6 +11,7 @@
     send_email.using(conn=conn, delay=10).defer(to="ada@example.com")  # in your transaction
     send_email.defer_many([{"to": "a@x"}, {"to": "b@x"}])   # one round trip
     app.worker(concurrency=8).run()                         # calls send_email(to=...)
+    app.result(job_id, timeout=30)                          # what it returned
 
 What a task's job holds, and why:
 
@@ -26,6 +27,11 @@ What a task's job holds, and why:
 * A task's options (queue, retry, replicate, ttl, delay, ...) are
   :meth:`pgq.Client.add_job`'s; ``using()`` overrides them for one call and
   passes ``conn=`` to add inside the caller's transaction.
+* A task's return value is kept (``keep_results`` seconds, a day by
+  default) in ``pgq.results`` of the node whose worker ran it, as
+  ``{"result": value}``; a task that ends in the dead letters keeps its
+  error and traceback instead, which :meth:`Tasks.result` raises as
+  :class:`~pgq.errors.TaskFailedError`.
 * The worker is a :class:`pgq.Worker`: its guarantees (leases, back-off,
   dead letters, shutdown) hold. A job naming a task this worker does not
   know fails like any handler error (and ends in the dead letters), so a
@@ -40,7 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
-from .errors import InvalidArgumentError, InvalidTypeError
+from .errors import InvalidArgumentError, InvalidTypeError, TaskFailedError
 from .job import Job
 
 __all__ = ["Tasks", "Task", "Serializer", "JsonSerializer", "UnknownTaskError"]
@@ -142,9 +148,11 @@ class Task(Generic[P, R]):
 class Tasks:
     """A registry of tasks on a :class:`pgq.Client` (see the module doc)."""
 
-    def __init__(self, client: Any, serializer: Serializer | None = None) -> None:
+    def __init__(self, client: Any, serializer: Serializer | None = None,
+                 keep_results: float | None = 86400.0) -> None:
         self.client = client
         self.serializer: Serializer = serializer or JsonSerializer()
+        self.keep_results = keep_results  # seconds a task's result is kept (None: not kept)
         self.tasks: dict[str, Task[Any, Any]] = {}
 
     def task(self, queue: str | None = None, *, name: str | None = None,
@@ -214,7 +222,27 @@ class Tasks:
         # threads (an async one among them gets a loop of its own)
         is_async = all(inspect.iscoroutinefunction(t.fn) for t in self.tasks.values())
         handler = self.run_async if is_async else self.run
+        options.setdefault("keep_results", self.keep_results)
+        options.setdefault("encode_result", self._encode_result)
         return Worker(self.client, queues=self.queues(), handler=handler, **options)
+
+    def _encode_result(self, value: Any) -> bytes:
+        return self.serializer.dumps({"result": value})
+
+    def result(self, job_id: str, timeout: float | None = None) -> Any:
+        """What the task of ``job_id`` returned, waiting up to ``timeout``
+        seconds for a worker to finish it. Raises :class:`TaskFailedError`
+        (its error and traceback) if the job ended in the dead letters,
+        :class:`TimeoutError` if no result came in time. Results are kept
+        ``keep_results`` seconds on the node whose worker ran the job."""
+        stored = self.client.wait_result(job_id, timeout)
+        if stored is None:
+            raise TimeoutError(f"no result for job {job_id} within {timeout:g} s"
+                               if timeout is not None else f"no result for job {job_id}")
+        value, error = stored
+        if error is not None:
+            raise TaskFailedError(error)
+        return None if value is None else self.serializer.loads(value)["result"]
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -114,6 +114,26 @@ class WorkerStats:
         per[outcome] = per.get(outcome, 0) + 1
 
 
+@dataclass(frozen=True)
+class _Returned:
+    value: Any
+
+
+def _json_result(value: Any) -> bytes | None:
+    """A handler's return value as kept: bytes as they are, None as nothing,
+    anything else as JSON (``repr`` if it is not JSON)."""
+    import json
+
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    try:
+        return json.dumps(value, separators=(",", ":")).encode()
+    except (TypeError, ValueError):
+        return json.dumps(repr(value)).encode()
+
+
 class _JobFailed(Exception):
     """A handler failed: why (one line), and its traceback (if it raised)."""
 
@@ -133,7 +153,8 @@ class Worker:
                  max_nacks: int | None = None, max_deliveries: int | None = DEFAULT_MAX_DELIVERIES,
                  backoff: float = 1.0, max_backoff: float = 300.0,
                  transactional: bool = False, metrics: Any = None,
-                 job_log_level: int = logging.DEBUG) -> None:
+                 job_log_level: int = logging.DEBUG, keep_results: float | None = None,
+                 encode_result: Callable[[Any], bytes | None] | None = None) -> None:
         if isinstance(client, (Client, AsyncClient)):
             self._dsn: Any = client._dsns if len(client._dsns) > 1 else client.dsn
         elif client is None or isinstance(client, str):
@@ -153,6 +174,10 @@ class Worker:
         self.tasks: dict[str, _Task] = {}
         self.stats = WorkerStats()
         self.job_log_level = job_log_level  # one line per finished job, at this level
+        # Results (schema 0011): what a handler returns, or the error that
+        # sent its job to the dead letters, kept `keep_results` seconds.
+        self.keep_results = keep_results
+        self.encode_result = encode_result or _json_result
         self.metrics = metrics
         self._stop = threading.Event()
         self._stopping: anyio.Event | None = None
@@ -337,6 +362,8 @@ class Worker:
             if failure is not None:
                 await self._failed(task, job, failure)
                 return
+            if self.keep_results is not None and outcome is not None:
+                await self._keep(job, self.encode_result(outcome.value), None)
             if outcome is not None:  # None: transactional, acknowledged already
                 self._ack_later(job.id)
             self.stats.count(job.queue, "succeeded")
@@ -346,7 +373,8 @@ class Worker:
             self._room.set()
 
     async def _call(self, task: _Task, job: Job) -> Any:
-        """Run the handler; True when the ACK is still to be sent, None when done."""
+        """Run the handler; what it returned when the ACK is still to be sent,
+        None when done (transactional: acknowledged with its writes)."""
         timeout = task.options.timeout
         try:
             with anyio.fail_after(timeout) if timeout else _no_timeout():
@@ -354,10 +382,10 @@ class Worker:
                     await self._call_in_transaction(task, job)
                     return None
                 if task.is_async:
-                    await task.handler(job)
+                    value = await task.handler(job)
                 else:
-                    await _in_thread(task.handler, job)
-                return True
+                    value = await _in_thread(task.handler, job)
+                return _Returned(value)
         except TimeoutError as exc:
             raise _JobFailed(f"timed out after {timeout:g} s") from exc
         except anyio.get_cancelled_exc_class():
@@ -427,6 +455,8 @@ class Worker:
         if over or (job.retry == 0 and policy):
             # the dead letter keeps the traceback, for whoever looks at it later
             full = f"{reason}\n{failure.trace}" if failure.trace else reason
+            if self.keep_results is not None:
+                await self._keep(job, None, full)
             await self.client.dead_letter(job.id, reason=full)
             self.stats.count(job.queue, "dead")
             self._done(job, "dead")
@@ -439,6 +469,15 @@ class Worker:
             await self.client.nack_job(job.id, delay=delay)
             self.stats.count(job.queue, "failed")
             self._done(job, "failed")
+
+    async def _keep(self, job: Job, value: bytes | None, error: str | None) -> None:
+        """Store a result before the ACK (a crash between them reruns the
+        job, whose result then overwrites this one)."""
+        assert self.keep_results is not None
+        try:
+            await self.client.store_result(job.id, value, error=error, keep=self.keep_results)
+        except PgqError as exc:
+            log.warning("worker: could not keep the result of job %s: %s", job.id, exc)
 
     # ------------------------------------------------------------ acks
 

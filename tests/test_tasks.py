@@ -88,3 +88,32 @@ def test_two_tasks_may_not_share_a_name(client):
     app.task(name="x")(lambda: None)
     with pytest.raises(InvalidArgumentError, match="exists already"):
         app.task(name="x")(lambda: None)
+
+
+def test_results_are_kept_and_waited_for(client):
+    import threading
+
+    app = pgq.Tasks(client)
+
+    @app.task(queue="calc", retry=30)
+    def add(a: int, b: int) -> dict:
+        return {"sum": a + b}
+
+    @app.task(queue="calc", retry=30)
+    def divide(a: int, b: int) -> float:
+        return a / b
+
+    later = add.defer(a=2, b=3)
+    waited = {}
+    waiter = threading.Thread(target=lambda: waited.update(value=app.result(later, timeout=30)))
+    waiter.start()  # waits for a worker that has not started yet
+    broken = divide.defer(a=1, b=0)
+    stats = run_jobs(app.worker(max_deliveries=1))
+    waiter.join(30)
+    assert waited == {"value": {"sum": 5}} and (stats.succeeded, stats.dead) == (1, 1)
+    with pytest.raises(pgq.errors.TaskFailedError, match="ZeroDivisionError") as failed:
+        app.result(broken, timeout=0)
+    assert "Traceback" in str(failed.value) and "in divide" in str(failed.value)
+    with pytest.raises(TimeoutError):
+        app.result(add.defer(a=1, b=1), timeout=0.2)  # nobody runs it
+    assert client.wait_result(later)[0] == b'{"result":{"sum":5}}'

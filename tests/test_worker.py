@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 import pgq
+import pgq.testing
 
 
 def run_until(worker: pgq.Worker, predicate, timeout: float = 20.0) -> pgq.worker.WorkerStats:
@@ -213,3 +214,17 @@ def test_by_default_a_failing_job_is_dead_lettered_after_5_deliveries_with_its_t
     assert sum("Traceback" in m for m in messages) == 5  # each failure, with its traceback
     assert sum(m.endswith(" of bounded failed") for m in messages) == 4  # one line per job
     assert sum(m.endswith(" of bounded dead") for m in messages) == 1
+
+
+def test_a_worker_keeps_results_when_told(client):
+    ids = client.add_jobs("kept", [b"bytes", b"none", b"data"], retry=30)
+
+    def handler(job):
+        return {b"bytes": b"\x00raw", b"none": None, b"data": [1, "two"]}[job.body]
+
+    pgq.testing.run_jobs(pgq.Worker(client, queues=["kept"], handler=handler, keep_results=60))
+    assert [client.wait_result(i, timeout=0) for i in ids] == [
+        (b"\x00raw", None), (None, None), (b'[1,"two"]', None)]
+    plain = client.add_job("kept", b"data", retry=30)
+    pgq.testing.run_jobs(pgq.Worker(client, queues=["kept"], handler=handler))
+    assert client.wait_result(plain, timeout=0) is None  # not kept unless asked
