@@ -20,5 +20,6 @@ def test_demo_kills_a_node_and_loses_nothing():
     assert re.search(r"^  lost +0$", out, re.M), out
     assert re.search(r"^  jobs added +1500 ", out, re.M), out
     assert re.search(r"^  detection +\d+\.\d s", out, re.M), out
+    assert re.search(r"^  throughput +[\d,]+ jobs/s end to end \(every job delivered ", out, re.M), out
     assert "kill -9 n3's node process" in out
     assert "removed its files" in out
