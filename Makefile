@@ -53,6 +53,7 @@ install: $(STAMP) $(JDBC_JAR) $(CHAOS_TOOLS)
 
 test: install
 	$(BIN)/ruff check .
+	$(BIN)/python -m mypy pgq
 	$(BIN)/python -m pytest
 
 demo: install
@@ -69,3 +70,4 @@ clean:
 
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/python -m mypy pgq

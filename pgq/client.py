@@ -169,7 +169,8 @@ class Client(ClientCore):
         """Group commit: concurrent calls of every client of this database
         in the process (threads sharing one client, or each with its own)
         share statements and commits (see pgq.combine)."""
-        return _SHARED.get((self._dsn, self.options.turbo, self.options.prepare))
+        combiners: _Combiners = _SHARED.get((self._dsn, self.options.turbo, self.options.prepare))
+        return combiners
 
     def _run(self, make: CommandFactory[T], conn: object = None) -> T:
         if conn is not None:

@@ -384,7 +384,7 @@ def _poll_wait(polls: int, interval: float) -> float:
     waiter could not notify us; after that NOTIFY wakes us and polling is only
     the fallback (and the whole mechanism behind PgBouncer's transaction mode).
     """
-    return min(0.05 * (2 ** min(polls, 10)), interval)
+    return float(min(0.05 * (2 ** min(polls, 10)), interval))
 
 
 def get_jobs(session: Session, queues: list[str], count: int, timeout: float | None,
@@ -517,9 +517,9 @@ def _in_priority_order(rows: list[Claimed], queues: list[str]) -> list[Claimed]:
 
 def _jobs(rows: list[Claimed], withcounters: bool) -> list[Job]:
     if withcounters:
-        return [Job(r.id, r.queue, r.body, r.nacks, r.additional_deliveries, r.retry, r.ttl)
+        return [Job(r.id or "", r.queue, r.body, r.nacks, r.additional_deliveries, r.retry, r.ttl)
                 for r in rows]
-    return [Job(r.id, r.queue, r.body, retry=r.retry, ttl=r.ttl) for r in rows]
+    return [Job(r.id or "", r.queue, r.body, retry=r.retry, ttl=r.ttl) for r in rows]
 
 
 def _jobs_in_priority_order(rows: list[Claimed], queues: list[str],

@@ -80,7 +80,7 @@ class SyncDriver:
         self.conn = conn
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
-        self._transactions: list[psycopg.Transaction] = []  # nested ones are savepoints
+        self._transactions: list[Any] = []  # open transaction contexts (nested: savepoints)
         self._listening = False
 
     def run(self, command: Command[T]) -> T:
@@ -178,7 +178,7 @@ class AsyncDriver:
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
         self.shield = shield
-        self._transactions: list[psycopg.AsyncTransaction] = []  # nested ones are savepoints
+        self._transactions: list[Any] = []  # open transaction contexts (nested: savepoints)
         self._listening = False
         self._collecting = False
         self._received: list[psycopg.Notify] = []

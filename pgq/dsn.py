@@ -14,6 +14,7 @@ Invariants:
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -26,7 +27,7 @@ __all__ = ["libpq_url", "host_and_port", "redact", "MASK"]
 MASK = "***"
 
 
-def _params(dsn: str) -> dict[str, object]:
+def _params(dsn: str) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:

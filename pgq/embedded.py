@@ -75,6 +75,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
@@ -180,7 +181,7 @@ class _Runner:
 
     def run(self, *args: str, timeout: float = START_TIMEOUT) -> subprocess.CompletedProcess[str]:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
-        kwargs: dict[str, object] = {}
+        kwargs: dict[str, Any] = {}
         if self.user is not None:
             entry = pwd.getpwnam(self.user)
             kwargs = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
@@ -189,7 +190,7 @@ class _Runner:
             return subprocess.run(
                 [str(self.bindir / args[0]), *args[1:]],
                 capture_output=True, text=True, timeout=timeout, env=env, cwd="/",
-                check=False, **kwargs,  # type: ignore[arg-type]
+                check=False, **kwargs,
             )
         except subprocess.TimeoutExpired as exc:
             raise EmbeddedServerError(f"{args[0]} did not finish within {timeout:g} s") from exc
@@ -517,7 +518,7 @@ def _our_postmaster(data: Path, log: Path, runner: _Runner, instance: Instance,
         # 'starting' (crash recovery can take a while) or 'stopping': wait.
         if time.monotonic() >= deadline:
             raise EmbeddedServerError(
-                f"PostgreSQL in {data} is still {postmaster.status or 'starting'} (crash "
+                f"PostgreSQL in {data} is still {(postmaster and postmaster.status) or 'starting'} (crash "
                 f"recovery?) after waiting for it; see {log / 'postgres.log'}")
         time.sleep(0.1)
 

@@ -50,7 +50,7 @@ class LocalNode:
     secret: Path
     join: str | None
     host: str = "127.0.0.1"
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     dsn: str = ""
     env: dict[str, str] = field(default_factory=dict)  # added to the process's environment
     launcher: list[str] = field(default_factory=lambda: [sys.executable, "-m", "pgq.cli"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
@@ -25,13 +26,14 @@ SCHEMA_VERSION = "0011"
 _in_process = threading.Lock()
 
 
-def _alembic_config():  # type: ignore[no-untyped-def]
+def _alembic_config() -> Any:
+    import importlib
+
     from alembic.config import Config
 
-    from . import migrations
-
+    migrations = importlib.import_module("pgq.migrations")  # installed from migrations/
     config = Config()
-    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    config.set_main_option("script_location", str(Path(str(migrations.__file__)).parent))
     return config
 
 

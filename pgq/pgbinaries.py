@@ -88,7 +88,7 @@ def find_server_binaries() -> Path:
             f"{', '.join(REQUIRED_BINARIES)}. {HOW_TO_FIX}"
         )
     candidates = [_from_pg_config(), _from_path(), *_well_known(), _from_pip_package()]
-    for directory in candidates:
-        if directory is not None and has_server_binaries(directory):
-            return directory
+    for candidate in candidates:
+        if candidate is not None and has_server_binaries(candidate):
+            return candidate
     raise EmbeddedServerError(f"No PostgreSQL server binaries found. {HOW_TO_FIX}")

@@ -134,15 +134,17 @@ class Task(Generic[P, R]):
 
     def defer(self, **kwargs: Any) -> str:
         """Queue a call with these keyword arguments; returns the job's ID."""
-        return self.app.client.add_job(self.options.queue, self.body(kwargs),
-                                       conn=self.options.conn, **self.options.add)
+        job_id: str = self.app.client.add_job(self.options.queue, self.body(kwargs),
+                                              conn=self.options.conn, **self.options.add)
+        return job_id
 
     def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[str]:
         """Queue many calls (one mapping of keyword arguments each) in one
         round trip; their IDs, in order."""
         bodies = [self.body(kwargs) for kwargs in calls]
-        return self.app.client.add_jobs(self.options.queue, bodies, conn=self.options.conn,
-                                        **self.options.add)
+        ids: list[str] = self.app.client.add_jobs(self.options.queue, bodies,
+                                                  conn=self.options.conn, **self.options.add)
+        return ids
 
 
 class Tasks:

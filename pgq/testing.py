@@ -53,7 +53,7 @@ class TestServer:
     def dsn_for(self, database: str) -> str:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-        return make_conninfo(**{**conninfo_to_dict(self.admin_dsn), "dbname": database})
+        return make_conninfo("", **{**conninfo_to_dict(self.admin_dsn), "dbname": database})
 
     def create(self, name: str, template: str | None = None) -> str:
         """A new database (from ``template``); its DSN."""

@@ -11,8 +11,9 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -20,8 +21,10 @@ from .. import contracts
 from ..errors import PgqError
 from .common import emit, fail, node_dsn, progress_console
 
+F = TypeVar("F", bound=Callable[..., Any])
 
-def _node_target(func):  # type: ignore[no-untyped-def]
+
+def _node_target(func: F) -> F:
     func = click.option("--dsn", help="The node's database DSN.")(func)
     func = click.option("--data", type=click.Path(file_okay=False),
                         help="The node's data directory.")(func)

@@ -4,6 +4,7 @@ qstat, qscan, jscan, pause, and the dead letters."""
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
@@ -182,7 +183,7 @@ def qscan(minlen: int | None, maxlen: int | None, as_json: bool, dsn: str | None
 def jscan(queue: str | None, states: tuple[str, ...], limit: int, as_json: bool,
           dsn: str | None, data: str | None) -> None:
     """List jobs (ID, queue, state, counters)."""
-    found: list[dict] = []
+    found: list[dict[str, Any]] = []
     with client_for(dsn, data) as client:
         cursor = 0
         while len(found) < limit:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 import psycopg
@@ -23,20 +24,20 @@ ORDER BY NOT myself, name
 """
 
 
-def _snapshot(dsn: str, limit: int) -> dict[str, list]:
+def _snapshot(dsn: str, limit: int) -> dict[str, list[Any]]:
     with psycopg.connect(dsn, connect_timeout=5) as conn:
         queues = conn.execute(QUEUES, (limit,)).fetchall()
         nodes = conn.execute(NODES).fetchall()
     return {"queues": queues, "nodes": nodes}
 
 
-def _render(snapshot: dict[str, list]) -> Group:
+def _render(snapshot: dict[str, list[Any]]) -> Group:
     queues = Table(title="queues", show_edge=False, header_style="bold")
     for column in ("queue", "length", "active", "jobs in", "jobs out", "oldest (s)", "paused", "blocked"):
         queues.add_column(column, justify="right" if column not in ("queue", "paused") else "left")
     for row in snapshot["queues"]:
         queues.add_row(*("" if v is None else str(v) for v in row))
-    parts: list = [queues]
+    parts: list[Any] = [queues]
     if snapshot["nodes"]:
         nodes = Table(title="nodes", show_edge=False, header_style="bold")
         for column in ("name", "id", "bus", "status", "leaving"):

@@ -38,7 +38,7 @@ from typing import Any
 import psycopg
 
 from .. import arguments as args
-from ..core import libpq_url
+from ..dsn import libpq_url
 from ..errors import (
     IngestError,
     InvalidArgumentError,
