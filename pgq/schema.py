@@ -41,12 +41,13 @@ from sqlalchemy import (
     Text,
     text,
 )
+from sqlalchemy.dialects.postgresql import JSONB
 
 from .contracts import OUTBOX_KINDS
 
 __all__ = ["SCHEMA", "metadata", "jobs", "history", "acks", "queues", "queue_counters",
            "waiters", "meta", "outbox", "nodes", "queue_imports", "dead_letters", "ingests",
-           "results", "CTIME_DEFAULT"]
+           "results", "periodic", "CTIME_DEFAULT"]
 
 SCHEMA = "pgq"
 metadata = MetaData(schema=SCHEMA)
@@ -317,4 +318,23 @@ results = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     PrimaryKeyConstraint("id", name="results_pkey"),
     Index("results_expires_at_idx", "expires_at"),
+)
+
+
+# Schedules of periodic jobs (schema 0012): a job to ``queue`` at every tick
+# of ``cron`` (in time zone ``tz``); ``last_tick`` is the last tick a job was
+# added for (moved under the row's lock, with the add: one job per tick).
+periodic = Table(
+    "periodic",
+    metadata,
+    Column("name", Text(collation=C), nullable=False),
+    Column("cron", Text, nullable=False),
+    Column("tz", Text, nullable=False, server_default=text("'UTC'::text")),
+    Column("queue", Text(collation=C), nullable=False),
+    Column("body", LargeBinary, nullable=False, server_default=text("'\\x'::bytea")),
+    Column("options", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("last_tick", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False,
+           server_default=text("pgq.now()")),
+    PrimaryKeyConstraint("name", name="periodic_pkey"),
 )

@@ -786,3 +786,30 @@ SELECT (SELECT count(*) FROM stored), (SELECT count(*) FROM expired)
 READ_RESULT = """
 SELECT value, error FROM pgq.results WHERE id = %(id)s AND expires_at > pgq.now()
 """
+
+# ------------------------------------------------------------------ periodic
+
+# A schedule, created or changed; a new one starts after the tick in force
+# (`start_tick`: the latest tick at or before now), so adding a schedule
+# never fires at once for a tick already past.
+UPSERT_SCHEDULE = """
+INSERT INTO pgq.periodic AS p (name, cron, tz, queue, body, options, last_tick)
+VALUES (%(name)s, %(cron)s, %(tz)s, %(queue)s, %(body)s, %(options)s::jsonb, %(start_tick)s)
+ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, tz = excluded.tz, queue = excluded.queue,
+    body = excluded.body, options = excluded.options, updated_at = pgq.now(),
+    last_tick = coalesce(p.last_tick, excluded.last_tick)
+"""
+
+SCHEDULES = """
+SELECT name, cron, tz, queue, body, options, last_tick FROM pgq.periodic ORDER BY name
+"""
+
+REMOVE_SCHEDULE = "DELETE FROM pgq.periodic WHERE name = %(name)s"
+
+# The tick's job is added in the same transaction, by whoever moves
+# last_tick: under the row's lock, one of many schedulers wins a tick.
+CLAIM_TICK = """
+UPDATE pgq.periodic SET last_tick = %(tick)s
+WHERE name = %(name)s AND (last_tick IS NULL OR last_tick < %(tick)s)
+RETURNING queue, body, options
+"""

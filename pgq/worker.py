@@ -55,6 +55,7 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import anyio.to_thread
 import psycopg
 
 from .aio import AsyncClient
@@ -154,7 +155,8 @@ class Worker:
                  backoff: float = 1.0, max_backoff: float = 300.0,
                  transactional: bool = False, metrics: Any = None,
                  job_log_level: int = logging.DEBUG, keep_results: float | None = None,
-                 encode_result: Callable[[Any], bytes | None] | None = None) -> None:
+                 encode_result: Callable[[Any], bytes | None] | None = None,
+                 scheduler: bool = False) -> None:
         if isinstance(client, (Client, AsyncClient)):
             self._dsn: Any = client._dsns if len(client._dsns) > 1 else client.dsn
         elif client is None or isinstance(client, str):
@@ -178,6 +180,10 @@ class Worker:
         # sent its job to the dead letters, kept `keep_results` seconds.
         self.keep_results = keep_results
         self.encode_result = encode_result or _json_result
+        # Periodic jobs (pgq.periodic): schedules this worker declares, and
+        # whether it adds the due jobs of every schedule of its database.
+        self.schedules: list[Any] = []
+        self.scheduler = scheduler
         self.metrics = metrics
         self._stop = threading.Event()
         self._stopping: anyio.Event | None = None
@@ -190,6 +196,24 @@ class Worker:
             raise InvalidArgumentError("queues need a handler (or use @worker.task(queue))")
 
     # ------------------------------------------------------------ setup
+
+    def periodic(self, cron: str, *, queue: str, name: str | None = None, tz: str = "UTC",
+                 body: bytes | str = b"", **options: Any) -> Callable[[Handler], Handler]:
+        """Decorator: ``fn`` handles ``queue``, and a job is added to it at
+        every tick of ``cron`` (in ``tz``), one per tick however many workers
+        run it (see :mod:`pgq.periodic`). Options: replicate, retry, ttl of
+        the jobs, catch_up (seconds a missed tick is still added after)."""
+        from .periodic import Schedule
+
+        def register(fn: Handler) -> Handler:
+            schedule_name = name or f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', queue)}"
+            data = body.encode() if isinstance(body, str) else bytes(body)
+            self.schedules.append(Schedule(schedule_name, cron, queue, data, tz, dict(options)))
+            self.scheduler = True
+            if queue not in self.tasks:
+                self._register(queue, fn, {})
+            return fn
+        return register
 
     def task(self, queue: str, **options: Any) -> Callable[[Handler], Handler]:
         """Decorator: ``fn`` handles the jobs of ``queue`` (options override the
@@ -255,6 +279,10 @@ class Worker:
                 tasks.start_soon(self._watch_stop_flag)
                 tasks.start_soon(self._flush_acks_forever)
                 tasks.start_soon(self._keep_leases)
+                if self.schedules:
+                    await anyio.to_thread.run_sync(self._save_schedules)
+                if self.scheduler:
+                    tasks.start_soon(self._schedule_forever)
                 async with anyio.create_task_group() as jobs:
                     for _ in range(self.concurrency):
                         jobs.start_soon(self._runner)
@@ -264,6 +292,33 @@ class Worker:
                 await self._flush_acks()
                 tasks.cancel_scope.cancel()
         return self.stats
+
+    def _save_schedules(self) -> None:
+        """The schedules this worker declares, into its database (before it
+        serves anything: a worker that stops at once has saved them)."""
+        import datetime as dt
+
+        from . import periodic
+
+        with psycopg.connect(self.client.dsn, autocommit=True) as conn:
+            for schedule in self.schedules:
+                periodic.save(conn, schedule, dt.datetime.now(dt.UTC))
+
+    async def _schedule_forever(self) -> None:
+        """Add the due jobs of every schedule of the database, at every tick."""
+        from . import periodic
+
+        scheduler = periodic.Scheduler(self._sync_client())
+        assert self._stopping is not None
+        while not self._stopping.is_set():
+            try:
+                await anyio.to_thread.run_sync(scheduler.fire_due)
+                wait = await anyio.to_thread.run_sync(scheduler.seconds_to_next)
+            except (PgqError, psycopg.Error) as exc:
+                log.warning("worker: scheduler: %s", exc)
+                wait = 5.0
+            with anyio.move_on_after(wait + 0.05):  # just past the tick
+                await self._stopping.wait()
 
     async def _signals(self) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:

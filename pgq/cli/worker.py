@@ -46,6 +46,8 @@ def _load(target: str) -> Any:
               help="Seconds in-flight jobs get to finish on SIGTERM before being NACKed.")
 @click.option("--metrics", metavar="HOST:PORT", envvar="PGQ_METRICS",
               help="Serve Prometheus metrics on this address.")
+@click.option("--scheduler", is_flag=True,
+              help="Also add the due jobs of the database's schedules (pgq periodic).")
 @click.option("--log-level", envvar="PGQ_LOG_LEVEL", default="INFO", show_default=True,
               type=click.Choice(LEVELS, case_sensitive=False), help="What the worker logs.")
 @click.option("--job-log-level", default="INFO", show_default=True,
@@ -55,7 +57,7 @@ def _load(target: str) -> Any:
 @handles_errors
 def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: float | None,
            max_nacks: int | None, max_deliveries: int | None, backoff: float, transactional: bool,
-           grace: float, metrics: str | None, log_level: str, job_log_level: str,
+           grace: float, metrics: str | None, scheduler: bool, log_level: str, job_log_level: str,
            dsn: str | None, data: str | None) -> None:
     """Run TARGET (MODULE:FUNC, or MODULE:WORKER for a pgq.Worker) on jobs until SIGTERM."""
     import logging
@@ -75,6 +77,7 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
             runner._dsn = client.dsn if runner._dsn is None else runner._dsn
             runner.metrics = gauges
             runner.job_log_level = job_level
+            runner.scheduler = runner.scheduler or scheduler
         else:
             if not queues:
                 raise click.UsageError("name the queues to serve: --queue NAME")
@@ -82,7 +85,7 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
                             timeout=timeout, max_nacks=max_nacks,
                             max_deliveries=max_deliveries or None, backoff=backoff,
                             transactional=transactional, grace=grace, metrics=gauges,
-                            job_log_level=job_level)
+                            job_log_level=job_level, scheduler=scheduler)
     if gauges is not None and metrics:
         gauges.serve(metrics)
     stats = runner.run()

@@ -1,0 +1,86 @@
+"""``pgq periodic add|list|remove``: schedules of periodic jobs (pgq.periodic)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+
+import click
+
+from .common import client_for, handles_errors, table, target_options
+
+
+@click.group("periodic")
+def periodic_group() -> None:
+    """Periodic jobs: a job to a queue at every tick of a cron expression
+    (added by workers started with --scheduler, one per tick)."""
+
+
+@periodic_group.command("add")
+@click.argument("name")
+@click.argument("cron")
+@click.option("--queue", required=True, help="Queue the jobs go to.")
+@click.option("--body", default="", help="Body of every job (text).")
+@click.option("--tz", default="UTC", show_default=True, help="Time zone of the cron expression.")
+@click.option("--replicate", type=int, help="Copies of each job (cluster).")
+@click.option("--retry", type=float, help="Seconds before an unacknowledged job is queued again.")
+@click.option("--ttl", type=float, help="Seconds a job lives.")
+@click.option("--catch-up", type=float, default=3600.0, show_default=True,
+              help="After downtime, add the latest missed tick if it is at most this old.")
+@target_options
+@handles_errors
+def periodic_add(name: str, cron: str, queue: str, body: str, tz: str, replicate: int | None,
+                 retry: float | None, ttl: float | None, catch_up: float, dsn: str | None,
+                 data: str | None) -> None:
+    """Create or change schedule NAME: a job to QUEUE at every tick of CRON
+    (e.g. "*/5 * * * *", "0 3 * * *", "@daily"); its first job at its next tick."""
+    import psycopg
+
+    from .. import periodic
+
+    options = {k: v for k, v in (("replicate", replicate), ("retry", retry), ("ttl", ttl))
+               if v is not None}
+    schedule = periodic.Schedule(name, cron, queue, body.encode(), tz,
+                                 {**options, "catch_up": catch_up})
+    now = dt.datetime.now(dt.UTC)
+    with client_for(dsn, data) as client, psycopg.connect(client.dsn, autocommit=True) as conn:
+        periodic.save(conn, schedule, now)
+    click.echo(f"{name}: next job {periodic.next_tick(cron, tz, now).isoformat()}")
+
+
+@periodic_group.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@target_options
+@handles_errors
+def periodic_list(as_json: bool, dsn: str | None, data: str | None) -> None:
+    """The schedules, with their last and next ticks."""
+    import psycopg
+
+    from .. import periodic
+
+    now = dt.datetime.now(dt.UTC)
+    with client_for(dsn, data) as client, psycopg.connect(client.dsn) as conn:
+        schedules = periodic.load(conn)
+    rows = [(s.name, s.cron, s.tz, s.queue, last.isoformat() if last else None,
+             periodic.next_tick(s.cron, s.tz, now).isoformat(), json.dumps(s.options))
+            for s, last in schedules]
+    table(rows, ("name", "cron", "tz", "queue", "last_tick", "next_tick", "options"), as_json)
+
+
+@periodic_group.command("remove")
+@click.argument("name")
+@target_options
+@handles_errors
+def periodic_remove(name: str, dsn: str | None, data: str | None) -> None:
+    """Remove schedule NAME (exit 3 if there is none)."""
+    import psycopg
+
+    from .. import periodic
+
+    with client_for(dsn, data) as client, psycopg.connect(client.dsn, autocommit=True) as conn:
+        removed = periodic.remove(conn, name)
+    if not removed:
+        click.echo(f"no schedule named {name}", err=True)
+        sys.exit(3)
+    click.echo(f"removed {name}")

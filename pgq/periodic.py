@@ -1,0 +1,191 @@
+"""Periodic jobs: a job added to a queue at every tick of a cron expression.
+
+::
+
+    worker = pgq.Worker(client)
+
+    @worker.periodic("*/5 * * * *", queue="reports", tz="Europe/Paris")
+    def make_report(job): ...
+
+    worker.run()        # serves "reports" and adds its job every 5 minutes
+
+or ``pgq periodic add nightly "0 3 * * *" --queue backups`` and any worker
+started with ``scheduler=True`` (``pgq worker ... --scheduler``).
+
+Invariants, and why:
+
+* **One job per tick on a database.** Schedules live in ``pgq.periodic``;
+  a scheduler adds a tick's job in the same transaction as it moves the
+  schedule's ``last_tick`` forward (``CLAIM_TICK``, under the row's lock),
+  so however many workers run the schedule, one of them adds it, once. In
+  a cluster, a schedule belongs to the node database it was added to: run
+  its schedulers against that node (or give its jobs ``replicate`` so they
+  survive the node).
+* **Missed ticks are coalesced.** After downtime (no scheduler running, a
+  node down), the scheduler adds one job for the latest missed tick if it
+  is at most ``catch_up`` seconds old (an hour by default, per schedule),
+  and none for the older ones: a backlog of identical jobs is rarely what a
+  periodic task wants. A new schedule starts with the next tick.
+* **Cron expressions** are parsed by ``cronsim`` (five fields, ``@daily``
+  and friends, ``L``, ``#``), in the schedule's time zone (``zoneinfo``
+  names), so "0 3 * * *" stays at 03:00 local time across DST changes.
+
+:func:`due_tick` is pure (the time is a parameter); :class:`Scheduler`
+runs it against a database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import psycopg
+
+from . import statements as sql
+from .errors import InvalidArgumentError
+
+__all__ = ["Schedule", "Scheduler", "due_tick", "latest_tick", "next_tick", "DEFAULT_CATCH_UP"]
+
+log = logging.getLogger("pgq.periodic")
+DEFAULT_CATCH_UP = 3600.0
+_ADD_OPTIONS = ("replicate", "retry", "ttl")
+
+
+def _zone(tz: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidArgumentError(f"unknown time zone {tz!r} (use an IANA name like "
+                                   "'UTC' or 'Europe/Paris')") from None
+
+
+def _ticks(cron: str, tz: str, start: dt.datetime, reverse: bool) -> Iterator[dt.datetime]:
+    from cronsim import CronSim, CronSimError
+
+    try:
+        return iter(CronSim(cron, start.astimezone(_zone(tz)), reverse=reverse))
+    except CronSimError as exc:
+        raise InvalidArgumentError(f"invalid cron expression {cron!r}: {exc}") from None
+
+
+def latest_tick(cron: str, tz: str, now: dt.datetime) -> dt.datetime:
+    """The latest tick at or before ``now``."""
+    return next(_ticks(cron, tz, now.replace(microsecond=0) + dt.timedelta(seconds=1), True))
+
+
+def next_tick(cron: str, tz: str, now: dt.datetime) -> dt.datetime:
+    """The first tick after ``now``."""
+    return next(_ticks(cron, tz, now, False))
+
+
+def due_tick(cron: str, tz: str, last_tick: dt.datetime | None, now: dt.datetime,
+             catch_up: float = DEFAULT_CATCH_UP) -> dt.datetime | None:
+    """The tick whose job is due now, if any: the latest tick at or before
+    ``now``, when it is after ``last_tick`` and at most ``catch_up``
+    seconds old (older missed ticks are skipped)."""
+    tick = latest_tick(cron, tz, now)
+    if last_tick is not None and tick <= last_tick:
+        return None
+    if (now - tick).total_seconds() > catch_up:
+        return None
+    return tick
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A periodic job: ``body`` to ``queue`` at every tick of ``cron``."""
+
+    name: str
+    cron: str
+    queue: str
+    body: bytes = b""
+    tz: str = "UTC"
+    options: dict[str, Any] = field(default_factory=dict)  # replicate, retry, ttl, catch_up
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
+            raise InvalidArgumentError("a schedule needs a name (1 to 200 characters)")
+        unknown = set(self.options) - {*_ADD_OPTIONS, "catch_up"}
+        if unknown:
+            raise InvalidArgumentError(f"unknown schedule option(s) {sorted(unknown)}: "
+                                       f"choose among {', '.join((*_ADD_OPTIONS, 'catch_up'))}")
+        latest_tick(self.cron, self.tz, dt.datetime.now(dt.UTC))  # checks both
+
+    @property
+    def catch_up(self) -> float:
+        return float(self.options.get("catch_up", DEFAULT_CATCH_UP))
+
+    def add_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.options.items() if k in _ADD_OPTIONS}
+
+
+def save(conn: psycopg.Connection[Any], schedule: Schedule, now: dt.datetime) -> None:
+    """Create or change a schedule (its next job: at its next tick)."""
+    conn.execute(sql.UPSERT_SCHEDULE, {
+        "name": schedule.name, "cron": schedule.cron, "tz": schedule.tz, "queue": schedule.queue,
+        "body": schedule.body, "options": json.dumps(schedule.options),
+        "start_tick": latest_tick(schedule.cron, schedule.tz, now)})
+
+
+def load(conn: psycopg.Connection[Any]) -> list[tuple[Schedule, dt.datetime | None]]:
+    """Every schedule of the database, with its last tick."""
+    out = []
+    for name, cron, tz, queue, body, options, last in conn.execute(sql.SCHEDULES).fetchall():
+        out.append((Schedule(name, cron, queue, bytes(body), tz, dict(options or {})), last))
+    return out
+
+
+def remove(conn: psycopg.Connection[Any], name: str) -> bool:
+    return conn.execute(sql.REMOVE_SCHEDULE, {"name": name}).rowcount > 0
+
+
+class Scheduler:
+    """Adds the due jobs of every schedule of a database (see the module doc)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client  # a pgq.Client on the database
+
+    def fire_due(self, now: dt.datetime | None = None) -> list[tuple[str, dt.datetime, str]]:
+        """Add the job of every due tick; ``(schedule, tick, job id)`` of each
+        job this call added (another scheduler may have added some)."""
+        now = now or dt.datetime.now(dt.UTC)
+        added = []
+        with psycopg.connect(self.client.dsn) as conn:
+            for schedule, last in load(conn):
+                try:
+                    tick = due_tick(schedule.cron, schedule.tz, last, now, schedule.catch_up)
+                except InvalidArgumentError as exc:  # a schedule edited by hand
+                    log.warning("periodic: schedule %s: %s", schedule.name, exc)
+                    continue
+                if tick is None:
+                    continue
+                with conn.transaction():
+                    row = conn.execute(sql.CLAIM_TICK, {"name": schedule.name,
+                                                        "tick": tick}).fetchone()
+                    if row is None:
+                        continue  # another scheduler took this tick
+                    job_id = self.client.add_job(schedule.queue, schedule.body, conn=conn,
+                                                 **schedule.add_options())
+                added.append((schedule.name, tick, job_id))
+                log.info("periodic: %s added job %s for its tick %s", schedule.name, job_id,
+                         tick.isoformat())
+            conn.commit()
+        return added
+
+    def seconds_to_next(self, now: dt.datetime | None = None) -> float:
+        """Until the next tick of any schedule (at most 60 s: schedules change)."""
+        now = now or dt.datetime.now(dt.UTC)
+        with psycopg.connect(self.client.dsn) as conn:
+            schedules = load(conn)
+        wait = 60.0
+        for schedule, _last in schedules:
+            try:
+                wait = min(wait, (next_tick(schedule.cron, schedule.tz, now) - now).total_seconds())
+            except InvalidArgumentError:
+                continue
+        return max(wait, 0.0)

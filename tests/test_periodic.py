@@ -1,0 +1,120 @@
+"""Periodic jobs (pgq.periodic): ticks of cron expressions in a time zone,
+one job per tick however many schedulers run, missed ticks coalesced, the
+worker's decorator and the CLI. Time is a parameter: nothing waits for a
+real minute to pass."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import threading
+
+import psycopg
+import pytest
+
+import pgq
+from pgq import periodic
+from pgq.errors import InvalidArgumentError
+from pgq.testing import run_jobs
+
+UTC = dt.UTC
+
+
+def at(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+def test_ticks_follow_the_time_zone_across_a_dst_change():
+    # 03:00 in Paris is 01:00 UTC in winter and 01:00 UTC again after the
+    # October change (CEST -> CET moves it from 01:00 UTC to 02:00 UTC)
+    assert periodic.latest_tick("0 3 * * *", "Europe/Paris", at("2026-10-24T12:00")) \
+        == at("2026-10-24T01:00")
+    assert periodic.latest_tick("0 3 * * *", "Europe/Paris", at("2026-10-26T12:00")) \
+        == at("2026-10-26T02:00")
+    assert periodic.next_tick("*/5 * * * *", "UTC", at("2026-11-25T08:50")) == at("2026-11-25T08:55")
+
+
+def test_due_ticks_fire_once_and_coalesce_what_was_missed():
+    cron = "0 * * * *"  # hourly
+    assert periodic.due_tick(cron, "UTC", at("2026-11-25T08:00"), at("2026-11-25T08:59")) is None
+    assert periodic.due_tick(cron, "UTC", at("2026-11-25T08:00"), at("2026-11-25T09:00")) \
+        == at("2026-11-25T09:00")
+    # down from 08:00 to 12:30: one job, for 12:00 (09:00-11:00 are skipped)
+    assert periodic.due_tick(cron, "UTC", at("2026-11-25T08:00"), at("2026-11-25T12:30")) \
+        == at("2026-11-25T12:00")
+    # ... unless even the latest is older than the catch-up window
+    assert periodic.due_tick(cron, "UTC", at("2026-11-25T08:00"), at("2026-11-25T12:30"),
+                             catch_up=600) is None
+
+
+@pytest.mark.parametrize("cron,tz,message", [
+    ("61 * * * *", "UTC", "invalid cron expression"),
+    ("* * *", "UTC", "invalid cron expression"),
+    ("* * * * *", "Mars/Olympus", "unknown time zone"),
+])
+def test_bad_schedules_are_refused_with_what_to_fix(cron, tz, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        periodic.Schedule("s", cron, "q", tz=tz)
+    with pytest.raises(InvalidArgumentError, match="unknown schedule option"):
+        periodic.Schedule("s", "* * * * *", "q", options={"priority": 1})
+
+
+def test_one_job_per_tick_however_many_schedulers_run(client, dsn):
+    start = at("2026-11-25T08:52")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        periodic.save(conn, periodic.Schedule("every5", "*/5 * * * *", "ticks", b"go",
+                                              options={"retry": 30}), start)
+    schedulers = [periodic.Scheduler(client) for _ in range(4)]
+    assert schedulers[0].fire_due(start) == []  # a new schedule starts with its next tick
+    added: list[tuple[str, dt.datetime, str]] = []
+    threads = [threading.Thread(target=lambda s=s: added.extend(s.fire_due(at("2026-11-25T08:55"))))
+               for s in schedulers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert [(name, tick) for name, tick, _ in added] == [("every5", at("2026-11-25T08:55"))]
+    assert client.qlen("ticks") == 1 and client.show(added[0][2])["retry"] == 30
+    assert schedulers[1].fire_due(at("2026-11-25T08:59")) == []  # same tick: nothing more
+    assert [t for _, t, _ in schedulers[2].fire_due(at("2026-11-25T09:00"))] == [at("2026-11-25T09:00")]
+    assert 0 < schedulers[0].seconds_to_next(at("2026-11-25T09:01")) <= 240
+
+
+def test_a_workers_periodic_task_is_scheduled_and_served(client, dsn):
+    seen = []
+    worker = pgq.Worker(client, concurrency=1)
+
+    @worker.periodic("0 3 * * *", queue="nightly", tz="Europe/Paris", retry=60)
+    def backup(job):
+        seen.append(job.body)
+
+    run_jobs(worker)  # saves the schedule; nothing is due yet
+    with psycopg.connect(dsn) as conn:
+        (schedule, last), = periodic.load(conn)
+    assert (schedule.name, schedule.cron, schedule.tz) == (f"{__name__}.{backup.__qualname__}",
+                                                           "0 3 * * *", "Europe/Paris")
+    assert last is not None and seen == []
+    added = periodic.Scheduler(client).fire_due(last + dt.timedelta(days=1, minutes=1))
+    assert len(added) == 1
+    run_jobs(worker)
+    assert seen == [b""]
+
+
+def test_the_periodic_commands(dsn):
+    def pgq_cli(*args):
+        return subprocess.run([sys.executable, "-m", "pgq", "periodic", *args, "--dsn", dsn],
+                              capture_output=True, text=True, timeout=60)
+
+    done = pgq_cli("add", "reports", "*/10 * * * *", "--queue", "reports", "--body", "weekly",
+                   "--replicate", "1")
+    assert done.returncode == 0 and done.stdout.startswith("reports: next job "), done.stderr
+    listed = json.loads(pgq_cli("list", "--json").stdout)
+    assert [(s["name"], s["cron"], s["queue"], json.loads(s["options"])) for s in listed] == [
+        ("reports", "*/10 * * * *", "reports", {"replicate": 1, "catch_up": 3600.0})]
+    bad = pgq_cli("add", "x", "every day", "--queue", "q")
+    assert bad.returncode == 1 and "invalid cron expression" in bad.stderr
+    assert pgq_cli("remove", "reports").returncode == 0
+    missing = pgq_cli("remove", "reports")
+    assert missing.returncode == 3 and "no schedule named reports" in missing.stderr
