@@ -301,6 +301,10 @@ class AsyncClient(ClientCore):
         """WORKING (see :meth:`pgq.Client.working`)."""
         return await self._run(self.working_command(id), conn)
 
+    async def wait_job(self, id: str | Job, timeout: float | None = None) -> bool:
+        """See :meth:`pgq.Client.wait_job`."""
+        return await self._run(self.wait_job_command(id, timeout))
+
     async def store_result(self, id: str | Job, value: bytes | None = None, *,
                            error: str | None = None, keep: float = 86400.0) -> None:
         """See :meth:`pgq.Client.store_result`."""

@@ -303,6 +303,13 @@ class Client(ClientCore):
         """WORKING: postpone a job's re-queue; returns its retry time in seconds."""
         return self._run(self.working_command(id), conn)
 
+    def wait_job(self, id: str | Job, timeout: float | None = None) -> bool:
+        """Wait until a job is done with (acknowledged anywhere its ACK
+        reaches this node's copy, deleted, expired or dead-lettered): True,
+        or False after ``timeout`` seconds. Raises NoJobError if this node
+        holds no copy of it (goware/disque's Wait)."""
+        return self._run(self.wait_job_command(id, timeout))
+
     def store_result(self, id: str | Job, value: bytes | None = None, *, error: str | None = None,
                      keep: float = 86400.0) -> None:
         """Keep a job's result (bytes), or the error that ended it, for

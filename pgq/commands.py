@@ -850,6 +850,34 @@ def sweep(session: Session) -> Command[tuple[int, int, int]]:
     return int(row[0]), int(row[1]), int(row[2])
 
 
+def wait_job(session: Session, job_id: str, timeout: float | None) -> Command[bool]:
+    """Wait until a job this node holds is done with: acknowledged (here, or
+    on another holder, whose ACK reaches this copy), deleted, expired or
+    dead-lettered. True when it is, False after ``timeout`` seconds; raises
+    NoJobError when this node holds no copy (ask a node that does)."""
+    deadline = None if timeout is None else session.clock() + timeout
+    polls = 0
+    first = True
+    while True:
+        row = yield Query(sql.SHOW, {"id": job_id}, Result.ROW)
+        if row is None:
+            if first:
+                acked = yield Query(sql.SHOW_ACKED, {"id": job_id}, Result.ROW)
+                if acked is None:
+                    raise NoJobError(f"job {job_id} is not held on this node: wait on a node "
+                                     "that holds a copy (SHOW there lists its nodes)")
+            return True
+        first = False
+        now = session.clock()
+        if deadline is not None and now >= deadline:
+            return False
+        wait = _poll_wait(polls, max(session.poll_interval, 0.05))
+        if deadline is not None:
+            wait = min(wait, deadline - now)
+        polls += 1
+        yield Wait(wait)
+
+
 # -------------------------------------------------------------- results
 
 def store_result(session: Session, job_id: str, value: bytes | None, error: str | None,

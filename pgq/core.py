@@ -359,6 +359,11 @@ class ClientCore:
         data = bytes(value) if value is not None else None
         return lambda session: commands.store_result(session, checked, data, error, seconds)
 
+    def wait_job_command(self, job_id: object, timeout: object) -> CommandFactory[bool]:
+        checked = validate_job_id(job_id)
+        wait = None if timeout is None else args.seconds("timeout", timeout, maximum=args.MAX_TTL)
+        return lambda session: commands.wait_job(session, checked, wait)
+
     def wait_result_command(self, job_id: object, timeout: object
                             ) -> CommandFactory[tuple[bytes | None, str | None] | None]:
         checked = validate_job_id(job_id)

@@ -210,3 +210,21 @@ def test_a_job_stands_for_its_id(client):
     assert client.ack_job(first) == 1 and client.show(first) is None  # one node: no tombstone
     again = client.get_job("asid")
     assert [j.id for j in again] == [second.id] and client.fast_ack(*again) == 1
+
+
+def test_wait_job_returns_once_the_job_is_done_with(client):
+    import threading
+
+    import pytest
+
+    job = client.add_job("waited", b"x", retry=30)
+    assert client.wait_job(job, timeout=0.2) is False  # queued: not done
+    done = {}
+    waiter = threading.Thread(target=lambda: done.update(ok=client.wait_job(job, timeout=30)))
+    waiter.start()
+    got = client.get_job("waited")
+    assert client.ack_job(*got) == 1
+    waiter.join(30)
+    assert done == {"ok": True}
+    with pytest.raises(pgq.errors.NoJobError, match="not held on this node"):
+        client.wait_job(job)  # acked and collected on one node: unknown here now

@@ -261,6 +261,17 @@ def test_an_ack_reaches_a_holder_that_imported_the_job(sim_databases):
     s.until(collected(s, job), 10.0, "every copy and tombstone gone")
 
 
+def test_wait_job_on_a_holder_returns_when_another_holder_acks(sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3)
+    waiting = s.start("n2", lambda ses: commands.wait_job(ses, job, 30), "wait on n2")
+    s.run_for(1.0)
+    assert not waiting.done
+    s.ack("n1", job)
+    s.until(lambda: waiting.done, 3.0, "the wait to end with the ACK")
+    assert waiting.value is True and waiting.error is None
+
+
 def test_fast_acks_from_a_holder_and_from_a_stranger(sim_databases):
     s = cluster(sim_databases)
     one = s.add("n1", b"x", replicate=3)
