@@ -20,7 +20,7 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from . import commands
+from . import commands, tracing
 from .combine import AsyncCombiner
 from .connecting import first_connection_async
 from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
@@ -220,6 +220,12 @@ class AsyncClient(ClientCore):
         return await self._add(call, conn)
 
     async def _add(self, call: commands.AddCall, conn: object) -> list[str]:
+        with tracing.span(f"pgq add {call.queue}", "PRODUCER", queue=call.queue) as span:
+            ids = await self._add_untraced(call, conn)
+            tracing.set_ids(span, ids)
+            return ids
+
+    async def _add_untraced(self, call: commands.AddCall, conn: object) -> list[str]:
         """As :meth:`pgq.Client._add`: batched when it can be; through the
         next node when this one's process is down."""
         if conn is None and call.bodies and commands.batchable(call):
@@ -248,14 +254,17 @@ class AsyncClient(ClientCore):
         """GETJOB (see :meth:`pgq.Client.get_job`)."""
         request = self.get_request(queues, count=count, timeout=timeout, nohang=nohang,
                                    withcounters=withcounters)
-        if conn is not None:
-            return await self._run(request.command(), conn)
-        if self._pool is None:
-            await self.open()
-        jobs: list[Job] = await self._claims.submit(request.call, self)  # one claim for many callers
-        if jobs or request.nohang:
-            return jobs
-        return await self._run(request.command(claimed=True))
+        with tracing.span("pgq get", "CONSUMER") as span:
+            if conn is not None:
+                got: list[Job] = await self._run(request.command(), conn)
+            else:
+                if self._pool is None:
+                    await self.open()
+                got = await self._claims.submit(request.call, self)  # one claim for many callers
+                if not got and not request.nohang:
+                    got = await self._run(request.command(claimed=True))
+            tracing.set_ids(span, [j.id for j in got])
+            return got
 
     async def wait_replicated(self, ids: Iterable[str], timeout: float = 5.0) -> None:
         """Wait until jobs added with ``asynchronous=True`` or inside a transaction
@@ -265,12 +274,14 @@ class AsyncClient(ClientCore):
 
     async def ack_job(self, *ids: str | Job, conn: object = None) -> int:
         """ACKJOB (see :meth:`pgq.Client.ack_job`)."""
-        if conn is not None:
-            return await self._run(self.ids_command("ack_jobs", ids), conn)
-        checked = self.job_ids(ids)
-        if self._pool is None:
-            await self.open()
-        return await self._acks.submit(checked, self)  # type: ignore[no-any-return]
+        with tracing.span("pgq ack", "CLIENT") as span:
+            if conn is not None:
+                return await self._run(self.ids_command("ack_jobs", ids), conn)
+            checked = self.job_ids(ids)
+            tracing.set_ids(span, checked)
+            if self._pool is None:
+                await self.open()
+            return await self._acks.submit(checked, self)  # type: ignore[no-any-return]
 
     async def fast_ack(self, *ids: str | Job, conn: object = None) -> int:
         """FASTACK (see :meth:`pgq.Client.fast_ack`)."""

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from . import commands
+from . import commands, tracing
 from .combine import Shared, SyncCombiner
 from .connecting import first_connection
 from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
@@ -226,6 +226,12 @@ class Client(ClientCore):
         return self._add(call, conn)
 
     def _add(self, call: commands.AddCall, conn: object) -> list[str]:
+        with tracing.span(f"pgq add {call.queue}", "PRODUCER", queue=call.queue) as span:
+            ids = self._add_untraced(call, conn)
+            tracing.set_ids(span, ids)
+            return ids
+
+    def _add_untraced(self, call: commands.AddCall, conn: object) -> list[str]:
         """Run an add: in a batch with other callers' when it can be, else on
         its own; when this node's process is down and nothing was kept, add
         through the next node DSN (each tried at most once)."""
@@ -255,12 +261,15 @@ class Client(ClientCore):
         """
         request = self.get_request(queues, count=count, timeout=timeout, nohang=nohang,
                                    withcounters=withcounters)
-        if conn is not None:
-            return self._run(request.command(), conn)
-        jobs: list[Job] = self._combiners().claims.submit(request.call, self)  # one claim, many callers
-        if jobs or request.nohang:
-            return jobs
-        return self._run(request.command(claimed=True))
+        with tracing.span("pgq get", "CONSUMER") as span:
+            if conn is not None:
+                got: list[Job] = self._run(request.command(), conn)
+            else:
+                got = self._combiners().claims.submit(request.call, self)  # one claim, many callers
+                if not got and not request.nohang:
+                    got = self._run(request.command(claimed=True))
+            tracing.set_ids(span, [j.id for j in got])
+            return got
 
     def wait_replicated(self, ids: Iterable[str], timeout: float = 5.0) -> None:
         """Wait until jobs added with ``asynchronous=True`` or inside a transaction
@@ -270,9 +279,11 @@ class Client(ClientCore):
 
     def ack_job(self, *ids: str | Job, conn: object = None) -> int:
         """ACKJOB: mark jobs done; returns how many known, unacknowledged jobs were acked."""
-        if conn is not None:
-            return self._run(self.ids_command("ack_jobs", ids), conn)
-        return self._combiners().acks.submit(self.job_ids(ids), self)  # type: ignore[no-any-return]
+        with tracing.span("pgq ack", "CLIENT") as span:
+            tracing.set_ids(span, self.job_ids(ids))
+            if conn is not None:
+                return self._run(self.ids_command("ack_jobs", ids), conn)
+            return self._combiners().acks.submit(self.job_ids(ids), self)  # type: ignore[no-any-return]
 
     def fast_ack(self, *ids: str | Job, conn: object = None) -> int:
         """FASTACK: delete jobs now (no tombstone); returns how many were deleted."""

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
+from . import tracing
 from .errors import InvalidArgumentError, InvalidTypeError, TaskFailedError
 from .job import Job
 
@@ -130,7 +131,11 @@ class Task(Generic[P, R]):
             self._signature.bind(**kwargs)
         except TypeError as exc:
             raise InvalidArgumentError(f"{self.name}: {exc}") from None
-        return self.app.serializer.dumps({"task": self.name, "kwargs": dict(kwargs)})
+        call: dict[str, Any] = {"task": self.name, "kwargs": dict(kwargs)}
+        carrier = tracing.inject()
+        if carrier:  # the worker's span links to the one that deferred the call
+            call["trace"] = carrier
+        return self.app.serializer.dumps(call)
 
     def defer(self, **kwargs: Any) -> str:
         """Queue a call with these keyword arguments; returns the job's ID."""
@@ -225,8 +230,13 @@ class Tasks:
         is_async = all(inspect.iscoroutinefunction(t.fn) for t in self.tasks.values())
         handler = self.run_async if is_async else self.run
         options.setdefault("keep_results", self.keep_results)
+        options.setdefault("trace_context", self._trace_context)
         options.setdefault("encode_result", self._encode_result)
         return Worker(self.client, queues=self.queues(), handler=handler, **options)
+
+    def _trace_context(self, job: Job) -> dict[str, str] | None:
+        carrier = self.serializer.loads(job.body).get("trace")
+        return carrier if isinstance(carrier, dict) else None
 
     def _encode_result(self, value: Any) -> bytes:
         return self.serializer.dumps({"result": value})

@@ -58,6 +58,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import psycopg
 
+from . import tracing
 from .aio import AsyncClient
 from .client import Client
 from .dsn import redact
@@ -156,7 +157,8 @@ class Worker:
                  transactional: bool = False, metrics: Any = None,
                  job_log_level: int = logging.DEBUG, keep_results: float | None = None,
                  encode_result: Callable[[Any], bytes | None] | None = None,
-                 scheduler: bool = False) -> None:
+                 scheduler: bool = False,
+                 trace_context: Callable[[Job], dict[str, str] | None] | None = None) -> None:
         if isinstance(client, (Client, AsyncClient)):
             self._dsn: Any = client._dsns if len(client._dsns) > 1 else client.dsn
         elif client is None or isinstance(client, str):
@@ -184,6 +186,9 @@ class Worker:
         # whether it adds the due jobs of every schedule of its database.
         self.schedules: list[Any] = []
         self.scheduler = scheduler
+        # Where a job carries the trace context of the span that added it
+        # (pgq.tracing): its handler's span is linked to that one.
+        self.trace_context = trace_context
         self.metrics = metrics
         self._stop = threading.Event()
         self._stopping: anyio.Event | None = None
@@ -408,8 +413,11 @@ class Worker:
                 self._leases.add(job.id, job.retry, time.monotonic())
                 self._leases_changed.set()
             failure: _JobFailed | None = None
+            links = tracing.extract_link(self._carrier(job)) if tracing.enabled() else None
             try:
-                outcome = await self._call(task, job)
+                with tracing.span(f"pgq process {job.queue}", "CONSUMER", queue=job.queue,
+                                  links=links, messaging__message__id=job.id):
+                    outcome = await self._call(task, job)
             except _JobFailed as exc:
                 failure, outcome = exc, None
             finally:
@@ -426,6 +434,14 @@ class Worker:
         finally:
             self._in_flight.pop(job.id, None)
             self._room.set()
+
+    def _carrier(self, job: Job) -> dict[str, str] | None:
+        if self.trace_context is None:
+            return None
+        try:
+            return self.trace_context(job)
+        except Exception:  # a body that is not what the producer said: no link
+            return None
 
     async def _call(self, task: _Task, job: Job) -> Any:
         """Run the handler; what it returned when the ACK is still to be sent,

@@ -1,0 +1,80 @@
+"""OpenTelemetry spans for pgq (optional: ``pip install 'pgq-disque[otel]'``).
+
+When ``opentelemetry-api`` is installed, pgq emits spans through the global
+tracer provider (configured by the application, as OpenTelemetry wants):
+
+* ``pgq add <queue>`` (PRODUCER) around ``add_job`` / ``add_jobs``, with
+  the job IDs;
+* ``pgq get`` (CONSUMER) around ``get_job``, and ``pgq ack`` around
+  ``ack_job``;
+* ``pgq process <queue>`` (CONSUMER) around a worker's handler, **linked**
+  to the span that deferred the job when the job carries its trace
+  context. A job body is the user's bytes, so pgq cannot add a header to
+  every job: a :class:`pgq.Tasks` call carries it in its JSON (``"trace"``),
+  and any producer may pass it to a worker through ``trace_context``.
+
+Attributes follow OpenTelemetry's messaging conventions
+(``messaging.system = "pgq"``, ``messaging.destination.name``,
+``messaging.message.id``). Without the package every function here is a
+no-op costing one attribute lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["span", "inject", "extract_link", "enabled"]
+
+try:  # optional dependency
+    from opentelemetry import propagate, trace
+except ImportError:  # pragma: no cover - exercised where the extra is absent
+    trace = None  # type: ignore[assignment]
+    propagate = None  # type: ignore[assignment]
+
+
+def enabled() -> bool:
+    return trace is not None
+
+
+@contextlib.contextmanager
+def span(name: str, kind: str = "INTERNAL", queue: str | None = None,
+         links: list[Any] | None = None, **attributes: Any) -> Iterator[Any]:
+    """A span (or nothing, without OpenTelemetry); errors are recorded on it."""
+    if trace is None:
+        yield None
+        return
+    attrs = {"messaging.system": "pgq", **{k.replace("__", "."): v for k, v in attributes.items()
+                                           if v is not None}}
+    if queue is not None:
+        attrs["messaging.destination.name"] = queue
+    tracer = trace.get_tracer("pgq")
+    with tracer.start_as_current_span(name, kind=getattr(trace.SpanKind, kind), attributes=attrs,
+                                      links=links or ()) as current:
+        yield current
+
+
+def set_ids(current: Any, ids: list[str]) -> None:
+    """Name the jobs a span touched (one ID, or how many)."""
+    if current is None or not ids:
+        return
+    if len(ids) == 1:
+        current.set_attribute("messaging.message.id", ids[0])
+    current.set_attribute("messaging.batch.message_count", len(ids))
+
+
+def inject() -> dict[str, str]:
+    """The current trace context, to carry inside a job (W3C traceparent)."""
+    carrier: dict[str, str] = {}
+    if propagate is not None:
+        propagate.inject(carrier)
+    return carrier
+
+
+def extract_link(carrier: Mapping[str, str] | None) -> list[Any]:
+    """A link to the span whose context a job carried (none without one)."""
+    if trace is None or not carrier:
+        return []
+    context = trace.get_current_span(propagate.extract(dict(carrier))).get_span_context()
+    return [trace.Link(context)] if context.is_valid else []
