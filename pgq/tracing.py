@@ -34,6 +34,12 @@ except ImportError:  # pragma: no cover - exercised where the extra is absent
     propagate = None  # type: ignore[assignment]
 
 
+_tracer: Any = None
+# Providers that record nothing: the proxy in place until the application
+# sets one, and the explicit no-op one.
+_NOBODY: tuple[type, ...] = (trace.ProxyTracerProvider, trace.NoOpTracerProvider) if trace else ()
+
+
 def enabled() -> bool:
     return trace is not None
 
@@ -42,22 +48,27 @@ def enabled() -> bool:
 def span(name: str, kind: str = "INTERNAL", queue: str | None = None,
          links: list[Any] | None = None, **attributes: Any) -> Iterator[Any]:
     """A span (or nothing, without OpenTelemetry); errors are recorded on it."""
-    if trace is None:
-        yield None
+    if trace is None or isinstance(trace.get_tracer_provider(), _NOBODY):
+        yield None  # nothing would record it: no span at all (about 0.3 µs)
         return
-    attrs = {"messaging.system": "pgq", **{k.replace("__", "."): v for k, v in attributes.items()
-                                           if v is not None}}
-    if queue is not None:
-        attrs["messaging.destination.name"] = queue
-    tracer = trace.get_tracer("pgq")
-    with tracer.start_as_current_span(name, kind=getattr(trace.SpanKind, kind), attributes=attrs,
-                                      links=links or ()) as current:
+    global _tracer
+    if _tracer is None:  # a proxy: it follows a provider the application sets later
+        _tracer = trace.get_tracer("pgq")
+    with _tracer.start_as_current_span(name, kind=getattr(trace.SpanKind, kind),
+                                       links=links or ()) as current:
+        if current.is_recording():  # attributes only for spans someone records
+            current.set_attribute("messaging.system", "pgq")
+            if queue is not None:
+                current.set_attribute("messaging.destination.name", queue)
+            for key, value in attributes.items():
+                if value is not None:
+                    current.set_attribute(key.replace("__", "."), value)
         yield current
 
 
 def set_ids(current: Any, ids: list[str]) -> None:
     """Name the jobs a span touched (one ID, or how many)."""
-    if current is None or not ids:
+    if current is None or not ids or not current.is_recording():
         return
     if len(ids) == 1:
         current.set_attribute("messaging.message.id", ids[0])
