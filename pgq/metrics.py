@@ -55,7 +55,7 @@ class WorkerMetrics:
 class _NodeCollector(Collector):
     """Reads queue statistics and node state when Prometheus scrapes."""
 
-    def __init__(self, dsn: str, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, dsn: str, snapshot: Callable[[], dict[str, Any]] | None) -> None:
         self.dsn = dsn
         self.snapshot = snapshot
 
@@ -79,6 +79,8 @@ class _NodeCollector(Collector):
             jobs_in.add_metric([queue], i)
             jobs_out.add_metric([queue], o)
         yield from (length, active, jobs_in, jobs_out)
+        if self.snapshot is None:  # a client-side front (HTTP): queue metrics only
+            return
         state = self.snapshot()
         nodes = GaugeMetricFamily("pgq_cluster_nodes", "known nodes by state", labels=["status"])
         for status, count in state["nodes"].items():

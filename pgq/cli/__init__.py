@@ -14,6 +14,7 @@ import click
 from .. import __version__
 from . import cluster, jobs, server
 from .periodic import periodic_group
+from .serve import serve
 from .simulate import simulate
 from .spark import spark_group
 from .stats import stats
@@ -42,7 +43,7 @@ def demo(jobs: int, no_kill: bool) -> None:
 for command in (server.migrate, server.embedded_group, cluster.node_group, cluster.cluster_group,
                 jobs.add, jobs.get, jobs.ack, jobs.fast_ack, jobs.nack, jobs.del_job, jobs.enqueue,
                 jobs.dequeue, jobs.show, jobs.qlen, jobs.qstat, jobs.qscan, jobs.jscan, jobs.pause,
-                jobs.dead_letters, worker, stats, spark_group, simulate, periodic_group):
+                jobs.dead_letters, worker, stats, spark_group, simulate, periodic_group, serve):
     main.add_command(command)
 
 __all__ = ["main"]

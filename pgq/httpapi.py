@@ -1,0 +1,273 @@
+"""pgq over HTTP: any program adds and consumes jobs with JSON (``pgq serve --http``; module :mod:`pgq.httpapi`).
+
+Routes (JSON in and out; bodies as ``"body"`` text, or ``"body_base64"``):
+
+==========================================  ==========================================
+``POST /v1/queues/{queue}/jobs``            add one (``body``) or many (``jobs``: [...])
+``POST /v1/lease``                          get jobs (``queues``, ``count``, ``timeout``)
+``POST /v1/jobs/{id}/ack``                  acknowledge
+``POST /v1/jobs/{id}/nack``                 back in its queue (``delay`` seconds)
+``POST /v1/jobs/{id}/working``              extend the lease (WORKING)
+``GET /v1/jobs/{id}``                       status (SHOW)
+``POST /v1/jobs/{id}/wait``                 wait until done with (``timeout``)
+``GET /v1/queues/{queue}``                  queue statistics (QSTAT)
+``GET /health``, ``GET /metrics``           liveness (no auth), Prometheus text
+``GET /openapi.json``                       this API, as OpenAPI 3.1
+==========================================  ==========================================
+
+Why it is shaped so:
+
+* Every route is one :class:`pgq.AsyncClient` call: the HTTP front has the
+  client's semantics and its group commit (concurrent requests share
+  statements and commits) and adds none of its own.
+* Errors are typed, never a traceback: bad JSON or arguments are 400 with
+  the client's message, an unknown job 404, a paused or full queue 409, no
+  replicas or no database 503; the body is ``{"error": kind, "message"}``.
+* A bearer token (``--token-file``) guards every route but ``/health``;
+  the CLI refuses to listen beyond loopback without one.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from . import errors
+from .aio import AsyncClient
+from .job import Job
+
+__all__ = ["create_app", "OPENAPI"]
+
+_STATUS: list[tuple[type[errors.PgqError], int]] = [
+    (errors.NoJobError, 404),
+    (errors.PausedError, 409),
+    (errors.MaxLenError, 409),
+    (errors.TooLateError, 409),
+    (errors.LeavingError, 409),
+    (errors.NoReplError, 503),
+    (errors.DatabaseUnavailableError, 503),
+    (errors.InvalidArgumentError, 400),
+    (errors.InvalidTypeError, 400),
+    (errors.BadIdError, 400),
+]
+_ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "timeout")
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _error(kind: str, message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": kind, "message": message}, status_code=status)
+
+
+def _status_of(exc: errors.PgqError) -> int:
+    return next((status for kind, status in _STATUS if isinstance(exc, kind)), 500)
+
+
+def _body_of(item: dict[str, Any]) -> bytes:
+    if "body_base64" in item:
+        try:
+            return base64.b64decode(str(item["body_base64"]), validate=True)
+        except (binascii.Error, ValueError):
+            raise _BadRequest("body_base64 is not valid base64") from None
+    body = item.get("body")
+    if not isinstance(body, str):
+        raise _BadRequest('a job needs "body" (text) or "body_base64"')
+    return body.encode()
+
+
+def _job_json(job: Job) -> dict[str, Any]:
+    out: dict[str, Any] = {"id": job.id, "queue": job.queue}
+    try:
+        out["body"] = bytes(job.body).decode("utf-8")
+    except UnicodeDecodeError:
+        out["body_base64"] = base64.b64encode(bytes(job.body)).decode()
+    if job.nacks is not None:
+        out["nacks"] = job.nacks
+        out["additional_deliveries"] = job.additional_deliveries
+    return out
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(bytes(value)).decode()}
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+async def _json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise _BadRequest("the request body is not JSON") from None
+    if not isinstance(data, dict):
+        raise _BadRequest("the request body must be a JSON object")
+    return data
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
+    """The HTTP API over ``client`` (see the module doc)."""
+
+    def guarded(handler: Handler, public: bool = False) -> Handler:
+        async def run(request: Request) -> Response:
+            if token and not public and request.headers.get("authorization") != f"Bearer {token}":
+                return _error("unauthorized", "send Authorization: Bearer <token>", 401)
+            try:
+                return await handler(request)
+            except _BadRequest as exc:
+                return _error("bad_request", str(exc), 400)
+            except errors.PgqError as exc:
+                return _error(type(exc).__name__, str(exc), _status_of(exc))
+        return run
+
+    async def add(request: Request) -> Response:
+        data = await _json(request)
+        queue = request.path_params["queue"]
+        options = {k: data[k] for k in _ADD_OPTIONS if k in data}
+        if "async" in data:
+            options["asynchronous"] = data["async"]
+        if "jobs" in data:
+            items = data["jobs"]
+            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                raise _BadRequest('"jobs" must be a list of objects')
+            ids = await client.add_jobs(queue, [_body_of(i) for i in items], **options)
+        else:
+            ids = [await client.add_job(queue, _body_of(data), **options)]
+        return JSONResponse({"ids": ids}, status_code=201)
+
+    async def lease(request: Request) -> Response:
+        data = await _json(request)
+        queues = data.get("queues")
+        if isinstance(queues, str):
+            queues = [queues]
+        if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
+            raise _BadRequest('"queues" must name at least one queue')
+        timeout = data.get("timeout", 0)
+        jobs = await client.get_job(*queues, count=data.get("count", 1),
+                                    timeout=timeout or None, nohang=not timeout,
+                                    withcounters=bool(data.get("withcounters", True)))
+        return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
+
+    async def ack(request: Request) -> Response:
+        return JSONResponse({"acked": await client.ack_job(request.path_params["id"])})
+
+    async def nack(request: Request) -> Response:
+        data = await _json(request)
+        return JSONResponse({"nacked": await client.nack_job(request.path_params["id"],
+                                                             delay=data.get("delay", 0))})
+
+    async def working(request: Request) -> Response:
+        return JSONResponse({"retry": await client.working(request.path_params["id"])})
+
+    async def status(request: Request) -> Response:
+        info = await client.show(request.path_params["id"])
+        if info is None:
+            raise errors.NoJobError(f"job {request.path_params['id']} is not known on this node")
+        return JSONResponse(_jsonable(info))
+
+    async def wait(request: Request) -> Response:
+        data = await _json(request)
+        done = await client.wait_job(request.path_params["id"], timeout=data.get("timeout", 30))
+        return JSONResponse({"done": done})
+
+    async def stats(request: Request) -> Response:
+        info = await client.qstat(request.path_params["queue"])
+        if info is None:
+            raise errors.NoJobError(f"queue {request.path_params['queue']} is not known here")
+        return JSONResponse(_jsonable(info))
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "node": client.node_id})
+
+    async def metrics(request: Request) -> Response:
+        import anyio.to_thread
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        from .metrics import _NodeCollector
+
+        registry = CollectorRegistry()
+        registry.register(_NodeCollector(client.dsn, None))
+        text = await anyio.to_thread.run_sync(generate_latest, registry)
+        return PlainTextResponse(text.decode(), media_type="text/plain; version=0.0.4")
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(OPENAPI)
+
+    routes = [
+        Route("/v1/queues/{queue:path}/jobs", guarded(add), methods=["POST"]),
+        Route("/v1/lease", guarded(lease), methods=["POST"]),
+        Route("/v1/jobs/{id:path}/ack", guarded(ack), methods=["POST"]),
+        Route("/v1/jobs/{id:path}/nack", guarded(nack), methods=["POST"]),
+        Route("/v1/jobs/{id:path}/working", guarded(working), methods=["POST"]),
+        Route("/v1/jobs/{id:path}/wait", guarded(wait), methods=["POST"]),
+        Route("/v1/jobs/{id:path}", guarded(status), methods=["GET"]),
+        Route("/v1/queues/{queue:path}", guarded(stats), methods=["GET"]),
+        Route("/health", guarded(health, public=True), methods=["GET"]),
+        Route("/metrics", guarded(metrics), methods=["GET"]),
+        Route("/openapi.json", guarded(openapi, public=True), methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200") -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary,
+                          "responses": {ok: {"description": "done"},
+                                        "400": {"description": "bad input"},
+                                        "401": {"description": "token missing or wrong"}}}
+    if body is not None:
+        op["requestBody"] = {"content": {"application/json": {"schema": body}}}
+    return op
+
+
+_JOB_PROPERTIES: dict[str, Any] = {"body": {"type": "string"}, "body_base64": {"type": "string"}}
+_JOB_IN: dict[str, Any] = {"type": "object", "properties": _JOB_PROPERTIES}
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "pgq", "version": "1", "description": "Disque's job queue on PostgreSQL"},
+    "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+    "security": [{"bearer": []}],
+    "paths": {
+        "/v1/queues/{queue}/jobs": {"post": _op("Add one job, or many (jobs)", {
+            "type": "object", "properties": {
+                **_JOB_PROPERTIES, "jobs": {"type": "array", "items": _JOB_IN},
+                **{k: {"type": "number"} for k in _ADD_OPTIONS}, "async": {"type": "boolean"}}},
+            ok="201")},
+        "/v1/lease": {"post": _op("Get jobs from queues, left to right", {
+            "type": "object", "required": ["queues"], "properties": {
+                "queues": {"type": "array", "items": {"type": "string"}},
+                "count": {"type": "integer"}, "timeout": {"type": "number"},
+                "withcounters": {"type": "boolean"}}})},
+        "/v1/jobs/{id}/ack": {"post": _op("Acknowledge a job")},
+        "/v1/jobs/{id}/nack": {"post": _op("Put a job back in its queue", {
+            "type": "object", "properties": {"delay": {"type": "number"}}})},
+        "/v1/jobs/{id}/working": {"post": _op("Extend a job's lease")},
+        "/v1/jobs/{id}/wait": {"post": _op("Wait until a job is done with", {
+            "type": "object", "properties": {"timeout": {"type": "number"}}})},
+        "/v1/jobs/{id}": {"get": _op("A job's status")},
+        "/v1/queues/{queue}": {"get": _op("A queue's statistics")},
+        "/health": {"get": {"summary": "Liveness", "security": [],
+                            "responses": {"200": {"description": "up"}}}},
+        "/metrics": {"get": _op("Prometheus metrics")},
+    },
+}

@@ -1,0 +1,126 @@
+"""The HTTP API (pgq serve --http) through a real HTTP client against a real
+server process: every route, bodies as text and base64, typed 4xx errors,
+bearer-token auth, and the refusal to listen beyond loopback without one."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from .cluster.conftest import free_port
+from .conftest import wait_until
+
+TOKEN = "s3cret-token"
+
+
+def q(job_id: str) -> str:
+    """A job ID in a URL path: its '/' and '+' percent-encoded."""
+    return urllib.parse.quote(job_id, safe="")
+
+
+def call(base, method, path, body=None, token=TOKEN, raw=None):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    request = urllib.request.Request(base + path, data=data, method=method)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read().decode()
+            kind = response.headers.get("content-type", "")
+            return response.status, json.loads(text) if "json" in kind else text
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read().decode())
+
+
+@pytest.fixture
+def api(dsn, tmp_path):
+    port = free_port("127.0.0.1")
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    process = subprocess.Popen([sys.executable, "-m", "pgq", "serve", "--http", f"127.0.0.1:{port}",
+                                "--token-file", str(tmp_path / "token"), "--dsn", dsn],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return call(base, "GET", "/health", token=None)[0] == 200
+        except OSError:
+            assert process.poll() is None, process.stdout.read().decode()
+            return False
+
+    try:
+        wait_until(up, 30, message="the HTTP API to answer")
+        yield base
+    finally:
+        process.terminate()
+        process.wait(20)
+
+
+def test_add_lease_ack_nack_working_status_and_stats(api):
+    status, added = call(api, "POST", "/v1/queues/emails/jobs", {"body": "hello", "retry": 30})
+    assert status == 201 and len(added["ids"]) == 1
+    job = added["ids"][0]
+    status, many = call(api, "POST", "/v1/queues/emails/jobs", {"jobs": [
+        {"body": "two"}, {"body_base64": base64.b64encode(b"\xff\x00").decode()}], "retry": 30})
+    assert status == 201 and len(many["ids"]) == 2
+    status, leased = call(api, "POST", "/v1/lease", {"queues": ["emails"], "count": 3})
+    assert status == 200
+    bodies = {j["id"]: j.get("body", j.get("body_base64")) for j in leased["jobs"]}
+    assert bodies == {job: "hello", many["ids"][0]: "two", many["ids"][1]: "/wA="}
+    assert leased["jobs"][0]["nacks"] == 0
+    assert call(api, "POST", f"/v1/jobs/{q(job)}/working") == (200, {"retry": 30})
+    assert call(api, "POST", f"/v1/jobs/{q(many['ids'][0])}/nack", {"delay": 60}) == (200, {"nacked": 1})
+    status, shown = call(api, "GET", f"/v1/jobs/{q(job)}")
+    assert status == 200 and shown["state"] == "active" and shown["body"] == "hello"
+    assert call(api, "POST", f"/v1/jobs/{q(job)}/ack") == (200, {"acked": 1})
+    assert call(api, "POST", f"/v1/jobs/{q(many['ids'][1])}/ack") == (200, {"acked": 1})
+    status, stats = call(api, "GET", "/v1/queues/emails")
+    assert status == 200 and stats["name"] == "emails"
+    status, text = call(api, "GET", "/metrics")
+    assert status == 200 and 'pgq_queue_active{queue="emails"}' in text
+    status, spec = call(api, "GET", "/openapi.json", token=None)
+    assert status == 200 and "/v1/lease" in spec["paths"]
+
+
+def test_a_blocking_lease_and_a_wait(api):
+    assert call(api, "POST", "/v1/lease", {"queues": "none-yet", "timeout": 0.3}) == (200, {"jobs": []})
+    job = call(api, "POST", "/v1/queues/w/jobs", {"body": "x", "retry": 30})[1]["ids"][0]
+    assert call(api, "POST", f"/v1/jobs/{q(job)}/wait", {"timeout": 0.2}) == (200, {"done": False})
+    call(api, "POST", f"/v1/jobs/{q(job)}/ack")
+    assert call(api, "POST", f"/v1/jobs/{q(job)}/wait", {"timeout": 1})[0] == 404  # gone from here
+
+
+@pytest.mark.parametrize("method,path,body,raw,status,kind", [
+    ("POST", "/v1/queues/q/jobs", None, b"{not json", 400, "bad_request"),
+    ("POST", "/v1/queues/q/jobs", {"bodyy": "x"}, None, 400, "bad_request"),
+    ("POST", "/v1/queues/q/jobs", {"body_base64": "%%%"}, None, 400, "bad_request"),
+    ("POST", "/v1/queues/q/jobs", {"body": "x", "retry": -1}, None, 400, "InvalidArgumentError"),
+    ("POST", "/v1/lease", {"queues": []}, None, 400, "bad_request"),
+    ("GET", "/v1/jobs/not-an-id", None, None, 400, "BadIdError"),
+    ("GET", "/v1/jobs/D-00000000-++++++++++++++++++++++++-0001", None, None, 404, "NoJobError"),
+    ("GET", "/v1/queues/nothing-here", None, None, 404, "NoJobError"),
+])
+def test_bad_input_gets_a_typed_4xx(api, method, path, body, raw, status, kind):
+    got_status, error = call(api, method, path, body, raw=raw)
+    assert (got_status, error["error"]) == (status, kind) and error["message"]
+
+
+def test_the_token_is_required_and_checked(api):
+    assert call(api, "GET", "/v1/queues/q", token=None)[0] == 401
+    assert call(api, "GET", "/v1/queues/q", token="wrong")[0] == 401
+    assert call(api, "GET", "/health", token=None)[0] == 200
+
+
+def test_listening_beyond_loopback_needs_a_token(dsn):
+    done = subprocess.run([sys.executable, "-m", "pgq", "serve", "--http", "0.0.0.0:1", "--dsn", dsn],
+                          capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in __import__("os").environ.items()
+                               if k != "PGQ_HTTP_TOKEN"})
+    assert done.returncode == 2 and "needs a token" in done.stderr
