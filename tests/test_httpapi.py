@@ -118,9 +118,10 @@ def test_the_token_is_required_and_checked(api):
     assert call(api, "GET", "/health", token=None)[0] == 200
 
 
-def test_listening_beyond_loopback_needs_a_token(dsn):
-    done = subprocess.run([sys.executable, "-m", "pgq", "serve", "--http", "0.0.0.0:1", "--dsn", dsn],
+@pytest.mark.parametrize("front", ["--http", "--resp"])
+def test_listening_beyond_loopback_needs_a_secret(dsn, front):
+    done = subprocess.run([sys.executable, "-m", "pgq", "serve", front, "0.0.0.0:1", "--dsn", dsn],
                           capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in __import__("os").environ.items()
                                if k != "PGQ_HTTP_TOKEN"})
-    assert done.returncode == 2 and "needs a token" in done.stderr
+    assert done.returncode == 2 and "(beyond loopback) needs a secret" in done.stderr

@@ -1,10 +1,14 @@
-"""``pgq serve --http HOST:PORT``: pgq's HTTP API (pgq.httpapi) on a database."""
+"""``pgq serve``: pgq for programs in any language, on a database: the HTTP
+API (``--http``, :mod:`pgq.httpapi`) and Disque's client protocol
+(``--resp``, :mod:`pgq.resp`), one process, one client (their requests
+share its group commit)."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -20,29 +24,67 @@ def _loopback(host: str) -> bool:
         return False
 
 
-@click.command("serve")
-@click.option("--http", "http_listen", required=True, metavar="HOST:PORT",
-              help="Address of the HTTP API (JSON; its OpenAPI document at /openapi.json).")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
-              help="File holding the bearer token clients must send (default: $PGQ_HTTP_TOKEN).")
-@target_options
-def serve(http_listen: str, token_file: str | None, dsn: str | None, data: str | None) -> None:
-    """Serve pgq's HTTP API: add, lease, ack, nack, working, status, wait,
-    queue stats, health and metrics, for programs in any language."""
-    import uvicorn
-
-    from ..aio import AsyncClient
-    from ..httpapi import create_app
+def _address(option: str, text: str) -> tuple[str, int]:
     from ..metrics import parse_listen
 
     try:
-        host, port = parse_listen(http_listen)
+        return parse_listen(text)
     except ValueError:
-        raise click.UsageError(f"--http wants HOST:PORT, not {http_listen!r}") from None
+        raise click.UsageError(f"{option} wants HOST:PORT, not {text!r}") from None
+
+
+@click.command("serve")
+@click.option("--http", "http_listen", metavar="HOST:PORT",
+              help="Address of the HTTP API (JSON; its OpenAPI document at /openapi.json).")
+@click.option("--resp", "resp_listen", metavar="HOST:PORT",
+              help="Address of Disque's client protocol (RESP2; Disque's port is 7711).")
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+              help="File holding the secret: the HTTP bearer token and the RESP AUTH password "
+                   "(default: $PGQ_HTTP_TOKEN).")
+@target_options
+def serve(http_listen: str | None, resp_listen: str | None, token_file: str | None,
+          dsn: str | None, data: str | None) -> None:
+    """Serve pgq to programs in any language: an HTTP API (add, lease, ack,
+    nack, working, status, wait, stats, health, metrics) and/or Disque's
+    protocol (ADDJOB, GETJOB, ACKJOB, ...)."""
+    import anyio
+
+    from ..aio import AsyncClient
+
+    if not http_listen and not resp_listen:
+        raise click.UsageError("say what to serve: --http HOST:PORT and/or --resp HOST:PORT")
     token = Path(token_file).read_text().strip() if token_file else os.environ.get("PGQ_HTTP_TOKEN")
-    if not token and not _loopback(host):
-        raise click.UsageError(f"listening on {host} (beyond loopback) needs a token: "
-                               "--token-file FILE or PGQ_HTTP_TOKEN")
+    listens = [(o, t) for o, t in (("--http", http_listen), ("--resp", resp_listen)) if t]
+    for option, text in listens:
+        host, _port = _address(option, text)
+        if not token and not _loopback(host):
+            raise click.UsageError(f"listening on {host} (beyond loopback) needs a secret: "
+                                   "--token-file FILE or PGQ_HTTP_TOKEN")
     client = AsyncClient(node_dsn(data, dsn) if data else dsn)
-    click.echo(f"pgq HTTP API on http://{http_listen} (OpenAPI: /openapi.json)", err=True)
-    uvicorn.run(create_app(client, token), host=host, port=port, log_level="warning")
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tasks:
+            if http_listen:
+                tasks.start_soon(_http, client, *_address("--http", http_listen), token)
+                click.echo(f"pgq HTTP API on http://{http_listen} (OpenAPI: /openapi.json)", err=True)
+            if resp_listen:
+                from ..resp import serve as serve_resp
+
+                host, port = _address("--resp", resp_listen)
+                tasks.start_soon(serve_resp, client, host, port, token)
+                click.echo(f"pgq RESP (Disque's protocol) on {resp_listen}", err=True)
+
+    try:
+        anyio.run(main)
+    except KeyboardInterrupt:
+        pass
+
+
+async def _http(client: Any, host: str, port: int, token: str | None) -> None:
+    import uvicorn
+
+    from ..httpapi import create_app
+
+    server = uvicorn.Server(uvicorn.Config(create_app(client, token), host=host, port=port,
+                                           log_level="warning"))
+    await server.serve()

@@ -1,0 +1,457 @@
+"""Disque's client protocol (RESP2) on pgq: ``pgq serve --resp HOST:PORT``.
+
+Programs written for Disque (its clients exist in most languages) talk to
+pgq unchanged: commands, reply types and error prefixes follow Disque's
+(``../shared/reference/disque-commands.md``), for the commands listed in
+:data:`COMMANDS`. Every command is one :class:`pgq.AsyncClient` call, so
+requests arriving on many connections at once share statements and commits
+(the client's group commit), as Disque shares an fsync per event-loop turn;
+a reply is written only after its commit.
+
+The module is in three parts, each testable alone: :class:`Parser` (bytes
+in, commands out, no I/O), :func:`encode` (reply values to bytes), and
+:class:`Session` (one connection's commands against a client). The server
+(:func:`serve`) is the thin anyio loop around them. Invariants:
+
+* A connection's replies come in the order of its commands (pipelining).
+* A malformed request closes the connection after an ``-ERR Protocol
+  error`` reply, as Redis and Disque do; a bad command is one ``-ERR``.
+* A port beyond loopback requires AUTH (``--token-file``): until then
+  every command but AUTH, PING and QUIT gets ``-NOAUTH``.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import errors
+from .aio import AsyncClient
+from .job import Job
+
+__all__ = ["Parser", "ProtocolError", "Status", "Error", "NULL_ARRAY", "encode", "Session",
+           "serve", "COMMANDS"]
+
+MAX_BULK = 512 * 1024 * 1024  # Disque's (Redis's) limit on one argument
+MAX_ARGS = 1024 * 1024
+
+
+class ProtocolError(Exception):
+    """The bytes are not RESP: the connection is closed after one error."""
+
+
+@dataclass(frozen=True)
+class Status:
+    text: str
+
+
+@dataclass(frozen=True)
+class Error:
+    text: str  # with its prefix: "ERR ...", "NOREPL ..."
+
+
+class _NullArray:
+    pass
+
+
+NULL_ARRAY = _NullArray()
+
+
+class Parser:
+    """RESP2 requests (arrays of bulk strings, or inline commands) from a
+    byte stream fed in pieces."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[list[bytes]]:
+        self._buffer += data
+        commands: list[list[bytes]] = []
+        while True:
+            command = self._one()
+            if command is None:
+                return commands
+            if command:
+                commands.append(command)
+
+    def _line(self, start: int) -> tuple[bytes, int] | None:
+        end = self._buffer.find(b"\r\n", start)
+        if end < 0:
+            if len(self._buffer) - start > 64 * 1024:
+                raise ProtocolError("too big inline request")
+            return None
+        return bytes(self._buffer[start:end]), end + 2
+
+    def _one(self) -> list[bytes] | None:
+        if not self._buffer:
+            return None
+        if self._buffer[0:1] != b"*":  # inline command: words on one line
+            line = self._line(0)
+            if line is None:
+                return None
+            text, used = line
+            del self._buffer[:used]
+            return text.split()
+        head = self._line(0)
+        if head is None:
+            return None
+        count = _number(head[0][1:], MAX_ARGS, "invalid multibulk length")
+        position = head[1]
+        args = []
+        for _ in range(max(count, 0)):
+            line = self._line(position)
+            if line is None:
+                return None
+            text, position = line
+            if text[0:1] != b"$":
+                raise ProtocolError(f"expected '$', got '{text[0:1].decode(errors='replace')}'")
+            size = _number(text[1:], MAX_BULK, "invalid bulk length")
+            if len(self._buffer) < position + size + 2:
+                return None
+            args.append(bytes(self._buffer[position:position + size]))
+            position += size + 2
+        del self._buffer[:position]
+        return args
+
+
+def _number(text: bytes, limit: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ProtocolError(what) from None
+    if value > limit:
+        raise ProtocolError(what)
+    return value
+
+
+def encode(value: Any) -> bytes:
+    """A reply value as RESP2: Status, Error, int, bytes/str (bulk), None
+    (null bulk), NULL_ARRAY, list (array)."""
+    if isinstance(value, Status):
+        return b"+" + value.text.encode() + b"\r\n"
+    if isinstance(value, Error):
+        return b"-" + value.text.replace("\r\n", " ").encode() + b"\r\n"
+    if isinstance(value, bool):
+        return b":%d\r\n" % int(value)
+    if isinstance(value, int):
+        return b":%d\r\n" % value
+    if value is None:
+        return b"$-1\r\n"
+    if value is NULL_ARRAY:
+        return b"*-1\r\n"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        data = bytes(value)
+        return b"$%d\r\n%s\r\n" % (len(data), data)
+    if isinstance(value, str):
+        return encode(value.encode())
+    if isinstance(value, float):
+        return encode(f"{value:g}")
+    if isinstance(value, (list, tuple)):
+        return b"*%d\r\n" % len(value) + b"".join(encode(v) for v in value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+# Disque's error texts, by pgq error (the prefix is what clients switch on).
+def _disque_error(exc: errors.PgqError) -> Error:
+    if isinstance(exc, errors.BadIdError):
+        return Error("BADID Invalid Job ID format.")
+    if isinstance(exc, errors.NoReplError):
+        return Error(f"NOREPL {exc}")
+    if isinstance(exc, errors.PausedError):
+        return Error("PAUSED Queue paused in input, try later")
+    if isinstance(exc, errors.MaxLenError):
+        return Error("MAXLEN Queue is already longer than the specified MAXLEN count")
+    if isinstance(exc, errors.NoJobError):
+        return Error("NOJOB Job not known in the context of this node.")
+    if isinstance(exc, errors.TooLateError):
+        return Error("TOOLATE Half of job TTL already elapsed, you are no longer allowed to "
+                     "postpone the next delivery.")
+    if isinstance(exc, errors.LeavingError):
+        return Error("LEAVING This node is leaving the cluster, please connect to a different one")
+    return Error(f"ERR {exc}")
+
+
+class _Syntax(Exception):
+    pass
+
+
+def _text(arg: bytes) -> str:
+    try:
+        return arg.decode()
+    except UnicodeDecodeError:
+        raise _Syntax("ERR invalid UTF-8 in a name") from None
+
+
+def _int(arg: bytes, what: str) -> int:
+    try:
+        return int(arg)
+    except ValueError:
+        raise _Syntax(f"ERR {what} is not an integer or out of range") from None
+
+
+def _float(arg: bytes, what: str) -> float:
+    try:
+        return float(arg)
+    except ValueError:
+        raise _Syntax(f"ERR {what} is not a number") from None
+
+
+def _job_reply(job: Job, withcounters: bool) -> list[Any]:
+    reply: list[Any] = [job.queue, job.id, bytes(job.body)]
+    if withcounters:
+        reply += ["nacks", job.nacks or 0, "additional-deliveries", job.additional_deliveries or 0]
+    return reply
+
+
+_SHOW_KEYS = ("id", "queue", "state", "repl", "ttl", "ctime", "delay", "retry", "nacks",
+              "additional_deliveries", "nodes_delivered", "nodes_confirmed",
+              "next_requeue_within", "next_awake_within", "body")
+
+
+def _number_or_null(value: Any) -> Any:
+    if value is None:
+        return None
+    return int(value) if float(value).is_integer() else value
+
+
+class Session:
+    """One connection's commands, run against an :class:`AsyncClient`."""
+
+    def __init__(self, client: AsyncClient, password: str | None = None) -> None:
+        self.client = client
+        self.password = password
+        self.authenticated = password is None
+
+    async def run(self, args: list[bytes]) -> Any:
+        name = args[0].decode(errors="replace").lower()
+        handler = COMMANDS.get(name)
+        if handler is None:
+            return Error(f"ERR unknown command '{name}'")
+        if not self.authenticated and name not in ("auth", "ping", "quit"):
+            return Error("NOAUTH Authentication required.")
+        try:
+            return await handler(self, args[1:])
+        except _Syntax as exc:
+            return Error(str(exc))
+        except errors.PgqError as exc:
+            return _disque_error(exc)
+
+    # -------------------------------------------------------------- server
+
+    async def ping(self, args: list[bytes]) -> Any:
+        return args[0] if args else Status("PONG")
+
+    async def auth(self, args: list[bytes]) -> Any:
+        if len(args) != 1:
+            raise _Syntax("ERR wrong number of arguments for 'auth' command")
+        if self.password is None:
+            return Error("ERR Client sent AUTH, but no password is set")
+        if not hmac.compare_digest(args[0], self.password.encode()):
+            return Error("ERR invalid password")
+        self.authenticated = True
+        return Status("OK")
+
+    async def hello(self, args: list[bytes]) -> Any:
+        if args:
+            raise _Syntax("ERR wrong number of arguments for 'hello' command")
+        info = await self.client.hello()
+        nodes = [[n["id"], n.get("host") or "", str(n.get("port") or ""), str(n["priority"])]
+                 for n in info["nodes"]]
+        return [1, info.get("id", self.client.node_id), *nodes]
+
+    async def info(self, args: list[bytes]) -> Any:
+        info = await self.client.info()
+        lines = ["# Server", "disque_version:pgq", f"node_id:{self.client.node_id}"]
+        for key, value in sorted(info.items()):
+            if not isinstance(value, (dict, list)):
+                lines.append(f"{key}:{value}")
+        return ("\r\n".join(lines) + "\r\n").encode()
+
+    # -------------------------------------------------------------- jobs
+
+    async def addjob(self, args: list[bytes]) -> Any:
+        if len(args) < 3:
+            raise _Syntax("ERR wrong number of arguments for 'addjob' command")
+        queue, body, timeout_ms = _text(args[0]), args[1], _int(args[2], "timeout")
+        if timeout_ms < 0:
+            raise _Syntax("ERR timeout is negative")
+        options: dict[str, Any] = {"timeout": timeout_ms / 1000 if timeout_ms else None}
+        rest = args[3:]
+        i = 0
+        while i < len(rest):
+            word = rest[i].lower()
+            if word == b"async":
+                options["asynchronous"] = True
+                i += 1
+                continue
+            if i + 1 >= len(rest) or word not in (b"replicate", b"delay", b"retry", b"ttl",
+                                                   b"maxlen"):
+                raise _Syntax("ERR syntax error")
+            value = rest[i + 1]
+            key = word.decode()
+            options[key] = _int(value, key.upper()) if key in ("replicate", "maxlen") \
+                else _float(value, key.upper())
+            i += 2
+        return Status(await self.client.add_job(queue, body, **options))
+
+    async def getjob(self, args: list[bytes]) -> Any:
+        nohang, timeout_ms, count, withcounters = False, 0, 1, False
+        i = 0
+        while i < len(args) and args[i].lower() != b"from":
+            word = args[i].lower()
+            if word == b"nohang":
+                nohang = True
+            elif word == b"withcounters":
+                withcounters = True
+            elif word in (b"timeout", b"count") and i + 1 < len(args):
+                value = _int(args[i + 1], word.decode().upper())
+                if word == b"count":
+                    if value <= 0:
+                        raise _Syntax("ERR COUNT must be a number greater than zero")
+                    count = value
+                else:
+                    timeout_ms = value
+                i += 1
+            else:
+                raise _Syntax("ERR syntax error")
+            i += 1
+        queues = [_text(q) for q in args[i + 1:]]
+        if i >= len(args) or not queues:
+            raise _Syntax("ERR syntax error")
+        jobs = await self.client.get_job(*queues, count=count,
+                                         timeout=timeout_ms / 1000 if timeout_ms else None,
+                                         nohang=nohang, withcounters=withcounters)
+        if not jobs:
+            return NULL_ARRAY
+        return [_job_reply(job, withcounters) for job in jobs]
+
+    async def _ids(self, args: list[bytes], call: Callable[..., Awaitable[int]]) -> Any:
+        if not args:
+            return 0
+        return await call(*[_text(a) for a in args])
+
+    async def ackjob(self, args: list[bytes]) -> Any:
+        return await self._ids(args, self.client.ack_job)
+
+    async def fastack(self, args: list[bytes]) -> Any:
+        return await self._ids(args, self.client.fast_ack)
+
+    async def nack(self, args: list[bytes]) -> Any:
+        return await self._ids(args, self.client.nack_job)
+
+    async def enqueue(self, args: list[bytes]) -> Any:
+        return await self._ids(args, self.client.enqueue)
+
+    async def dequeue(self, args: list[bytes]) -> Any:
+        return await self._ids(args, self.client.dequeue)
+
+    async def deljob(self, args: list[bytes]) -> Any:
+        return await self._ids(args, self.client.del_job)
+
+    async def working(self, args: list[bytes]) -> Any:
+        if len(args) != 1:
+            raise _Syntax("ERR wrong number of arguments for 'working' command")
+        retry = await self.client.working(_text(args[0]))
+        return int(retry)
+
+    async def show(self, args: list[bytes]) -> Any:
+        if len(args) != 1:
+            raise _Syntax("ERR wrong number of arguments for 'show' command")
+        info = await self.client.show(_text(args[0]))
+        if info is None:
+            return None
+        reply: list[Any] = []
+        for key in _SHOW_KEYS:
+            value = info.get(key)
+            if key in ("nodes_delivered", "nodes_confirmed"):
+                value = list(value or [])
+            elif key in ("next_requeue_within", "next_awake_within") and value is not None:
+                value = int(float(value) * 1000)
+            elif isinstance(value, float):
+                value = _number_or_null(value)
+            reply += [key.replace("_", "-"), value]
+        return reply
+
+    # -------------------------------------------------------------- queues
+
+    async def qlen(self, args: list[bytes]) -> Any:
+        if len(args) != 1:
+            raise _Syntax("ERR wrong number of arguments for 'qlen' command")
+        return await self.client.qlen(_text(args[0]))
+
+    async def qpeek(self, args: list[bytes]) -> Any:
+        if len(args) != 2:
+            raise _Syntax("ERR wrong number of arguments for 'qpeek' command")
+        jobs = await self.client.qpeek(_text(args[0]), _int(args[1], "count"))
+        return [_job_reply(job, False) for job in jobs]
+
+    async def qstat(self, args: list[bytes]) -> Any:
+        if len(args) != 1:
+            raise _Syntax("ERR wrong number of arguments for 'qstat' command")
+        stat = await self.client.qstat(_text(args[0]))
+        if stat is None:
+            return NULL_ARRAY
+        reply: list[Any] = []
+        for key in ("name", "len", "age", "idle", "blocked", "import_from", "import_rate",
+                    "jobs_in", "jobs_out", "pause"):
+            value = stat.get(key)
+            if isinstance(value, float):
+                value = int(value)
+            reply += [key.replace("_", "-"), list(value) if isinstance(value, list) else value]
+        return reply
+
+    async def pause(self, args: list[bytes]) -> Any:
+        if len(args) < 2:
+            raise _Syntax("ERR wrong number of arguments for 'pause' command")
+        state = await self.client.pause(_text(args[0]), *[_text(a).lower() for a in args[1:]])
+        return Status(state)
+
+
+COMMANDS: dict[str, Callable[[Session, list[bytes]], Awaitable[Any]]] = {
+    name: getattr(Session, name) for name in (
+        "ping", "auth", "hello", "info", "addjob", "getjob", "ackjob", "fastack", "nack",
+        "enqueue", "dequeue", "deljob", "working", "show", "qlen", "qpeek", "qstat", "pause")
+}
+
+
+async def _connection(stream: Any, client: AsyncClient, password: str | None) -> None:
+    import anyio
+
+    parser = Parser()
+    session = Session(client, password)
+    async with stream:
+        while True:
+            try:
+                data = await stream.receive(65536)
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                return
+            try:
+                commands = parser.feed(data)
+            except ProtocolError as exc:
+                await stream.send(encode(Error(f"ERR Protocol error: {exc}")))
+                return
+            out = bytearray()
+            for command in commands:
+                if command[0].lower() == b"quit":
+                    await stream.send(bytes(out) + encode(Status("OK")))
+                    return
+                out += encode(await session.run(command))
+            if out:
+                await stream.send(bytes(out))
+
+
+async def serve(client: AsyncClient, host: str, port: int, password: str | None = None,
+                ready: Callable[[], None] | None = None) -> None:
+    """Serve Disque's protocol on ``host:port`` until cancelled."""
+    import anyio
+
+    listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    if ready is not None:
+        ready()
+
+    async def handle(stream: Any) -> None:
+        await _connection(stream, client, password)
+
+    await listener.serve(handle)

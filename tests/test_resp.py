@@ -1,0 +1,183 @@
+"""Disque's client protocol (pgq serve --resp) through a raw RESP client
+against a real server process: replies and error prefixes as Disque's,
+pipelining, AUTH; and the parser and encoder alone."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from pgq.resp import NULL_ARRAY, Error, Parser, ProtocolError, Status, encode
+
+from .cluster.conftest import free_port
+from .conftest import wait_until
+
+SECRET = "resp-secret"
+
+
+class Resp:
+    """A raw RESP2 client: commands as arrays of bulk strings, replies parsed."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.buffer = b""
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def send(self, *args: bytes | str | int) -> None:
+        parts = [a if isinstance(a, bytes) else str(a).encode() for a in args]
+        self.sock.sendall(b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p)
+                                                             for p in parts))
+
+    def call(self, *args: bytes | str | int):
+        self.send(*args)
+        return self.reply()
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            assert chunk, "connection closed"
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\r\n", 1)
+        return line
+
+    def reply(self):
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return Status(rest.decode())
+        if kind == b"-":
+            return Error(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            size = int(rest)
+            if size < 0:
+                return None
+            while len(self.buffer) < size + 2:
+                self.buffer += self.sock.recv(65536)
+            data, self.buffer = self.buffer[:size], self.buffer[size + 2:]
+            return data
+        if kind == b"*":
+            count = int(rest)
+            return NULL_ARRAY if count < 0 else [self.reply() for _ in range(count)]
+        raise AssertionError(f"not RESP: {line!r}")
+
+
+@pytest.fixture
+def resp(dsn, tmp_path):
+    port = free_port("127.0.0.1")
+    (tmp_path / "secret").write_text(SECRET)
+    process = subprocess.Popen([sys.executable, "-m", "pgq", "serve", "--resp", f"127.0.0.1:{port}",
+                                "--token-file", str(tmp_path / "secret"), "--dsn", dsn],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def up():
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return True
+        except OSError:
+            assert process.poll() is None, process.stdout.read().decode()
+            return False
+
+    clients = []
+
+    def connect(auth: bool = True) -> Resp:
+        client = Resp(port)
+        clients.append(client)
+        if auth:
+            assert client.call("AUTH", SECRET) == Status("OK")
+        return client
+
+    try:
+        wait_until(up, 30, message="the RESP port to accept")
+        yield connect
+    finally:
+        for client in clients:
+            client.close()
+        process.terminate()
+        process.wait(20)
+
+
+def test_the_job_commands_reply_as_disque(resp):
+    r = resp()
+    assert r.call("PING") == Status("PONG")
+    added = r.call("ADDJOB", "emails", "hello", 0, "RETRY", 30)
+    assert isinstance(added, Status) and added.text.startswith("D-") and len(added.text) == 40
+    job = added.text
+    assert r.call("QLEN", "emails") == 1
+    assert r.call("QPEEK", "emails", 1) == [[b"emails", job.encode(), b"hello"]]
+    got = r.call("GETJOB", "COUNT", 5, "WITHCOUNTERS", "FROM", "nothing", "emails")
+    assert got == [[b"emails", job.encode(), b"hello", b"nacks", 0, b"additional-deliveries", 0]]
+    assert r.call("GETJOB", "NOHANG", "FROM", "emails") is NULL_ARRAY
+    assert r.call("WORKING", job) == 30
+    show = r.call("SHOW", job)
+    fields = dict(zip(show[::2], show[1::2], strict=True))
+    assert len(show) == 30 and fields[b"state"] == b"active" and fields[b"body"] == b"hello"
+    assert r.call("NACK", job) == 1 and r.call("QLEN", "emails") == 1
+    assert r.call("DEQUEUE", job) == 1 and r.call("ENQUEUE", job) == 1
+    assert r.call("ACKJOB", job) == 1 and r.call("ACKJOB", job) == 0
+    assert r.call("ACKJOB") == 0  # arity -1: no ID is fine
+    shown = r.call("SHOW", job)  # its tombstone: state acked, no queue or body
+    assert shown is None or dict(zip(shown[::2], shown[1::2], strict=True))[b"state"] == b"acked"
+    other = r.call("ADDJOB", "emails", "bye", 0).text
+    assert r.call("FASTACK", other) == 1 and r.call("DELJOB", other) == 0
+    assert r.call("PAUSE", "emails", "in") == Status("in")
+    assert r.call("ADDJOB", "emails", "x", 0).text.startswith("PAUSED ")
+    assert r.call("PAUSE", "emails", "none") == Status("none")
+    stat = r.call("QSTAT", "emails")
+    assert stat[0::2][:3] == [b"name", b"len", b"age"] and stat[1] == b"emails"
+    assert r.call("QSTAT", "never-seen") is NULL_ARRAY
+    hello = r.call("HELLO")
+    assert hello[0] == 1 and len(hello) >= 3
+
+
+def test_errors_have_disques_prefixes(resp):
+    r = resp()
+    assert r.call("SHOW", "not-an-id") == Error("BADID Invalid Job ID format.")
+    assert r.call("ACKJOB", "D-00000000-++++++++++++++++++++++++-0001", "bad") \
+        == Error("BADID Invalid Job ID format.")
+    assert r.call("WORKING", "D-00000000-++++++++++++++++++++++++-0001") \
+        == Error("NOJOB Job not known in the context of this node.")
+    assert r.call("ADDJOB", "q", "x", -1) == Error("ERR timeout is negative")
+    assert r.call("ADDJOB", "q", "x", 0, "BOGUS", 1) == Error("ERR syntax error")
+    assert r.call("GETJOB", "emails") == Error("ERR syntax error")
+    assert r.call("GETJOB", "COUNT", 0, "FROM", "q") == Error("ERR COUNT must be a number greater than zero")
+    assert r.call("NOSUCH").text.startswith("ERR unknown command")
+    assert r.call("ADDJOB", "q", "x", 0, "MAXLEN", 0).text.startswith("ERR ")
+
+
+def test_pipelined_commands_are_answered_in_order(resp):
+    r = resp()
+    for i in range(50):
+        r.send("ADDJOB", "pipe", f"job {i}", 0)
+    ids = [r.reply().text for _ in range(50)]
+    assert len(set(ids)) == 50
+    for _ in range(50):
+        r.send("GETJOB", "NOHANG", "FROM", "pipe")
+    bodies = [r.reply()[0][2] for _ in range(50)]
+    assert bodies == [f"job {i}".encode() for i in range(50)]  # oldest first
+
+
+def test_auth_is_required_and_checked(resp):
+    r = resp(auth=False)
+    assert r.call("PING") == Status("PONG")
+    assert r.call("QLEN", "q") == Error("NOAUTH Authentication required.")
+    assert r.call("AUTH", "wrong") == Error("ERR invalid password")
+    assert r.call("AUTH", SECRET) == Status("OK") and r.call("QLEN", "q") == 0
+
+
+def test_the_parser_takes_pieces_inline_commands_and_refuses_garbage():
+    parser = Parser()
+    assert parser.feed(b"*2\r\n$4\r\nQLEN\r\n$") == []
+    assert parser.feed(b"1\r\nq\r\nPING\r\n") == [[b"QLEN", b"q"], [b"PING"]]
+    with pytest.raises(ProtocolError):
+        Parser().feed(b"*1\r\n+oops\r\n")
+    with pytest.raises(ProtocolError):
+        Parser().feed(b"*1\r\n$99999999999\r\n")
+    assert encode([Status("OK"), Error("ERR x"), 3, b"b", None, NULL_ARRAY]) == \
+        b"*6\r\n+OK\r\n-ERR x\r\n:3\r\n$1\r\nb\r\n$-1\r\n*-1\r\n"
