@@ -126,9 +126,17 @@ def _number(text: bytes, limit: int, what: str) -> int:
     return value
 
 
-def encode(value: Any) -> bytes:
-    """A reply value as RESP2: Status, Error, int, bytes/str (bulk), None
-    (null bulk), NULL_ARRAY, list (array)."""
+def encode(value: Any, resp3: bool = False) -> bytes:
+    """A reply value as RESP2 (or RESP3): Status, Error, int, bytes/str
+    (bulk), None (null bulk), NULL_ARRAY, list (array), dict (RESP3 map; a
+    flat array in RESP2)."""
+    if resp3 and (value is None or value is NULL_ARRAY):
+        return b"_\r\n"
+    if isinstance(value, dict):
+        if resp3:
+            return b"%%%d\r\n" % len(value) + b"".join(
+                encode(k, resp3) + encode(v, resp3) for k, v in value.items())
+        return encode([x for pair in value.items() for x in pair])
     if isinstance(value, Status):
         return b"+" + value.text.encode() + b"\r\n"
     if isinstance(value, Error):
@@ -149,7 +157,7 @@ def encode(value: Any) -> bytes:
     if isinstance(value, float):
         return encode(f"{value:g}")
     if isinstance(value, (list, tuple)):
-        return b"*%d\r\n" % len(value) + b"".join(encode(v) for v in value)
+        return b"*%d\r\n" % len(value) + b"".join(encode(v, resp3) for v in value)
     raise TypeError(f"cannot encode {type(value).__name__}")
 
 
@@ -223,13 +231,14 @@ class Session:
         self.client = client
         self.password = password
         self.authenticated = password is None
+        self.resp3 = False  # after HELLO 3 (redis-py 8 asks for it on connect)
 
     async def run(self, args: list[bytes]) -> Any:
         name = args[0].decode(errors="replace").lower()
         handler = COMMANDS.get(name)
         if handler is None:
             return Error(f"ERR unknown command '{name}'")
-        if not self.authenticated and name not in ("auth", "ping", "quit"):
+        if not self.authenticated and name not in ("auth", "ping", "quit", "hello"):
             return Error("NOAUTH Authentication required.")
         try:
             return await handler(self, args[1:])
@@ -244,6 +253,8 @@ class Session:
         return args[0] if args else Status("PONG")
 
     async def auth(self, args: list[bytes]) -> Any:
+        if len(args) == 2:  # AUTH user password (Redis 6): the user is ignored
+            args = args[1:]
         if len(args) != 1:
             raise _Syntax("ERR wrong number of arguments for 'auth' command")
         if self.password is None:
@@ -254,12 +265,50 @@ class Session:
         return Status("OK")
 
     async def hello(self, args: list[bytes]) -> Any:
-        if args:
-            raise _Syntax("ERR wrong number of arguments for 'hello' command")
+        if args:  # Redis 6's handshake, which Disque lacks and redis-py >= 8 sends
+            return self._handshake(args)
+        if not self.authenticated:
+            return Error("NOAUTH Authentication required.")
         info = await self.client.hello()
         nodes = [[n["id"], n.get("host") or "", str(n.get("port") or ""), str(n["priority"])]
                  for n in info["nodes"]]
         return [1, info.get("id", self.client.node_id), *nodes]
+
+    def _handshake(self, args: list[bytes]) -> Any:
+        """``HELLO protover [AUTH user pass] [SETNAME name]``: the RESP
+        version (2 or 3) and the password; the server's map in reply.
+        Disque answers an error here, so RESP3 clients (redis-py >= 8, which
+        pydisque uses) could not talk to it at all; pgq answers."""
+        version = _int(args[0], "protocol version")
+        if version not in (2, 3):
+            return Error("NOPROTO unsupported protocol version")
+        rest = args[1:]
+        while rest:
+            word = rest[0].lower()
+            if word == b"auth" and len(rest) >= 3:
+                reply = self._check_password(rest[2])
+                if reply is not None:
+                    return reply
+                rest = rest[3:]
+            elif word == b"setname" and len(rest) >= 2:
+                rest = rest[2:]
+            else:
+                raise _Syntax("ERR syntax error in HELLO option")
+        if not self.authenticated:
+            return Error("NOAUTH HELLO must be called with the client already authenticated, "
+                         "otherwise the HELLO AUTH <user> <pass> option can be used")
+        self.resp3 = version == 3
+        return {"server": "pgq", "version": "1.0.0", "proto": version,
+                "id": self.client.node_id, "mode": "standalone", "role": "master",
+                "modules": []}
+
+    def _check_password(self, given: bytes) -> Error | None:
+        if self.password is None:
+            return None
+        if not hmac.compare_digest(given, self.password.encode()):
+            return Error("WRONGPASS invalid username-password pair")
+        self.authenticated = True
+        return None
 
     async def info(self, args: list[bytes]) -> Any:
         info = await self.client.info()
@@ -437,7 +486,7 @@ async def _connection(stream: Any, client: AsyncClient, password: str | None) ->
                 if command[0].lower() == b"quit":
                     await stream.send(bytes(out) + encode(Status("OK")))
                     return
-                out += encode(await session.run(command))
+                out += encode(await session.run(command), session.resp3)
             if out:
                 await stream.send(bytes(out))
 

@@ -68,13 +68,13 @@ class Resp:
         raise AssertionError(f"not RESP: {line!r}")
 
 
-@pytest.fixture
-def resp(dsn, tmp_path):
+def start_server(dsn, tmp_path, secret: str | None):
     port = free_port("127.0.0.1")
-    (tmp_path / "secret").write_text(SECRET)
-    process = subprocess.Popen([sys.executable, "-m", "pgq", "serve", "--resp", f"127.0.0.1:{port}",
-                                "--token-file", str(tmp_path / "secret"), "--dsn", dsn],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    command = [sys.executable, "-m", "pgq", "serve", "--resp", f"127.0.0.1:{port}", "--dsn", dsn]
+    if secret:
+        (tmp_path / "secret").write_text(secret)
+        command += ["--token-file", str(tmp_path / "secret")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def up():
         try:
@@ -83,6 +83,19 @@ def resp(dsn, tmp_path):
         except OSError:
             assert process.poll() is None, process.stdout.read().decode()
             return False
+
+    try:
+        wait_until(up, 30, message="the RESP port to accept")
+    except BaseException:
+        process.kill()
+        process.wait(20)
+        raise
+    return process, port
+
+
+@pytest.fixture
+def resp(dsn, tmp_path):
+    process, port = start_server(dsn, tmp_path, SECRET)
 
     clients = []
 
@@ -94,7 +107,6 @@ def resp(dsn, tmp_path):
         return client
 
     try:
-        wait_until(up, 30, message="the RESP port to accept")
         yield connect
     finally:
         for client in clients:
@@ -181,3 +193,39 @@ def test_the_parser_takes_pieces_inline_commands_and_refuses_garbage():
         Parser().feed(b"*1\r\n$99999999999\r\n")
     assert encode([Status("OK"), Error("ERR x"), 3, b"b", None, NULL_ARRAY]) == \
         b"*6\r\n+OK\r\n-ERR x\r\n:3\r\n$1\r\nb\r\n$-1\r\n*-1\r\n"
+
+
+def test_pydisque_works_unchanged(dsn, tmp_path):
+    """pydisque on redis-py >= 8, which opens with HELLO 3 (real Disque
+    refuses it): pgq answers the handshake and speaks RESP3 from then on."""
+    pydisque = pytest.importorskip("pydisque.client")
+    process, port = start_server(dsn, tmp_path, None)
+    try:
+        client = pydisque.Client([f"127.0.0.1:{port}"])
+        client.connect()
+        job = client.add_job("pyd", "hello", retry=30, replicate=1)
+        assert client.qlen("pyd") == 1
+        got = client.get_job(["pyd"], timeout=1000, withcounters=True)
+        assert got == [(b"pyd", job, b"hello", 0, 0)]
+        client.ack_job(job)
+        assert client.get_job(["pyd"], nohang=True) == [] and client.qlen("pyd") == 0
+    finally:
+        process.terminate()
+        process.wait(20)
+
+
+def test_a_resp3_handshake_and_its_replies():
+    import asyncio
+
+    from pgq.resp import Session
+
+    class Client:
+        node_id = "n" * 40
+
+    session = Session(Client(), password="pw")  # type: ignore[arg-type]
+    refused = asyncio.run(session.run([b"HELLO", b"3"]))
+    assert refused.text.startswith("NOAUTH")
+    assert asyncio.run(session.run([b"HELLO", b"4"])).text.startswith("NOPROTO")
+    reply = asyncio.run(session.run([b"HELLO", b"3", b"AUTH", b"default", b"pw"]))
+    assert session.resp3 and reply["proto"] == 3 and encode(reply, True).startswith(b"%7\r\n")
+    assert encode([None, NULL_ARRAY], True) == b"*2\r\n_\r\n_\r\n"
