@@ -409,19 +409,7 @@ class Session:
         if len(args) != 1:
             raise _Syntax("ERR wrong number of arguments for 'show' command")
         info = await self.client.show(_text(args[0]))
-        if info is None:
-            return None
-        reply: list[Any] = []
-        for key in _SHOW_KEYS:
-            value = info.get(key)
-            if key in ("nodes_delivered", "nodes_confirmed"):
-                value = list(value or [])
-            elif key in ("next_requeue_within", "next_awake_within") and value is not None:
-                value = int(float(value) * 1000)
-            elif isinstance(value, float):
-                value = _number_or_null(value)
-            reply += [key.replace("_", "-"), value]
-        return reply
+        return None if info is None else self._show_reply(info)
 
     # -------------------------------------------------------------- queues
 
@@ -451,6 +439,84 @@ class Session:
             reply += [key.replace("_", "-"), list(value) if isinstance(value, list) else value]
         return reply
 
+    async def qscan(self, args: list[bytes]) -> Any:
+        cursor, options = self._scan_args(args, ("count", "minlen", "maxlen", "importrate"),
+                                          flags=("busyloop",))
+        found = await self.client.qscan(cursor, **{k: v for k, v in options.items()
+                                                   if k != "busyloop"})
+        return [str(found[0]).encode(), list(found[1])]
+
+    async def jscan(self, args: list[bytes]) -> Any:
+        cursor, options = self._scan_args(args, ("count", "queue", "state", "reply"),
+                                          flags=("busyloop",), repeat=("state",))
+        reply = str(options.get("reply", "id")).lower()
+        if reply not in ("id", "all"):
+            raise _Syntax("ERR Invalid REPLY type, try ID or ALL")
+        next_cursor, items = await self.client.jscan(
+            cursor, count=options.get("count", 100), queue=options.get("queue"),
+            states=options.get("state", []), reply=reply)
+        if reply == "id":
+            out: list[Any] = [Status(str(i)) for i in items]
+        else:
+            out = [self._show_reply(i) for i in items]
+        return [str(next_cursor).encode(), out]
+
+    def _scan_args(self, args: list[bytes], keys: tuple[str, ...], flags: tuple[str, ...] = (),
+                   repeat: tuple[str, ...] = ()) -> tuple[int, dict[str, Any]]:
+        """A scan's cursor (a bare number anywhere) and its options."""
+        cursor: int | None = None
+        options: dict[str, Any] = {}
+        i = 0
+        while i < len(args):
+            word = args[i].lower().decode(errors="replace")
+            if word in flags:
+                options[word] = True
+                i += 1
+            elif word in keys and i + 1 < len(args):
+                value: Any = _text(args[i + 1])
+                if word in ("count", "minlen", "maxlen", "importrate"):
+                    value = _int(args[i + 1], word.upper())
+                if word in repeat:
+                    options.setdefault(word, []).append(value)
+                else:
+                    options[word] = value
+                i += 2
+            elif args[i].isdigit() and cursor is None:
+                cursor = int(args[i])
+                i += 1
+            else:
+                raise _Syntax("ERR syntax error")
+        return cursor or 0, options
+
+    def _show_reply(self, info: dict[str, Any]) -> list[Any]:
+        reply: list[Any] = []
+        for key in _SHOW_KEYS:
+            value = info.get(key)
+            if key in ("nodes_delivered", "nodes_confirmed"):
+                value = list(value or [])
+            elif key in ("next_requeue_within", "next_awake_within") and value is not None:
+                value = int(float(value) * 1000)
+            elif isinstance(value, float):
+                value = _number_or_null(value)
+            reply += [key.replace("_", "-"), value]
+        return reply
+
+    async def cluster(self, args: list[bytes]) -> Any:
+        sub = args[0].lower() if args else b""
+        if sub == b"myid":
+            return Status(self.client.node_id)
+        if sub == b"nodes":
+            info = await self.client.hello()
+            lines = [f"{n['id']} {n.get('host') or ''}:{n.get('port') or 0} "
+                     f"{'myself' if n['id'] == self.client.node_id else 'noflags'} 0 0 connected"
+                     for n in info["nodes"]]
+            return ("\n".join(lines) + "\n").encode()
+        if sub == b"leaving" and len(args) == 1:  # HELLO shows a leaving node at priority 100
+            me = [n for n in (await self.client.hello())["nodes"] if n["id"] == self.client.node_id]
+            return Status("yes" if me and int(me[0]["priority"]) == 100 else "no")
+        raise _Syntax("ERR CLUSTER subcommands here: MYID, NODES, LEAVING "
+                      "(membership changes: pgq cluster meet|forget|leaving)")
+
     async def pause(self, args: list[bytes]) -> Any:
         if len(args) < 2:
             raise _Syntax("ERR wrong number of arguments for 'pause' command")
@@ -461,7 +527,8 @@ class Session:
 COMMANDS: dict[str, Callable[[Session, list[bytes]], Awaitable[Any]]] = {
     name: getattr(Session, name) for name in (
         "ping", "auth", "hello", "info", "addjob", "getjob", "ackjob", "fastack", "nack",
-        "enqueue", "dequeue", "deljob", "working", "show", "qlen", "qpeek", "qstat", "pause")
+        "enqueue", "dequeue", "deljob", "working", "show", "qlen", "qpeek", "qstat", "pause",
+        "qscan", "jscan", "cluster")
 }
 
 

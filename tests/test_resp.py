@@ -148,6 +148,23 @@ def test_the_job_commands_reply_as_disque(resp):
     assert hello[0] == 1 and len(hello) >= 3
 
 
+def test_scans_and_cluster_introspection(resp):
+    r = resp()
+    ids = [r.call("ADDJOB", q, "x", 0).text for q in ("sa", "sb", "sb")]
+    cursor, queues = r.call("QSCAN", "COUNT", 10)
+    assert cursor == b"0" and sorted(queues) == [b"sa", b"sb"]
+    assert r.call("QSCAN", "MINLEN", 2)[1] == [b"sb"]
+    cursor, jobs = r.call("JSCAN", "0", "QUEUE", "sb", "STATE", "queued")
+    assert cursor == b"0" and sorted(j.text for j in jobs) == sorted(ids[1:])
+    _, full = r.call("JSCAN", "REPLY", "all", "QUEUE", "sa")
+    assert full[0][:2] == [b"id", ids[0].encode()] and len(full[0]) == 30
+    assert r.call("JSCAN", "REPLY", "nope") == Error("ERR Invalid REPLY type, try ID or ALL")
+    myid = r.call("CLUSTER", "MYID").text
+    assert len(myid) == 40 and myid.encode() in r.call("CLUSTER", "NODES")
+    assert r.call("CLUSTER", "LEAVING") == Status("no")
+    assert r.call("QSCAN", "1", "2") == Error("ERR syntax error")  # a second bare number
+
+
 def test_errors_have_disques_prefixes(resp):
     r = resp()
     assert r.call("SHOW", "not-an-id") == Error("BADID Invalid Job ID format.")
