@@ -850,6 +850,18 @@ def sweep(session: Session) -> Command[tuple[int, int, int]]:
     return int(row[0]), int(row[1]), int(row[2])
 
 
+def _pause(session: Session, deadline: float | None, polls: int) -> Command[bool]:
+    """Between two polls of a wait (WAIT_JOB, results): False once
+    ``deadline`` passed, else wait 50 ms doubling to the poll interval
+    (never past the deadline) and True."""
+    now = session.clock()
+    if deadline is not None and now >= deadline:
+        return False
+    wait = _poll_wait(polls, max(session.poll_interval, 0.05))
+    yield Wait(wait if deadline is None else min(wait, deadline - now))
+    return True
+
+
 def wait_job(session: Session, job_id: str, timeout: float | None) -> Command[bool]:
     """Wait until a job this node holds is done with: acknowledged (here, or
     on another holder, whose ACK reaches this copy), deleted, expired or
@@ -868,14 +880,9 @@ def wait_job(session: Session, job_id: str, timeout: float | None) -> Command[bo
                                      "that holds a copy (SHOW there lists its nodes)")
             return True
         first = False
-        now = session.clock()
-        if deadline is not None and now >= deadline:
+        if not (yield from _pause(session, deadline, polls)):
             return False
-        wait = _poll_wait(polls, max(session.poll_interval, 0.05))
-        if deadline is not None:
-            wait = min(wait, deadline - now)
         polls += 1
-        yield Wait(wait)
 
 
 # -------------------------------------------------------------- results
@@ -899,11 +906,6 @@ def wait_result(session: Session, job_id: str, timeout: float | None,
         if row is not None:
             value, error = row
             return (bytes(value) if value is not None else None, error)
-        now = session.clock()
-        if deadline is not None and now >= deadline:
+        if not (yield from _pause(session, deadline, polls)):
             return None
-        wait = _poll_wait(polls, max(session.poll_interval, 0.05))
-        if deadline is not None:
-            wait = min(wait, deadline - now)
         polls += 1
-        yield Wait(wait)
