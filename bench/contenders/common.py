@@ -74,6 +74,27 @@ def repeated(rates: list[float], n: int) -> dict[str, Any]:
             "last": rates[-1]}
 
 
+def burn_repeated_with(burn: Callable[..., dict[str, Any]], dsn: str, n: int, batch: int,
+                       consumers: int, repeats: int, hold: bool = False) -> dict[str, Any]:
+    """``repeats`` runs of a contender's ``burn`` in a row on one database;
+    with ``hold``, another session keeps a transaction open for the whole
+    run (the xmin horizon held: nothing dead can be removed)."""
+    import psycopg  # here, not at the top: peers import this module too
+
+    holder = psycopg.connect(dsn) if hold else None
+    if holder is not None:
+        holder.execute("SELECT txid_current()")
+    try:
+        rates = []
+        for _ in range(repeats):
+            done = burn(dsn, n, batch, consumers)
+            rates.append(done["jobs"] / done["seconds"])
+    finally:
+        if holder is not None:
+            holder.close()
+    return repeated(rates, n)
+
+
 def main(workloads: dict[str, Callable[..., dict[str, Any]]]) -> None:
     params = json.loads(sys.argv[1])
     workload = params.pop("workload")

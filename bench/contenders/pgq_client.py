@@ -10,7 +10,7 @@ import psycopg
 
 import pgq
 
-from .common import BODY, age_of, closed_loop, main, percentiles, repeated, stamped
+from .common import BODY, age_of, burn_repeated_with, closed_loop, main, percentiles, stamped
 
 QUEUE = "bench"
 
@@ -176,21 +176,7 @@ def closed_get_ack(dsn: str, clients: int, seconds: float, prefill: int,
 
 def burn_repeated(dsn: str, n: int, batch: int, consumers: int, repeats: int,
                   hold: bool = False) -> dict[str, Any]:
-    """``repeats`` burn-downs of ``n`` jobs in a row on one database; with
-    ``hold``, another session keeps a transaction open for the whole run
-    (the xmin horizon held: nothing dead can be removed)."""
-    holder = psycopg.connect(dsn) if hold else None
-    if holder is not None:
-        holder.execute("SELECT txid_current()")
-    try:
-        rates = []
-        for _ in range(repeats):
-            done = burn(dsn, n, batch, consumers)
-            rates.append(done["jobs"] / done["seconds"])
-    finally:
-        if holder is not None:
-            holder.close()
-    return repeated(rates, n)
+    return burn_repeated_with(burn, dsn, n, batch, consumers, repeats, hold)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import psycopg
 
-from .common import BODY, age_of, closed_loop, main, percentiles, repeated, stamped
+from .common import BODY, age_of, burn_repeated_with, closed_loop, main, percentiles, stamped
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS raw_jobs (id bigserial PRIMARY KEY, body bytea NOT NULL)"
 CLAIM = "SELECT id, body FROM raw_jobs ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
@@ -145,18 +145,7 @@ def closed_get_ack(dsn: str, clients: int, seconds: float, prefill: int,
 
 def burn_repeated(dsn: str, n: int, batch: int, consumers: int, repeats: int,
                   hold: bool = False) -> dict[str, Any]:
-    holder = psycopg.connect(dsn) if hold else None
-    if holder is not None:
-        holder.execute("SELECT txid_current()")
-    try:
-        rates = []
-        for _ in range(repeats):
-            done = burn(dsn, n, batch, consumers)
-            rates.append(done["jobs"] / done["seconds"])
-    finally:
-        if holder is not None:
-            holder.close()
-    return repeated(rates, n)
+    return burn_repeated_with(burn, dsn, n, batch, consumers, repeats, hold)
 
 
 if __name__ == "__main__":
