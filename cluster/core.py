@@ -90,7 +90,7 @@ def _csv(nodes: Iterable[str]) -> str:
     return ",".join(sorted(set(nodes)))
 
 
-def _copy(row: sql.CopyRow | sql.ReplicationRow) -> m.JobCopy:
+def _copy(row: sql.CopyRow) -> m.JobCopy:
     return m.JobCopy(row.id, row.queue, bytes(row.body), int(row.ctime), int(row.repl),
                      float(row.retry), float(row.delay), float(row.expires_at), int(row.nacks),
                      int(row.additional_deliveries), tuple(row.nodes or ()))
@@ -219,7 +219,7 @@ class NodeCore:
         yield _rows(sql.HEARTBEAT)
         # Resume what a previous run left: copies still missing, acks still to collect.
         unreplicated = yield _rows(sql.UNREPLICATED, {"myself": node_id})
-        self._resume_replication([sql.ReplicationRow(*r) for r in unreplicated])
+        self._resume_replication([sql.ReplicationRow.of(r) for r in unreplicated])
         for job_id, nodes, dummy in (yield _rows(sql.PENDING_ACK_GC)):
             self.acks.add(job_id, None if dummy and not nodes else set(nodes or ()), now,
                           everyone=self._everyone())
@@ -378,7 +378,7 @@ class NodeCore:
         assert self.replicator is not None
         now = self.clock.monotonic()
         for row in rows:
-            self.replicator.resume(_copy(row), row.state, list(row.confirmed or ()), row.repl_min,
+            self.replicator.resume(_copy(row.copy), row.state, list(row.confirmed or ()), row.repl_min,
                                    float(row.ttl_left), self.leaving, now)
         self._push_replication()
 

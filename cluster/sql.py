@@ -12,6 +12,7 @@ jobs) commit synchronously; bookkeeping that can be recomputed after a crash
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from pgq.contracts import JOBS_CHANNEL, REPLICATION_CHANNEL_PREFIX
@@ -112,25 +113,21 @@ class CopyRow(NamedTuple):
 
 
 class ReplicationRow(NamedTuple):
-    """A job to replicate: ``_COPY_COLUMNS``, then what its replication
-    needs (a drained 'replicate' event's job, ``UNREPLICATED``)."""
+    """A job to replicate: its copy (``_COPY_COLUMNS``), then what its
+    replication needs (a drained 'replicate' event's job, ``UNREPLICATED``)."""
 
-    id: str
-    queue: str
-    body: bytes
-    ctime: int
-    repl: int
-    retry: float
-    delay: float
-    expires_at: float  # unix time
-    nacks: int
-    additional_deliveries: int
-    nodes: list[str]  # nodes_delivered
+    copy: CopyRow
     state: str
     repl_waiter: int | None
     ttl_left: float
     confirmed: list[str]  # nodes_confirmed
     repl_min: int | None
+
+    @classmethod
+    def of(cls, row: Sequence[Any]) -> ReplicationRow:
+        """From a row of the columns above, the copy's first."""
+        width = len(CopyRow._fields)
+        return cls(CopyRow(*row[:width]), *row[width:])
 
 
 class OutboxEvent(NamedTuple):
@@ -149,7 +146,7 @@ def outbox_rows(rows: list[Any]) -> list[tuple[OutboxEvent, ReplicationRow | Non
     event, or the job is gone: withdrawn or acknowledged meanwhile)."""
     width = len(OutboxEvent._fields)
     return [(OutboxEvent(*row[:width]),
-             ReplicationRow(*row[width:]) if row[width] is not None else None) for row in rows]
+             ReplicationRow.of(row[width:]) if row[width] is not None else None) for row in rows]
 
 
 # After a restart: every job created here that still lacks copies.
