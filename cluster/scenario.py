@@ -20,7 +20,6 @@ node process, the CLI. The stories of the protocols live here.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -66,22 +65,18 @@ class Scenario:
         return self.sim.now
 
     def _step(self) -> bool:
-        sim = self.sim
-        if not sim._heap:
+        if self.sim.next_at() is None:
             return False
-        t, _, action = heapq.heappop(sim._heap)
-        sim.now = t
-        sim.steps += 1
         try:
-            action()
+            self.sim.step()
         except _Stop:
-            raise ScenarioFailed(sim.violations[-1].report()) from None
+            raise ScenarioFailed(self.sim.violations[-1].report()) from None
         return True
 
     def run_for(self, seconds: float) -> None:
         """Let ``seconds`` of virtual time pass."""
         deadline = self.now + seconds
-        while self.sim._heap and self.sim._heap[0][0] <= deadline:
+        while (at := self.sim.next_at()) is not None and at <= deadline:
             self._step()
         self.sim.now = deadline
 
@@ -97,7 +92,7 @@ class Scenario:
                 value = condition()
                 if value:
                     return value
-            if not self.sim._heap or self.sim._heap[0][0] > deadline:
+            if (at := self.sim.next_at()) is None or at > deadline:
                 trace = "\n    ".join(self.sim._trace[-self.sim.options.trace_lines:])
                 raise ScenarioFailed(f"{what}: not within {within:g} virtual seconds "
                                      f"(t={self.now:.3f})\n  trace:\n    {trace}")

@@ -327,14 +327,20 @@ class Simulation:
         return SimResult(opts.seed, self.steps, self.now, self.violations,
                          self._digest.hexdigest(), len(self.added), delivered)
 
+    def next_at(self) -> float | None:
+        """When the next event runs (None: nothing is scheduled)."""
+        return self._heap[0][0] if self._heap else None
+
+    def step(self) -> None:
+        """Run the next event, to completion (a violation raises _Stop)."""
+        t, _, action = heapq.heappop(self._heap)
+        self.now = t
+        self.steps += 1
+        action()
+
     def _loop(self, until: float) -> None:
-        while self._heap and not self.finished:
-            t, _, action = heapq.heappop(self._heap)
-            if t > until:
-                break
-            self.now = t
-            self.steps += 1
-            action()
+        while self._heap and not self.finished and self._heap[0][0] <= until:
+            self.step()
 
     # ------------------------------------------------------------ nodes
 
