@@ -280,10 +280,11 @@ class Client(ClientCore):
     def ack_job(self, *ids: str | Job, conn: object = None) -> int:
         """ACKJOB: mark jobs done; returns how many known, unacknowledged jobs were acked."""
         with tracing.span("pgq ack", "CLIENT") as span:
-            tracing.set_ids(span, self.job_ids(ids))
+            checked = self.job_ids(ids)  # validated once: the batch takes them as they are
+            tracing.set_ids(span, checked)
             if conn is not None:
                 return self._run(self.ids_command("ack_jobs", ids), conn)
-            return self._combiners().acks.submit(self.job_ids(ids), self)  # type: ignore[no-any-return]
+            return self._combiners().acks.submit(checked, self)  # type: ignore[no-any-return]
 
     def fast_ack(self, *ids: str | Job, conn: object = None) -> int:
         """FASTACK: delete jobs now (no tombstone); returns how many were deleted."""
