@@ -85,7 +85,8 @@ from .errors import EmbeddedServerError
 from .pgbinaries import find_server_binaries
 
 __all__ = ["Instance", "home_directory", "ensure_running", "stop", "status",
-           "create_database", "read_postmaster", "Postmaster", "write_private"]
+           "create_database", "read_postmaster", "Postmaster", "write_private",
+           "temporary_server"]
 
 ROLE = "pgq"
 ADMIN_ROLE = "pgq_admin"
@@ -657,6 +658,23 @@ def stop(home: str | os.PathLike[str] | None = None, mode: str = "fast") -> bool
                 return True
             raise EmbeddedServerError(f"pg_ctl stop failed:\n{(done.stdout + done.stderr).strip()}")
         return True
+
+
+@contextlib.contextmanager
+def temporary_server(prefix: str = "pgq-", mode: str = "fast") -> Iterator[tuple[Instance, Path]]:
+    """A private server in a new temporary directory, for tests and
+    simulations: ``(instance, home)``; stopped (pg_ctl ``mode``) and the
+    directory removed on exit, whatever happened inside."""
+    import shutil
+
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield ensure_running(home), home
+    finally:
+        try:
+            stop(home, mode)
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def status(home: str | os.PathLike[str] | None = None) -> dict[str, object]:

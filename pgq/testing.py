@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,20 +58,15 @@ class TestServer:
         if self.home is not None:
             from . import embedded
 
-            embedded.create_database(embedded.ensure_running(self.home), name, template)
-            return embedded.ensure_running(self.home).dsn_for(name)
+            instance = embedded.ensure_running(self.home)
+            embedded.create_database(instance, name, template)
+            return instance.dsn_for(name)
         with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
         return self.dsn_for(name)
 
     def drop(self, name: str) -> None:
-        if self.home is not None:
-            from . import embedded
-
-            admin = embedded.ensure_running(self.home).admin_dsn_for("postgres")
-        else:
-            admin = self.admin_dsn
-        with psycopg.connect(admin, autocommit=True) as conn:
+        with psycopg.connect(self.admin_dsn, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -84,15 +77,8 @@ def _start_server() -> Iterator[TestServer]:
         return
     from . import embedded
 
-    home = Path(tempfile.mkdtemp(prefix="pgq-testing-"))
-    try:
-        instance = embedded.ensure_running(home)
+    with embedded.temporary_server("pgq-testing-") as (instance, home):
         yield TestServer(instance.admin_dsn_for("postgres"), home)
-    finally:
-        try:
-            embedded.stop(home)
-        finally:
-            shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -78,15 +76,8 @@ def _docker_server() -> Iterator[Server]:
 
 
 def _embedded_server() -> Iterator[Server]:
-    home = Path(tempfile.mkdtemp(prefix="pgq-test-"))
-    try:
-        instance = embedded.ensure_running(home)
+    with embedded.temporary_server("pgq-test-") as (instance, home):
         yield Server(instance.admin_dsn_for("postgres"), instance.dsn_for, home)
-    finally:
-        try:
-            embedded.stop(home)
-        finally:
-            shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import shutil
+import contextlib
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -48,14 +46,8 @@ def simulate(seeds: int, first: int, seed: int | None, nodes: int, faults: str, 
     if unknown:
         raise click.BadParameter(f"unknown faults {sorted(unknown)}; choose among "
                                  f"{', '.join(FAULTS)}", param_hint="--faults")
-    temporary = home is None
-    root = Path(tempfile.mkdtemp(prefix="pgq-simulate-")) if temporary else home
-    assert root is not None
-    os.chmod(root, 0o711)  # the server's user must traverse it when we are root
     seed_list = [seed] if seed is not None else list(range(first, first + seeds))
     started = time.monotonic()
-    instance = embedded.ensure_running(root / "postgres" if temporary else root)
-    databases = SimDatabases(instance, nodes)
     totals = {"steps": 0, "violations": 0}
 
     def report(result: object) -> None:
@@ -69,14 +61,16 @@ def simulate(seeds: int, first: int, seed: int | None, nodes: int, faults: str, 
                        f"delivered={result.delivered} violations={len(result.violations)} "  # type: ignore[attr-defined]
                        f"digest={result.digest[:16]}")  # type: ignore[attr-defined]
 
-    try:
+    with contextlib.ExitStack() as cleanup:
+        if home is None:  # a server of its own, gone at the end
+            instance, _ = cleanup.enter_context(
+                embedded.temporary_server("pgq-simulate-", "immediate"))
+        else:
+            instance = embedded.ensure_running(home)
+        databases = SimDatabases(instance, nodes)
+        cleanup.callback(databases.close)
         run_seeds(databases, seed_list, nodes, chosen, on_result=report, seconds=seconds,
                   trace_lines=400 if seed is not None else 30)
-    finally:
-        databases.close()
-        if temporary:
-            embedded.stop(root / "postgres", "immediate")
-            shutil.rmtree(root, ignore_errors=True)
     click.echo(f"seeds={len(seed_list)} steps={totals['steps']} violations={totals['violations']} "
                f"({time.monotonic() - started:.1f} s)")
     sys.exit(1 if totals["violations"] else 0)
