@@ -213,6 +213,8 @@ def _job_reply(job: Job, withcounters: bool) -> list[Any]:
     return reply
 
 
+# SHOW as Disque replies it: its 15 fields in its order (pgq.commands adds
+# `deliveries` and orders them its own way).
 _SHOW_KEYS = ("id", "queue", "state", "repl", "ttl", "ctime", "delay", "retry", "nacks",
               "additional_deliveries", "nodes_delivered", "nodes_confirmed",
               "next_requeue_within", "next_awake_within", "body")
