@@ -133,10 +133,15 @@ def save(conn: psycopg.Connection[Any], schedule: Schedule, now: dt.datetime) ->
 
 
 def load(conn: psycopg.Connection[Any]) -> list[tuple[Schedule, dt.datetime | None]]:
-    """Every schedule of the database, with its last tick."""
+    """Every valid schedule of the database, with its last tick. A row made
+    invalid by hand (its cron, time zone or options) is logged and left
+    out: it must not stop the others."""
     out = []
     for name, cron, tz, queue, body, options, last in conn.execute(sql.SCHEDULES).fetchall():
-        out.append((Schedule(name, cron, queue, bytes(body), tz, dict(options or {})), last))
+        try:
+            out.append((Schedule(name, cron, queue, bytes(body), tz, dict(options or {})), last))
+        except InvalidArgumentError as exc:
+            log.warning("periodic: schedule %s is skipped: %s", name, exc)
     return out
 
 
@@ -149,6 +154,7 @@ class Scheduler:
 
     def __init__(self, client: Any) -> None:
         self.client = client  # a pgq.Client on the database
+        self.next_in = 60.0  # after fire_due: seconds until the next tick of any schedule
 
     def fire_due(self, now: dt.datetime | None = None) -> list[tuple[str, dt.datetime, str]]:
         """Add the job of every due tick; ``(schedule, tick, job id)`` of each
@@ -156,12 +162,9 @@ class Scheduler:
         now = now or dt.datetime.now(dt.UTC)
         added = []
         with psycopg.connect(self.client.dsn) as conn:
-            for schedule, last in load(conn):
-                try:
-                    tick = due_tick(schedule.cron, schedule.tz, last, now, schedule.catch_up)
-                except InvalidArgumentError as exc:  # a schedule edited by hand
-                    log.warning("periodic: schedule %s: %s", schedule.name, exc)
-                    continue
+            schedules = load(conn)
+            for schedule, last in schedules:
+                tick = due_tick(schedule.cron, schedule.tz, last, now, schedule.catch_up)
                 if tick is None:
                     continue
                 with conn.transaction():
@@ -175,17 +178,19 @@ class Scheduler:
                 log.info("periodic: %s added job %s for its tick %s", schedule.name, job_id,
                          tick.isoformat())
             conn.commit()
+        self.next_in = _until_next(schedules, now)
         return added
 
     def seconds_to_next(self, now: dt.datetime | None = None) -> float:
         """Until the next tick of any schedule (at most 60 s: schedules change)."""
         now = now or dt.datetime.now(dt.UTC)
         with psycopg.connect(self.client.dsn) as conn:
-            schedules = load(conn)
-        wait = 60.0
-        for schedule, _last in schedules:
-            try:
-                wait = min(wait, (next_tick(schedule.cron, schedule.tz, now) - now).total_seconds())
-            except InvalidArgumentError:
-                continue
-        return max(wait, 0.0)
+            return _until_next(load(conn), now)
+
+
+def _until_next(schedules: list[tuple[Schedule, dt.datetime | None]], now: dt.datetime) -> float:
+    """Seconds until the next tick of any of ``schedules`` (at most 60)."""
+    wait = 60.0
+    for schedule, _last in schedules:
+        wait = min(wait, (next_tick(schedule.cron, schedule.tz, now) - now).total_seconds())
+    return max(wait, 0.0)

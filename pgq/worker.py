@@ -318,7 +318,7 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 await anyio.to_thread.run_sync(scheduler.fire_due)
-                wait = await anyio.to_thread.run_sync(scheduler.seconds_to_next)
+                wait = scheduler.next_in  # from the schedules fire_due read
             except (PgqError, psycopg.Error) as exc:
                 log.warning("worker: scheduler: %s", exc)
                 wait = 5.0

@@ -79,6 +79,10 @@ def test_one_job_per_tick_however_many_schedulers_run(client, dsn):
     assert client.qlen("ticks") == 1 and client.show(added[0][2])["retry"] == 30
     assert schedulers[1].fire_due(at("2026-11-25T08:59")) == []  # same tick: nothing more
     assert [t for _, t, _ in schedulers[2].fire_due(at("2026-11-25T09:00"))] == [at("2026-11-25T09:00")]
+    assert schedulers[2].next_in == 60  # 09:05 is further: capped (schedules may change)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # a row broken by hand stops nothing
+        conn.execute("INSERT INTO pgq.periodic (name, cron, queue) VALUES ('broken', 'nope', 'q')")
+    assert [t for _, t, _ in schedulers[3].fire_due(at("2026-11-25T09:05"))] == [at("2026-11-25T09:05")]
     assert 0 < schedulers[0].seconds_to_next(at("2026-11-25T09:01")) <= 240
 
 
