@@ -413,6 +413,7 @@ class Worker:
                 self._leases.add(job.id, job.retry, time.monotonic())
                 self._leases_changed.set()
             failure: _JobFailed | None = None
+            # a job's trace context is read (a Tasks body decoded) only if spans are recorded
             links = tracing.extract_link(self._carrier(job)) if tracing.enabled() else None
             try:
                 with tracing.span(f"pgq process {job.queue}", "CONSUMER", queue=job.queue,
