@@ -17,6 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", help="only workloads whose name contains this")
     parser.add_argument("--no-cluster", action="store_true", help="skip the 3-node cluster workload")
     parser.add_argument("--out", type=Path, help=f"report directory (default {DEFAULT_OUT})")
+    parser.add_argument("--json", action="store_true",
+                        help="print results.json on stdout at the end (the progress goes to stderr)")
     opts = parser.parse_args(argv)
     rounds = opts.rounds or (1 if opts.smoke else 3)
     out = opts.out or (DEFAULT_OUT / "smoke" if opts.smoke else DEFAULT_OUT)
@@ -24,13 +26,15 @@ def main(argv: list[str] | None = None) -> int:
     from .report import write
     from .runner import run
 
+    progress = sys.stderr if opts.json else sys.stdout
+
     def log(line: str) -> None:
-        print(line, flush=True)
+        print(line, flush=True, file=progress)
 
     results = run(opts.smoke, rounds, opts.only, log, with_cluster=not opts.no_cluster)
     for path in write(results, out):
-        print(f"wrote {path}")
-    print((out / "results.md").read_text())
+        print(f"wrote {path}", file=progress)
+    print((out / ("results.json" if opts.json else "results.md")).read_text())
     return 0
 
 

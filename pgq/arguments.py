@@ -198,10 +198,10 @@ def job_params(
     retry_s = default_retry(ttl_s) if retry is None else seconds("retry", retry, maximum=MAX_TTL)
     repl = None if replicate is None else positive_int("replicate", replicate, maximum=MAX_REPLICATE)
     if retry_s == 0 and repl is not None and repl > 1:
+        why = "copies on other nodes could otherwise deliver the job a second time"
         raise InvalidArgumentError(
-            "retry=0 (at-most-once delivery) requires replicate=1: copies on other "
-            "nodes could otherwise deliver the job a second time"
-        )
+            f"retry=0 (at-most-once delivery) requires replicate=1: {why}"
+        ).for_cli(f"--retry 0 (at-most-once delivery) requires --replicate 1: {why}")
     max_len = None if maxlen is None else positive_int("maxlen", maxlen, maximum=2**62)
     if not isinstance(asynchronous, bool):
         raise InvalidTypeError(f"asynchronous must be a bool, not {type(asynchronous).__name__}")

@@ -115,7 +115,10 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         raise NoReplError(
             "the node process of this database is not running, so it cannot make copies: "
             "start it (`pgq node start`), add through another node, or pass replicate=1 "
-            "to keep the job here only", node_down=True)
+            "to keep the job here only", node_down=True).for_cli(
+            "the node process of this database is not running, so it cannot make copies: "
+            "start it (`pgq node start`), add through another node, or add with "
+            "--replicate 1 to keep the job here only")
     if wanted > view.available:
         raise NoReplError(
             f"not enough reachable nodes for replicate={wanted}: {view.available} can take a copy "
@@ -236,7 +239,7 @@ def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
     refused = set(paused)
     for index, ids in taken:
         queue = calls[index].queue
-        outcomes[index] = PausedError(_paused_message(queue)) if queue in refused else ids
+        outcomes[index] = paused_error(queue) if queue in refused else ids
     return outcomes
 
 
@@ -308,11 +311,11 @@ def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Comman
             "adds through another node)",
             removed=tuple(sorted(failed)), added=tuple(i for i in ids if i not in failed),
             node_down=True)
+    lost = f"{len(failed)} of {len(ids)} jobs did not reach their copies within {timeout:g} s and were withdrawn"
     raise NoReplError(
-        f"{len(failed)} of {len(ids)} jobs did not reach their copies within {timeout:g} s and "
-        "were withdrawn (too few live nodes? raise timeout= or lower replicate=)",
+        f"{lost} (too few live nodes? raise timeout= or lower replicate=)",
         removed=tuple(sorted(failed)), added=tuple(i for i in ids if i not in failed),
-    )
+    ).for_cli(f"{lost} (too few live nodes? raise --timeout or lower --replicate)")
 
 
 def wait_replicated(session: Session, ids: list[str], timeout: float) -> Command[None]:
@@ -339,9 +342,15 @@ def _paused_message(queue: str) -> str:
     return f"queue {queue!r} is paused for input: resume it with pause(queue, 'none')"
 
 
+def paused_error(queue: str) -> PausedError:
+    """PAUSED, with the way out in the API's and in the shell's terms."""
+    return PausedError(_paused_message(queue)).for_cli(
+        f"queue {queue!r} is paused for input: resume it with `pgq pause {queue} none`")
+
+
 def _raise_if_refused(queue: str, paused: bool, full: bool, maxlen: int | None) -> None:
     if paused:
-        raise PausedError(_paused_message(queue))
+        raise paused_error(queue)
     if full:
         raise MaxLenError(f"queue {queue!r} already holds {maxlen} or more jobs (maxlen={maxlen})")
 
@@ -413,9 +422,8 @@ def get_jobs(session: Session, queues: list[str], count: int, timeout: float | N
             return []
         view = yield from cluster_view(session)
         if view.active and view.leaving:
-            raise LeavingError(
-                "this node is leaving the cluster and does not block consumers: "
-                "get jobs from another node (or use nohang=True)")
+            leaving = "this node is leaving the cluster and does not block consumers: get jobs from another node"
+            raise LeavingError(f"{leaving} (or use nohang=True)").for_cli(f"{leaving} (or use --nohang)")
         if session.can_listen and not listening:
             yield Listen(tuple(queues))
             listening = True

@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import signal
 import sys
 import threading
 import time
+from typing import Any
 
 from . import Client, Job, Worker
 from .errors import NoReplError, PgqError
+from .jsonable import dumps
 from .localcluster import LocalCluster, LocalNode
 
 QUEUE = "demo"
@@ -34,19 +37,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-kill", action="store_true", help="do not kill a node halfway")
     parser.add_argument("--batch", type=int, default=200,
                         help="jobs per add_jobs call of a producer (default 200)")
+    parser.add_argument("--json", action="store_true",
+                        help="print the verdict as one JSON object on stdout (the story goes to stderr)")
     opts = parser.parse_args(argv)
     logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     logging.getLogger("pgq").setLevel(logging.ERROR)
 
-    cluster = LocalCluster(3, prefix="pgq-demo-")
-    print(f"starting a 3-node cluster under {cluster.root} ...", flush=True)
-    try:
-        cluster.start()
-        print("cluster up: " + ", ".join(f"{n.name} bus {n.bus}" for n in cluster.nodes), flush=True)
-        return run(cluster.nodes, opts)
-    finally:
-        cluster.close()
-        print("stopped the demo cluster and removed its files", flush=True)
+    stdout = sys.stdout
+    verdict: dict[str, Any] = {}
+    with contextlib.redirect_stdout(sys.stderr) if opts.json else contextlib.nullcontext():
+        cluster = LocalCluster(3, prefix="pgq-demo-")
+        print(f"starting a 3-node cluster under {cluster.root} ...", flush=True)
+        try:
+            cluster.start()
+            print("cluster up: " + ", ".join(f"{n.name} bus {n.bus}" for n in cluster.nodes), flush=True)
+            code = run(cluster.nodes, opts, verdict)
+        finally:
+            cluster.close()
+            print("stopped the demo cluster and removed its files", flush=True)
+    if opts.json:
+        print(dumps(verdict), file=stdout, flush=True)
+    return code
 
 
 class _Progress:
@@ -84,7 +95,8 @@ class _Progress:
             print(f"  {message}", flush=True)
 
 
-def run(nodes: list[LocalNode], opts: argparse.Namespace) -> int:
+def run(nodes: list[LocalNode], opts: argparse.Namespace, verdict: dict[str, Any] | None = None) -> int:
+    verdict = {} if verdict is None else verdict
     added: list[str] = []
     withdrawn: set[str] = set()  # NOREPL: removed, copies deleted best effort
     delivered: collections.Counter[str] = collections.Counter()
@@ -163,6 +175,11 @@ def run(nodes: list[LocalNode], opts: argparse.Namespace) -> int:
     lost = set(added) - set(delivered)
     duplicates = sum(n - 1 for i, n in delivered.items() if i not in withdrawn)
     stray = len(withdrawn & set(delivered))
+    busy = max(last_new[0] - started, 1e-9)
+    verdict.update(added=len(added), delivered=len(set(added) & set(delivered)),
+                   withdrawn=len(withdrawn), duplicates=duplicates, lost=len(lost),
+                   jobs_per_second=round(len(set(added) & set(delivered)) / busy),
+                   seconds=round(elapsed, 1), detection_seconds=detected_in, errors=list(errors))
     print("verdict")
     print(f"  jobs added      {len(added)} (replicate=2, retry=2 s)")
     print(f"  delivered       {len(set(added) & set(delivered))} distinct")
@@ -174,7 +191,6 @@ def run(nodes: list[LocalNode], opts: argparse.Namespace) -> int:
     # From the first add to the first delivery of the last job: what a user
     # waits for. The verdict then waits for the killed node to be declared
     # dead and restarted, which takes no job's time.
-    busy = max(last_new[0] - started, 1e-9)
     print(f"  throughput      {len(set(added) & set(delivered)) / busy:,.0f} jobs/s end to end "
           f"(every job delivered {busy:.1f} s after the first add; {elapsed:.1f} s in all)")
     if detected_in is not None:

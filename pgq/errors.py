@@ -18,6 +18,8 @@ Invariants:
 
 from __future__ import annotations
 
+from typing import Self
+
 __all__ = [
     "PgqError",
     "InvalidArgumentError",
@@ -40,7 +42,19 @@ __all__ = [
 
 
 class PgqError(Exception):
-    """Base class of every error raised by pgq."""
+    """Base class of every error raised by pgq.
+
+    ``str(error)`` names what to do in the API's terms (``pause(queue,
+    'none')``); :attr:`cli_message`, when set, says the same for a shell
+    user (``pgq pause emails none``), and the CLI prints that one.
+    """
+
+    cli_message: str | None = None
+
+    def for_cli(self, message: str) -> Self:
+        """Set the shell spelling of this error's message; returns the error."""
+        self.cli_message = message
+        return self
 
 
 class InvalidArgumentError(PgqError, ValueError):

@@ -43,6 +43,7 @@ from starlette.routing import Route
 from . import errors
 from .aio import AsyncClient
 from .job import Job
+from .jsonable import body_fields, jsonable
 
 __all__ = ["create_app", "OPENAPI"]
 
@@ -86,28 +87,11 @@ def _body_of(item: dict[str, Any]) -> bytes:
 
 
 def _job_json(job: Job) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": job.id, "queue": job.queue}
-    try:
-        out["body"] = bytes(job.body).decode("utf-8")
-    except UnicodeDecodeError:
-        out["body_base64"] = base64.b64encode(bytes(job.body)).decode()
+    out: dict[str, Any] = {"id": job.id, "queue": job.queue, **body_fields(job.body)}
     if job.nacks is not None:
         out["nacks"] = job.nacks
         out["additional_deliveries"] = job.additional_deliveries
     return out
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        try:
-            return bytes(value).decode("utf-8")
-        except UnicodeDecodeError:
-            return {"base64": base64.b64encode(bytes(value)).decode()}
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 async def _json(request: Request) -> dict[str, Any]:
@@ -184,7 +168,7 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
         info = await client.show(request.path_params["id"])
         if info is None:
             raise errors.NoJobError(f"job {request.path_params['id']} is not known on this node")
-        return JSONResponse(_jsonable(info))
+        return JSONResponse(jsonable(info))
 
     async def wait(request: Request) -> Response:
         data = await _json(request)
@@ -195,7 +179,7 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
         info = await client.qstat(request.path_params["queue"])
         if info is None:
             raise errors.NoJobError(f"queue {request.path_params['queue']} is not known here")
-        return JSONResponse(_jsonable(info))
+        return JSONResponse(jsonable(info))
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "node": client.node_id})

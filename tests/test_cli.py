@@ -186,3 +186,109 @@ def test_migrate_takes_a_node_directory_like_the_other_commands(tmp_path):
     done = subprocess.run([sys.executable, "-m", "pgq", "migrate", "--data", str(tmp_path)],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no running node found in" in done.stderr
+
+
+def leaf_commands(group: click.Group, prefix: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from leaf_commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name), command
+
+
+@pytest.mark.parametrize("path,command", list(leaf_commands(cli_main)), ids=lambda p: " ".join(p)
+                         if isinstance(p, tuple) else "")
+def test_every_command_takes_json(path, command):
+    if path == ("bench",):  # its options are python -m bench's
+        assert "--json" in pgq("bench", "--help").stdout
+        return
+    assert "--json" in {o for p in command.params for o in getattr(p, "opts", [])}, path
+
+
+def test_nothing_found_exits_3_with_json_that_says_so(dsn):
+    job = json.loads(pgq("add", "none-cli", "x", "--json", dsn=dsn).stdout)[0]
+    assert pgq("ack", job, dsn=dsn).stdout.strip() == "1"
+    again = pgq("ack", job, "--json", dsn=dsn, check=False)  # known no more: nothing acked
+    assert again.returncode == 3 and json.loads(again.stdout) == {"acked": 0}
+    for args in (("nack", job), ("enqueue", job), ("dequeue", job)):
+        assert pgq(*args, dsn=dsn, check=False).returncode == 3, args
+    assert pgq("deljob", job, dsn=dsn).stdout.strip() == "1"  # its tombstone (Disque: any state)
+    assert pgq("deljob", job, dsn=dsn, check=False).returncode == 3
+    empty = pgq("qlen", "none-cli", "--json", dsn=dsn, check=False)
+    assert empty.returncode == 3 and json.loads(empty.stdout) == {"queue": "none-cli", "length": 0}
+    listed = pgq("dead-letters", "list", "--json", dsn=dsn, check=False)
+    assert listed.returncode == 3 and json.loads(listed.stdout) == []
+    assert pgq("dead-letters", "requeue", dsn=dsn, check=False).returncode == 3
+    assert pgq("jscan", "--queue", "none-cli", "--state", "queued", dsn=dsn, check=False).returncode == 3
+    assert pgq("periodic", "list", dsn=dsn, check=False).returncode == 3
+    assert pgq("show", job.replace(job[2:10], "0" * 8), dsn=dsn, check=False).returncode == 3
+    found = pgq("qlen", "none-cli", dsn=dsn, check=False)
+    pgq("add", "none-cli", "y", dsn=dsn)
+    assert found.returncode == 3 and pgq("qlen", "none-cli", dsn=dsn).returncode == 0
+
+
+def test_json_has_numbers_iso_times_and_readable_bodies(dsn, client):
+    import base64
+    import datetime as dt
+
+    raw = b"\xfa\x00binary"
+    job = client.add_job("json-cli", raw, retry=30)
+    text_job = client.add_job("json-cli", "héllo")
+    jobs = json.loads(pgq("get", "json-cli", "--count", "2", "--json", dsn=dsn).stdout)
+    by_id = {j["id"]: j for j in jobs}
+    assert base64.b64decode(by_id[job]["body_base64"]) == raw and "body" not in by_id[job]
+    assert by_id[text_job]["body"] == "héllo"
+    shown = json.loads(pgq("show", job, "--json", dsn=dsn).stdout)
+    assert base64.b64decode(shown["body_base64"]) == raw and shown["retry"] == 30
+    client.dead_letter(job, reason="bad bytes")
+    letter = json.loads(pgq("dead-letters", "list", "--json", dsn=dsn).stdout)[0]
+    assert dt.datetime.fromisoformat(letter["died_at"]).tzinfo is not None  # ISO-8601 with offset
+    assert isinstance(letter["nacks"], int) and base64.b64decode(letter["body_base64"]) == raw
+    snapshot = json.loads(pgq("stats", "--json", "--interval", "0.2", dsn=dsn).stdout)
+    queue = next(q for q in snapshot["queues"] if q["queue"] == "json-cli")
+    assert isinstance(queue["oldest_age_seconds"], (int, float, type(None)))
+    assert queue["in_per_s"] == 0 and dt.datetime.fromisoformat(snapshot["at"]).tzinfo is not None
+    assert json.loads(pgq("pause", "json-cli", "out", "--json", dsn=dsn).stdout) == {
+        "queue": "json-cli", "paused": "out"}
+
+
+def test_cli_hints_name_the_cli_command(dsn):
+    pgq("pause", "hint-cli", "in", dsn=dsn)
+    refused = pgq("add", "hint-cli", "x", dsn=dsn, check=False)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == ("error: queue 'hint-cli' is paused for input: "
+                                      "resume it with `pgq pause hint-cli none`")
+    at_most_once = pgq("add", "hint-cli", "x", "--retry", "0", "--replicate", "2", dsn=dsn, check=False)
+    assert "--retry 0 (at-most-once delivery) requires --replicate 1" in at_most_once.stderr
+    import pgq as library
+    from pgq.errors import PausedError
+
+    with library.Client(dsn) as api, pytest.raises(PausedError, match=r"pause\(queue, 'none'\)"):
+        api.add_job("hint-cli", b"x")
+
+
+def test_stats_shows_a_timestamp_and_rates_and_quits_on_q(dsn, client):
+    import pty
+    import select
+
+    client.add_jobs("live-cli", [b"a", b"b"])
+    leader, follower = pty.openpty()
+    live = subprocess.Popen([*PGQ, "stats", "--interval", "0.2", "--dsn", dsn], stdin=follower,
+                            stdout=follower, stderr=subprocess.PIPE, close_fds=True,
+                            env={**os.environ, "COLUMNS": "200", "LINES": "50"})  # a roomy terminal
+    os.close(follower)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 30  # start-up of a Python process on a busy machine
+        while b"in/s" not in screen or b"live-cli" not in screen:
+            assert time.monotonic() < deadline and live.poll() is None, screen.decode(errors="replace")
+            if select.select([leader], [], [], 0.5)[0]:
+                screen += os.read(leader, 65536)
+        assert b"queues at " in screen and b"q to quit" in screen
+        os.write(leader, b"q")
+        assert live.wait(timeout=20) == 0
+    finally:
+        if live.poll() is None:
+            live.kill()
+            live.wait()
+        os.close(leader)

@@ -1,14 +1,28 @@
 """What every ``pgq`` command shares: finding the database, printing, failing.
 
-Exit codes scripts can rely on: 0 success; 1 a pgq error (one line on
-stderr starting with ``error:``, saying what to do); 2 bad usage (click's);
-130 interrupted. ``--json`` prints one JSON document on stdout.
+Exit codes scripts can rely on (one rule for every command):
+
+* 0: done, and there was something to act on or show;
+* 1: a pgq error (one line on stderr starting with ``error:``, saying what
+  to do, in the shell's terms);
+* 2: bad usage (click's);
+* 3: nothing found: no job came (``get``), an unknown job or queue
+  (``show``, ``qstat``), an empty queue (``qlen`` prints 0), none of the
+  IDs was known (``ack``, ``nack``, ``fastack``, ``deljob``, ``enqueue``,
+  ``dequeue``), an empty listing (``qscan``, ``jscan``, ``dead-letters
+  list``, ``periodic list``), nothing to requeue, remove or stop;
+* 130: interrupted.
+
+``--json`` prints one JSON document on stdout (:mod:`pgq.jsonable`: numbers
+as numbers, ISO-8601 times, bodies as text or ``body_base64``); commands
+that run until stopped (``worker``, ``serve``, ``node start``) log one JSON
+object per line instead. Progress bars and notes go to stderr.
 """
 
 from __future__ import annotations
 
 import functools
-import json
+import ipaddress
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -20,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..errors import PgqError
+from ..jsonable import dumps
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=False, soft_wrap=True)
@@ -29,7 +44,10 @@ progress_console = Console(stderr=True)
 
 
 def fail(message: str | PgqError) -> None:
-    click.echo(f"error: {message}", err=True)
+    """One line on stderr; a pgq error in its shell spelling (the hint names
+    the ``pgq`` command, not the API call)."""
+    text = message.cli_message or str(message) if isinstance(message, PgqError) else message
+    click.echo(f"error: {text}", err=True)
     sys.exit(1)
 
 
@@ -47,11 +65,9 @@ def handles_errors(func: F) -> F:
 
 
 def to_json(data: Any) -> str:
-    def default(value: Any) -> Any:
-        if isinstance(value, (bytes, bytearray, memoryview)):
-            return text_of(bytes(value))
-        return str(value)
-    return json.dumps(data, default=default, sort_keys=True)
+    """JSON as every front writes it (:mod:`pgq.jsonable`): numbers as
+    numbers, ISO-8601 times, bodies as text or ``body_base64``."""
+    return dumps(data)
 
 
 def text_of(body: bytes) -> str:
@@ -79,6 +95,28 @@ def emit(data: Any, as_json: bool) -> None:
 
 
 
+def json_option(func: F) -> F:
+    """``--json``: the command's result as one JSON document."""
+    return click.option("--json", "as_json", is_flag=True, help="Print JSON.")(func)
+
+
+def json_logs_option(func: F) -> F:
+    """``--json`` of a command that runs until stopped: its log, one JSON
+    object per line (the same as ``PGQ_LOG_FORMAT=json``)."""
+    def use_json(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            os.environ["PGQ_LOG_FORMAT"] = "json"
+    return click.option("--json", is_flag=True, expose_value=False, is_eager=True, callback=use_json,
+                        help="Log one JSON object per line (as PGQ_LOG_FORMAT=json).")(func)
+
+
+def report(data: dict[str, Any], as_json: bool, text: str, found: bool = True) -> None:
+    """Print ``text`` (or ``data`` as JSON); exit 3 when nothing was ``found``."""
+    click.echo(to_json(data) if as_json else text)
+    if not found:
+        sys.exit(3)
+
+
 def emit_found(data: Any, as_json: bool, missing: str) -> None:
     """Print ``data`` like :func:`emit`; when it is None, say ``missing``
     (``null`` on stdout with --json) and exit 3, the "not found" code."""
@@ -87,13 +125,21 @@ def emit_found(data: Any, as_json: bool, missing: str) -> None:
         sys.exit(3)
     emit(data, as_json)
 
+
 def table(rows: Iterable[Sequence[Any]], columns: Sequence[str], as_json: bool,
-          title: str | None = None) -> None:
-    """Print rows as a table (or a JSON list of objects)."""
+          title: str | None = None, empty_is_missing: bool = False) -> None:
+    """Print rows as a table (or a JSON list of objects); with
+    ``empty_is_missing``, no rows exits 3 (after printing the empty table)."""
     rows = list(rows)
     if as_json:
         click.echo(to_json([dict(zip(columns, r, strict=True)) for r in rows]))
-        return
+    else:
+        _print_table(rows, columns, title)
+    if empty_is_missing and not rows:
+        sys.exit(3)
+
+
+def _print_table(rows: list[Sequence[Any]], columns: Sequence[str], title: str | None) -> None:
     out = Table(title=title, show_edge=False, header_style="bold")
     # Piped output is not wrapped to 80 columns: scripts and logs get whole rows.
     printer = console if console.is_terminal else Console(width=max(console.width, 200))
@@ -128,6 +174,40 @@ def target_options(func: F) -> F:
     func = click.option("--dsn", envvar="PGQ_DSN",
                         help="Database DSN (default: $PGQ_DSN, else the embedded server).")(func)
     return func
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def listen_address(option: str, text: str, secret: str | None) -> tuple[str, int]:
+    """(host, port) of a server's ``option`` HOST:PORT. Beyond loopback only
+    with a secret: whoever reaches the port could otherwise act on the queue."""
+    from ..metrics import parse_listen
+
+    try:
+        host, port = parse_listen(text)
+    except ValueError:
+        raise click.UsageError(f"{option} wants HOST:PORT, not {text!r}") from None
+    if not secret and not _loopback(host):
+        raise click.UsageError(f"{option}: listening on {host} (beyond loopback) needs a secret: "
+                               "--token-file FILE")
+    return host, port
+
+
+def read_token(token_file: str | None) -> str | None:
+    """The secret in ``token_file`` (None without one); an empty file is bad usage."""
+    if not token_file:
+        return None
+    token = Path(token_file).read_text().strip()
+    if not token:
+        raise click.UsageError(f"the token file {token_file} is empty")
+    return token
 
 
 def client_for(dsn: str | None, data: str | None, **options: Any) -> Any:

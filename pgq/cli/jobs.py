@@ -13,10 +13,11 @@ from .common import (
     client_for,
     emit_found,
     handles_errors,
+    json_option,
     progress_console,
+    report,
     table,
     target_options,
-    text_of,
     to_json,
 )
 
@@ -89,33 +90,38 @@ def get(queues: tuple[str, ...], count: int, timeout: float | None, nohang: bool
         sys.exit(3)
 
 
-def _ids_command(name: str, method: str, help_text: str):  # type: ignore[no-untyped-def]
-    @click.command(name, help=help_text)
+def _ids_command(name: str, method: str, done: str, help_text: str):  # type: ignore[no-untyped-def]
+    @click.command(name, help=help_text + " Exit 3 if none of the IDs was known.")
     @click.argument("ids", nargs=-1, required=True)
+    @json_option
     @target_options
     @handles_errors
-    def command(ids: tuple[str, ...], dsn: str | None, data: str | None) -> None:
+    def command(ids: tuple[str, ...], as_json: bool, dsn: str | None, data: str | None) -> None:
         with client_for(dsn, data) as client:
-            click.echo(getattr(client, method)(*ids))
+            count = getattr(client, method)(*ids)
+        report({done: count}, as_json, str(count), found=count > 0)
     return command
 
 
-ack = _ids_command("ack", "ack_job", "Acknowledge jobs; prints how many known jobs were acked.")
-fast_ack = _ids_command("fastack", "fast_ack", "Delete jobs now, everywhere (best effort).")
-del_job = _ids_command("deljob", "del_job", "Delete jobs on this node, in any state.")
-enqueue = _ids_command("enqueue", "enqueue", "Queue active jobs now.")
-dequeue = _ids_command("dequeue", "dequeue", "Take queued jobs out of their queue.")
+ack = _ids_command("ack", "ack_job", "acked", "Acknowledge jobs; prints how many known jobs were acked.")
+fast_ack = _ids_command("fastack", "fast_ack", "deleted", "Delete jobs now, everywhere (best effort).")
+del_job = _ids_command("deljob", "del_job", "deleted", "Delete jobs on this node, in any state.")
+enqueue = _ids_command("enqueue", "enqueue", "queued", "Queue active jobs now.")
+dequeue = _ids_command("dequeue", "dequeue", "dequeued", "Take queued jobs out of their queue.")
 
 
 @click.command()
 @click.argument("ids", nargs=-1, required=True)
 @click.option("--delay", type=float, default=0, show_default=True, help="Seconds of back-off.")
+@json_option
 @target_options
 @handles_errors
-def nack(ids: tuple[str, ...], delay: float, dsn: str | None, data: str | None) -> None:
-    """Put delivered jobs back in their queue (now, or after --delay)."""
+def nack(ids: tuple[str, ...], delay: float, as_json: bool, dsn: str | None, data: str | None) -> None:
+    """Put delivered jobs back in their queue (now, or after --delay). Exit 3
+    if none of the IDs was known."""
     with client_for(dsn, data) as client:
-        click.echo(client.nack_job(*ids, delay=delay))
+        count = client.nack_job(*ids, delay=delay)
+    report({"nacked": count}, as_json, str(count), found=count > 0)
 
 
 @click.command()
@@ -132,12 +138,14 @@ def show(job_id: str, as_json: bool, dsn: str | None, data: str | None) -> None:
 
 @click.command()
 @click.argument("queue")
+@json_option
 @target_options
 @handles_errors
-def qlen(queue: str, dsn: str | None, data: str | None) -> None:
-    """Number of jobs queued in QUEUE."""
+def qlen(queue: str, as_json: bool, dsn: str | None, data: str | None) -> None:
+    """Number of jobs queued in QUEUE. Exit 3 if there are none."""
     with client_for(dsn, data) as client:
-        click.echo(client.qlen(queue))
+        length = client.qlen(queue)
+    report({"queue": queue, "length": length}, as_json, str(length), found=length > 0)
 
 
 @click.command()
@@ -159,7 +167,7 @@ def qstat(queue: str, as_json: bool, dsn: str | None, data: str | None) -> None:
 @target_options
 @handles_errors
 def qscan(minlen: int | None, maxlen: int | None, as_json: bool, dsn: str | None, data: str | None) -> None:
-    """List every queue (with its length)."""
+    """List every queue (with its length). Exit 3 if there is none."""
     names: list[str] = []
     with client_for(dsn, data) as client:
         cursor = 0
@@ -169,7 +177,7 @@ def qscan(minlen: int | None, maxlen: int | None, as_json: bool, dsn: str | None
             if cursor == 0:
                 break
         rows = [(name, client.qlen(name)) for name in names]
-    table(rows, ("queue", "length"), as_json)
+    table(rows, ("queue", "length"), as_json, empty_is_missing=True)
 
 
 @click.command()
@@ -182,7 +190,7 @@ def qscan(minlen: int | None, maxlen: int | None, as_json: bool, dsn: str | None
 @handles_errors
 def jscan(queue: str | None, states: tuple[str, ...], limit: int, as_json: bool,
           dsn: str | None, data: str | None) -> None:
-    """List jobs (ID, queue, state, counters)."""
+    """List jobs (ID, queue, state, counters). Exit 3 if there is none."""
     found: list[dict[str, Any]] = []
     with client_for(dsn, data) as client:
         cursor = 0
@@ -194,18 +202,20 @@ def jscan(queue: str | None, states: tuple[str, ...], limit: int, as_json: bool,
                 break
     table([(j["id"], j["queue"], j["state"], j["nacks"], j["additional_deliveries"], j["body"])
            for j in found[:limit]], ("id", "queue", "state", "nacks", "additional_deliveries", "body"),
-          as_json)
+          as_json, empty_is_missing=True)
 
 
 @click.command()
 @click.argument("queue")
 @click.argument("flags", nargs=-1, required=True)
+@json_option
 @target_options
 @handles_errors
-def pause(queue: str, flags: tuple[str, ...], dsn: str | None, data: str | None) -> None:
+def pause(queue: str, flags: tuple[str, ...], as_json: bool, dsn: str | None, data: str | None) -> None:
     """Pause QUEUE: FLAGS among in, out, all, none, state, bcast; prints the state."""
     with client_for(dsn, data) as client:
-        click.echo(client.pause(queue, *flags))
+        state = client.pause(queue, *flags)
+    report({"queue": queue, "paused": state}, as_json, state)
 
 
 @click.group("dead-letters")
@@ -220,22 +230,25 @@ def dead_letters() -> None:
 @target_options
 @handles_errors
 def dead_letters_list(queue: str | None, limit: int, as_json: bool, dsn: str | None, data: str | None) -> None:
-    """List dead letters, oldest first."""
+    """List dead letters, oldest first. Exit 3 if there is none."""
     with client_for(dsn, data) as client:
         rows = client.dead_letters(queue, count=limit)
-    table([(d["id"], d["queue"], d["nacks"], d["died_at"], d["reason"], text_of(bytes(d["body"])))
-           for d in rows], ("id", "queue", "nacks", "died_at", "reason", "body"), as_json)
+    table([(d["id"], d["queue"], d["nacks"], d["died_at"], d["reason"], bytes(d["body"]))
+           for d in rows], ("id", "queue", "nacks", "died_at", "reason", "body"), as_json,
+          empty_is_missing=True)
 
 
 @dead_letters.command("requeue")
 @click.option("--queue", help="Only this queue.")
 @click.option("--id", "ids", multiple=True, help="Only these job IDs (repeatable).")
 @click.option("--limit", type=int, default=100_000, show_default=True, help="Most to requeue.")
+@json_option
 @target_options
 @handles_errors
-def dead_letters_requeue(queue: str | None, ids: tuple[str, ...], limit: int,
+def dead_letters_requeue(queue: str | None, ids: tuple[str, ...], limit: int, as_json: bool,
                          dsn: str | None, data: str | None) -> None:
-    """Add dead letters back to their queues as new jobs; prints how many."""
+    """Add dead letters back to their queues as new jobs; prints how many
+    (exit 3 if there was none)."""
     with client_for(dsn, data) as client:
         new = client.requeue_dead_letters(queue, ids=list(ids) or None, count=limit)
-    click.echo(len(new))
+    report({"requeued": len(new), "ids": list(new)}, as_json, str(len(new)), found=bool(new))

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from .common import client_for, handles_errors, table, target_options
+from .common import client_for, handles_errors, json_option, report, table, target_options
 
 
 @click.group("periodic")
@@ -28,11 +28,12 @@ def periodic_group() -> None:
 @click.option("--ttl", type=float, help="Seconds a job lives.")
 @click.option("--catch-up", type=float, default=3600.0, show_default=True,
               help="After downtime, add the latest missed tick if it is at most this old.")
+@json_option
 @target_options
 @handles_errors
 def periodic_add(name: str, cron: str, queue: str, body: str, tz: str, replicate: int | None,
-                 retry: float | None, ttl: float | None, catch_up: float, dsn: str | None,
-                 data: str | None) -> None:
+                 retry: float | None, ttl: float | None, catch_up: float, as_json: bool,
+                 dsn: str | None, data: str | None) -> None:
     """Create or change schedule NAME: a job to QUEUE at every tick of CRON
     (e.g. "*/5 * * * *", "0 3 * * *", "@daily"); its first job at its next tick."""
     import psycopg
@@ -46,7 +47,8 @@ def periodic_add(name: str, cron: str, queue: str, body: str, tz: str, replicate
     now = dt.datetime.now(dt.UTC)
     with client_for(dsn, data) as client, psycopg.connect(client.dsn, autocommit=True) as conn:
         periodic.save(conn, schedule, now)
-    click.echo(f"{name}: next job {periodic.next_tick(cron, tz, now).isoformat()}")
+    following = periodic.next_tick(cron, tz, now)
+    report({"name": name, "next_tick": following}, as_json, f"{name}: next job {following.isoformat()}")
 
 
 @periodic_group.command("list")
@@ -54,7 +56,7 @@ def periodic_add(name: str, cron: str, queue: str, body: str, tz: str, replicate
 @target_options
 @handles_errors
 def periodic_list(as_json: bool, dsn: str | None, data: str | None) -> None:
-    """The schedules, with their last and next ticks."""
+    """The schedules, with their last and next ticks (exit 3 if there is none)."""
     import psycopg
 
     from .. import periodic
@@ -63,16 +65,19 @@ def periodic_list(as_json: bool, dsn: str | None, data: str | None) -> None:
     with client_for(dsn, data) as client, psycopg.connect(client.dsn) as conn:
         schedules = periodic.load(conn)
     rows = [(s.name, s.cron, s.tz, s.queue, last.isoformat() if last else None,
-             periodic.next_tick(s.cron, s.tz, now).isoformat(), json.dumps(s.options))
+             periodic.next_tick(s.cron, s.tz, now).isoformat(),
+             s.options if as_json else json.dumps(s.options))
             for s, last in schedules]
-    table(rows, ("name", "cron", "tz", "queue", "last_tick", "next_tick", "options"), as_json)
+    table(rows, ("name", "cron", "tz", "queue", "last_tick", "next_tick", "options"), as_json,
+          empty_is_missing=True)
 
 
 @periodic_group.command("remove")
 @click.argument("name")
+@json_option
 @target_options
 @handles_errors
-def periodic_remove(name: str, dsn: str | None, data: str | None) -> None:
+def periodic_remove(name: str, as_json: bool, dsn: str | None, data: str | None) -> None:
     """Remove schedule NAME (exit 3 if there is none)."""
     import psycopg
 
@@ -80,7 +85,7 @@ def periodic_remove(name: str, dsn: str | None, data: str | None) -> None:
 
     with client_for(dsn, data) as client, psycopg.connect(client.dsn, autocommit=True) as conn:
         removed = periodic.remove(conn, name)
-    if not removed:
+    if not removed and not as_json:
         click.echo(f"no schedule named {name}", err=True)
         sys.exit(3)
-    click.echo(f"removed {name}")
+    report({"removed": name if removed else None}, as_json, f"removed {name}", found=bool(removed))

@@ -5,32 +5,12 @@ share its group commit)."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
-from pathlib import Path
 from typing import Any
 
 import click
 
-from .common import node_dsn, target_options
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _address(option: str, text: str) -> tuple[str, int]:
-    from ..metrics import parse_listen
-
-    try:
-        return parse_listen(text)
-    except ValueError:
-        raise click.UsageError(f"{option} wants HOST:PORT, not {text!r}") from None
+from .common import json_logs_option, listen_address, node_dsn, read_token, target_options
 
 
 @click.command("serve")
@@ -41,38 +21,39 @@ def _address(option: str, text: str) -> tuple[str, int]:
 @click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
               help="File holding the secret: the HTTP bearer token and the RESP AUTH password "
                    "(default: $PGQ_HTTP_TOKEN).")
+@json_logs_option
 @target_options
 def serve(http_listen: str | None, resp_listen: str | None, token_file: str | None,
           dsn: str | None, data: str | None) -> None:
     """Serve pgq to programs in any language: an HTTP API (add, lease, ack,
     nack, working, status, wait, stats, health, metrics) and/or Disque's
     protocol (ADDJOB, GETJOB, ACKJOB, ...)."""
+    import logging
+
     import anyio
 
     from ..aio import AsyncClient
+    from ..cluster.process import setup_logging
 
     if not http_listen and not resp_listen:
         raise click.UsageError("say what to serve: --http HOST:PORT and/or --resp HOST:PORT")
-    token = Path(token_file).read_text().strip() if token_file else os.environ.get("PGQ_HTTP_TOKEN")
-    listens = [(o, t) for o, t in (("--http", http_listen), ("--resp", resp_listen)) if t]
-    for option, text in listens:
-        host, _port = _address(option, text)
-        if not token and not _loopback(host):
-            raise click.UsageError(f"listening on {host} (beyond loopback) needs a secret: "
-                                   "--token-file FILE or PGQ_HTTP_TOKEN")
+    token = read_token(token_file) if token_file else os.environ.get("PGQ_HTTP_TOKEN")
+    addresses = {option: listen_address(option, text, token)
+                 for option, text in (("--http", http_listen), ("--resp", resp_listen)) if text}
     client = AsyncClient(node_dsn(data, dsn) if data else dsn)
+    setup_logging("serve")
+    log = logging.getLogger("pgq.serve")
 
     async def main() -> None:
         async with anyio.create_task_group() as tasks:
             if http_listen:
-                tasks.start_soon(_http, client, *_address("--http", http_listen), token)
-                click.echo(f"pgq HTTP API on http://{http_listen} (OpenAPI: /openapi.json)", err=True)
+                tasks.start_soon(_http, client, *addresses["--http"], token)
+                log.info("pgq HTTP API on http://%s (OpenAPI: /openapi.json)", http_listen)
             if resp_listen:
                 from ..resp import serve as serve_resp
 
-                host, port = _address("--resp", resp_listen)
-                tasks.start_soon(serve_resp, client, host, port, token)
-                click.echo(f"pgq RESP (Disque's protocol) on {resp_listen}", err=True)
+                tasks.start_soon(serve_resp, client, *addresses["--resp"], token)
+                log.info("pgq RESP (Disque's protocol) on %s", resp_listen)
 
     try:
         anyio.run(main)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .common import emit, handles_errors, node_dsn
+from .common import emit, handles_errors, json_option, node_dsn, report
 
 
 @click.command()
@@ -12,8 +12,9 @@ from .common import emit, handles_errors, node_dsn
 @click.option("--data", type=click.Path(file_okay=False),
               help="A node's data directory (its node.json names the DSN).")
 @click.option("--home", envvar="PGQ_HOME", help="Embedded server directory when no DSN is given.")
+@json_option
 @handles_errors
-def migrate(dsn: str | None, data: str | None, home: str | None) -> None:
+def migrate(dsn: str | None, data: str | None, home: str | None, as_json: bool) -> None:
     """Create or upgrade schema pgq in a database."""
     from .. import embedded
     from ..migrate import migrate as run
@@ -21,7 +22,8 @@ def migrate(dsn: str | None, data: str | None, home: str | None) -> None:
     if data and not dsn:
         dsn = node_dsn(data, None)
     target = dsn or embedded.ensure_running(home).dsn
-    click.echo(f"schema pgq at revision {run(target)}")
+    revision = run(target)
+    report({"revision": revision}, as_json, f"schema pgq at revision {revision}")
 
 
 @click.group("embedded")
@@ -49,12 +51,14 @@ def embedded_start(home: str | None, as_json: bool, show_password: bool) -> None
 
 @embedded_group.command("stop")
 @click.option("--home", envvar="PGQ_HOME", help="Server directory.")
+@json_option
 @handles_errors
-def embedded_stop(home: str | None) -> None:
-    """Stop the embedded server."""
+def embedded_stop(home: str | None, as_json: bool) -> None:
+    """Stop the embedded server (exit 3 if it was not running)."""
     from .. import embedded
 
-    click.echo("stopped" if embedded.stop(home) else "not running")
+    stopped = embedded.stop(home)
+    report({"stopped": stopped}, as_json, "stopped" if stopped else "not running", found=stopped)
 
 
 @embedded_group.command("status")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .common import handles_errors
+from .common import handles_errors, report
 
 
 @click.command()
@@ -28,9 +28,10 @@ from .common import handles_errors
               help="Directory of the PostgreSQL server the simulation uses "
                    "(default: a temporary one, removed at the end).")
 @click.option("-v", "--verbose", is_flag=True, help="One line per seed.")
+@click.option("--json", "as_json", is_flag=True, help="End with the totals as one JSON object.")
 @handles_errors
 def simulate(seeds: int, first: int, seed: int | None, nodes: int, faults: str, seconds: float,
-             home: Path | None, verbose: bool) -> None:
+             home: Path | None, verbose: bool, as_json: bool) -> None:
     """Run the deterministic simulation of a pgq cluster: node cores under a
     virtual clock on an in-memory network that drops, duplicates, reorders
     and partitions messages, with node crashes and clock skews, each node
@@ -50,7 +51,7 @@ def simulate(seeds: int, first: int, seed: int | None, nodes: int, faults: str, 
     started = time.monotonic()
     totals = {"steps": 0, "violations": 0}
 
-    def report(result: object) -> None:
+    def on_result(result: object) -> None:
         totals["steps"] += result.steps  # type: ignore[attr-defined]
         totals["violations"] += len(result.violations)  # type: ignore[attr-defined]
         for violation in result.violations:  # type: ignore[attr-defined]
@@ -69,8 +70,9 @@ def simulate(seeds: int, first: int, seed: int | None, nodes: int, faults: str, 
             instance = embedded.ensure_running(home)
         databases = SimDatabases(instance, nodes)
         cleanup.callback(databases.close)
-        run_seeds(databases, seed_list, nodes, chosen, on_result=report, seconds=seconds,
+        run_seeds(databases, seed_list, nodes, chosen, on_result=on_result, seconds=seconds,
                   trace_lines=400 if seed is not None else 30)
-    click.echo(f"seeds={len(seed_list)} steps={totals['steps']} violations={totals['violations']} "
-               f"({time.monotonic() - started:.1f} s)")
+    took = round(time.monotonic() - started, 1)
+    report({"seeds": len(seed_list), **totals, "seconds": took}, as_json,
+           f"seeds={len(seed_list)} steps={totals['steps']} violations={totals['violations']} ({took} s)")
     sys.exit(1 if totals["violations"] else 0)

@@ -11,7 +11,7 @@ import click
 
 from ..connecting import FIRST_CONNECT_TIMEOUT
 from ..worker import DEFAULT_MAX_DELIVERIES
-from .common import client_for, handles_errors, target_options
+from .common import client_for, handles_errors, json_logs_option, target_options
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -53,6 +53,7 @@ def _load(target: str) -> Any:
 @click.option("--job-log-level", default="INFO", show_default=True,
               type=click.Choice(LEVELS, case_sensitive=False),
               help="Level of the one line logged per finished job.")
+@json_logs_option
 @target_options
 @handles_errors
 def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: float | None,
