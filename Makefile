@@ -49,7 +49,20 @@ $(CHAOS_TOOLS):
 		     "the chaos test runs no partitions and no clock faults" >&2; \
 	fi
 
-install: $(STAMP) $(JDBC_JAR) $(CHAOS_TOOLS)
+# The dashboard's browser tests drive Debian's chromium headless (Playwright
+# with its executable_path: no browser download): install it when root
+# (without it, or without root, those tests are skipped and say why).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	@if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		(apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null 2>&1 || \
+		 (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-liberation >/dev/null)); \
+	else \
+		echo "note: without Debian's chromium (apt-get install chromium, as root)" \
+		     "the dashboard's browser tests are skipped" >&2; \
+	fi
+
+install: $(STAMP) $(JDBC_JAR) $(CHAOS_TOOLS) $(CHROMIUM)
 
 test: install
 	$(BIN)/ruff check .

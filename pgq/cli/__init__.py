@@ -1,9 +1,8 @@
 """The ``pgq`` command line (``pgq --help``).
 
-Every command has ``--help``; exit codes: 0 success, 1 a pgq error (one
-line on stderr: ``error: ...``), 2 bad usage, 3 nothing found (``get``,
-``show``, ``qstat``), 130 interrupted. ``--json`` prints machine-readable
-output. Commands that talk to a queue take ``--dsn`` (or ``$PGQ_DSN``) or a
+Every command has ``--help`` and ``--json``; exit codes: 0 success, 1 a pgq
+error (one line on stderr: ``error: ...``), 2 bad usage, 3 nothing found,
+130 interrupted (the rules: :mod:`pgq.cli.common`). Commands that talk to a queue take ``--dsn`` (or ``$PGQ_DSN``) or a
 node's ``--data`` directory, and default to the embedded server.
 """
 
@@ -12,7 +11,7 @@ from __future__ import annotations
 import click
 
 from .. import __version__
-from . import cluster, jobs, server
+from . import cluster, dashboard, jobs, server
 from .periodic import periodic_group
 from .serve import serve
 from .simulate import simulate
@@ -30,20 +29,24 @@ def main() -> None:
 @main.command()
 @click.option("--jobs", type=int, default=6000, show_default=True, help="Jobs to add.")
 @click.option("--no-kill", is_flag=True, help="Do not kill a node halfway.")
-def demo(jobs: int, no_kill: bool) -> None:
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the verdict as JSON on stdout (the story goes to stderr).")
+def demo(jobs: int, no_kill: bool, as_json: bool) -> None:
     """Start a local 3-node cluster, run producers and consumers, kill a node
     halfway, restart it, and print the verdict (lost must be 0)."""
     import sys
 
     from ..demo import main as run_demo
 
-    sys.exit(run_demo(["--jobs", str(jobs)] + (["--no-kill"] if no_kill else [])))
+    sys.exit(run_demo(["--jobs", str(jobs)] + (["--no-kill"] if no_kill else [])
+                      + (["--json"] if as_json else [])))
 
 
 for command in (server.migrate, server.embedded_group, cluster.node_group, cluster.cluster_group,
                 jobs.add, jobs.get, jobs.ack, jobs.fast_ack, jobs.nack, jobs.del_job, jobs.enqueue,
                 jobs.dequeue, jobs.show, jobs.qlen, jobs.qstat, jobs.qscan, jobs.jscan, jobs.pause,
-                jobs.dead_letters, worker, stats, spark_group, simulate, periodic_group, serve):
+                jobs.dead_letters, worker, stats, spark_group, simulate, periodic_group, serve,
+                dashboard.dashboard):
     main.add_command(command)
 
 __all__ = ["main"]
@@ -52,7 +55,8 @@ __all__ = ["main"]
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
 def bench(ctx: click.Context) -> None:
-    """Run the benchmarks (options as `python -m bench --help`: --smoke, --rounds, --only, --out)."""
+    """Run the benchmarks (options as `python -m bench --help`: --smoke, --rounds, --only, --out,
+    --json)."""
     import sys
 
     from ..bench.__main__ import main as run_bench

@@ -8,7 +8,6 @@ for the node process go through its outbox (and doorbell).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -19,7 +18,7 @@ import click
 
 from .. import contracts
 from ..errors import PgqError
-from .common import emit, fail, node_dsn, progress_console
+from .common import emit, fail, json_logs_option, json_option, node_dsn, progress_console, report, to_json
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -76,18 +75,28 @@ def node_group() -> None:
               help="File holding the cluster secret (default: $PGQ_CLUSTER_SECRET or DIR/cluster.secret).")
 @click.option("--metrics", metavar="HOST:PORT", envvar="PGQ_METRICS",
               help="Serve Prometheus metrics on this address.")
+@click.option("--dashboard", metavar="HOST:PORT", envvar="PGQ_DASHBOARD",
+              help="Serve the web dashboard of this node on this address (see `pgq dashboard`).")
+@click.option("--dashboard-token-file", type=click.Path(dir_okay=False, exists=True),
+              envvar="PGQ_DASHBOARD_TOKEN_FILE",
+              help="File holding the token that unlocks the dashboard's actions (else read-only).")
 @click.option("--detach", is_flag=True,
               help="Run in the background (log in DIR/node.log) and return once the node serves.")
 @click.option("--wait-timeout", type=float, default=90.0, show_default=True,
               help="With --detach: seconds to wait for the node to serve.")
+@json_logs_option
 def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tuple[str, ...],
-               secret_file: str | None, metrics: str | None, detach: bool,
-               wait_timeout: float) -> None:
+               secret_file: str | None, metrics: str | None, dashboard: str | None,
+               dashboard_token_file: str | None, detach: bool, wait_timeout: float) -> None:
     """Start a node (in the foreground; stop it with SIGTERM or `pgq node stop`)."""
     from ..cluster.process import run_node
+    from .common import listen_address, read_token
 
     if not data and not dsn:
         raise click.UsageError("give the node a database: --data DIR or --dsn DSN")
+    token = read_token(dashboard_token_file)
+    if dashboard:
+        listen_address("--dashboard", dashboard, token)
     if detach:
         if not data:
             raise click.UsageError("--detach needs --data DIR (its node.log and node.json)")
@@ -95,7 +104,7 @@ def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tu
         return
     try:
         sys.exit(run_node(name, bus, data=data, dsn=dsn, joins=joins, secret_file=secret_file,
-                          metrics=metrics))
+                          metrics=metrics, dashboard=dashboard, dashboard_token=token))
     except PgqError as exc:
         fail(exc)
 
@@ -113,8 +122,11 @@ def _start_detached(data: Path, timeout: float) -> None:
         child = subprocess.Popen([sys.executable, "-m", "pgq.cli", *args], stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     state = _wait_serving(directory, timeout, child)
-    click.echo(f"{state.get('name')} serves (pid {child.pid}, id {str(state.get('id'))[:12]}, "
-               f"bus {state.get('bus')}); log: {directory.log_file}")
+    as_json = os.environ.get("PGQ_LOG_FORMAT") == "json"  # set by --json
+    report({"name": state.get("name"), "pid": child.pid, "id": state.get("id"), "bus": state.get("bus"),
+            "log": str(directory.log_file)}, as_json,
+           f"{state.get('name')} serves (pid {child.pid}, id {str(state.get('id'))[:12]}, "
+           f"bus {state.get('bus')}); log: {directory.log_file}")
 
 
 def _wait_serving(directory: Any, timeout: float, child: Any = None) -> dict[str, Any]:
@@ -141,12 +153,14 @@ def _wait_serving(directory: Any, timeout: float, child: Any = None) -> dict[str
 @node_group.command("wait")
 @click.option("--data", type=click.Path(file_okay=False), required=True, help="Node directory.")
 @click.option("--timeout", type=float, default=90.0, show_default=True, help="Seconds to wait.")
-def node_wait(data: str, timeout: float) -> None:
+@json_option
+def node_wait(data: str, timeout: float, as_json: bool) -> None:
     """Wait until the node in DIR serves (after `pgq node start ... &`)."""
     from ..cluster.nodedir import NodeDirectory
 
     state = _wait_serving(NodeDirectory(Path(data).absolute()), timeout)
-    click.echo(f"{state.get('name')} serves (id {str(state.get('id'))[:12]}, bus {state.get('bus')})")
+    report({"name": state.get("name"), "id": state.get("id"), "bus": state.get("bus")}, as_json,
+           f"{state.get('name')} serves (id {str(state.get('id'))[:12]}, bus {state.get('bus')})")
 
 
 @node_group.command("stop")
@@ -154,7 +168,8 @@ def node_wait(data: str, timeout: float) -> None:
 @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait.")
 @click.option("--postgres/--no-postgres", default=True, show_default=True,
               help="Also stop the node's embedded PostgreSQL.")
-def node_stop(data: str, timeout: float, postgres: bool) -> None:
+@json_option
+def node_stop(data: str, timeout: float, postgres: bool, as_json: bool) -> None:
     """Stop the node running in DIR: its process (SIGTERM, then wait), then
     its embedded PostgreSQL. Exit 3 when nothing runs there."""
     import signal
@@ -182,10 +197,11 @@ def node_stop(data: str, timeout: float, postgres: bool) -> None:
         stopped.append(f"node process (pid {pid})")
     if postgres and directory.postgres.exists() and embedded.stop(directory.postgres):
         stopped.append("its PostgreSQL")
-    if not stopped:
+    if not stopped and not as_json:
         click.echo(f"{name} is not running", err=True)
         sys.exit(3)
-    click.echo(f"stopped {name}: " + " and ".join(stopped))
+    report({"name": name, "stopped": stopped}, as_json, f"stopped {name}: " + " and ".join(stopped),
+           found=bool(stopped))
 
 
 @node_group.command("status")
@@ -229,25 +245,28 @@ def cluster_group() -> None:
 
 
 @cluster_group.command("secret")
-def cluster_secret() -> None:
+@json_option
+def cluster_secret(as_json: bool) -> None:
     """Print a new cluster secret (32 random bytes): `pgq cluster secret > FILE`,
     then give FILE to every node with --secret-file."""
     from ..cluster.secret import new_secret
 
-    click.echo(new_secret())
+    secret = new_secret()
+    report({"secret": secret}, as_json, secret)
 
 
 @cluster_group.command("meet")
 @click.argument("address")
 @_node_target
-def cluster_meet(address: str, data: str | None, dsn: str | None) -> None:
+@json_option
+def cluster_meet(address: str, data: str | None, dsn: str | None, as_json: bool) -> None:
     """Make the node contact another node at ADDRESS (HOST:PORT) and join its cluster."""
     from ..cluster.addresses import parse_address
 
     try:
         parse_address(address)
         _tell_node(node_dsn(data, dsn), contracts.OUTBOX_MEET, address)
-        click.echo(f"meeting {address}")
+        report({"meeting": address}, as_json, f"meeting {address}")
     except PgqError as exc:
         fail(exc)
 
@@ -263,7 +282,7 @@ def cluster_nodes(data: str | None, dsn: str | None, as_json: bool) -> None:
     with psycopg.connect(node_dsn(data, dsn), row_factory=dict_row) as conn:
         nodes = conn.execute(contracts.NODES).fetchall()
     if as_json:
-        click.echo(json.dumps(nodes))
+        click.echo(to_json(nodes))
         return
     for n in nodes:
         flags = ("myself " if n["myself"] else "") + ("leaving" if n["leaving"] else "")
@@ -273,29 +292,32 @@ def cluster_nodes(data: str | None, dsn: str | None, as_json: bool) -> None:
 @cluster_group.command("forget")
 @click.argument("node_id")
 @_node_target
-def cluster_forget(node_id: str, data: str | None, dsn: str | None) -> None:
+@json_option
+def cluster_forget(node_id: str, data: str | None, dsn: str | None, as_json: bool) -> None:
     """Remove NODE_ID from the cluster (every node refuses it for a minute)."""
     from ..ids import is_node_id
 
     if not is_node_id(node_id):
         fail(PgqError(f"{node_id!r} is not a 40-hex node id (see `pgq cluster nodes`)"))
     _tell_node(node_dsn(data, dsn), contracts.OUTBOX_FORGET, node_id)
-    click.echo(f"forgetting {node_id}")
+    report({"forgetting": node_id}, as_json, f"forgetting {node_id}")
 
 
 @cluster_group.command("leaving")
 @click.argument("flag", type=click.Choice(["yes", "no"]))
 @_node_target
-def cluster_leaving(flag: str, data: str | None, dsn: str | None) -> None:
+@json_option
+def cluster_leaving(flag: str, data: str | None, dsn: str | None, as_json: bool) -> None:
     """Mark the node as leaving (it takes no new copies and drains) or not."""
     _set_leaving(node_dsn(data, dsn), flag == "yes")
-    click.echo(f"leaving: {flag}")
+    report({"leaving": flag == "yes"}, as_json, f"leaving: {flag}")
 
 
 @cluster_group.command("leave")
 @_node_target
 @click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait.")
-def cluster_leave(data: str | None, dsn: str | None, timeout: float) -> None:
+@json_option
+def cluster_leave(data: str | None, dsn: str | None, timeout: float, as_json: bool) -> None:
     """Mark the node leaving and wait until it holds no jobs; then it is safe to stop."""
     import time
 
@@ -322,7 +344,7 @@ def cluster_leave(data: str | None, dsn: str | None, timeout: float) -> None:
                 click.echo(f"waiting: the node still holds {held} jobs or acks", err=True)
             time.sleep(1.0)
     if held == 0:
-        click.echo("the node holds no jobs: it is safe to stop it now")
+        report({"held": 0}, as_json, "the node holds no jobs: it is safe to stop it now")
         return
     fail(PgqError(f"the node still holds {held} jobs or acks after {timeout:g} s"))
 

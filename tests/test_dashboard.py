@@ -1,0 +1,441 @@
+"""The web dashboard (``pgq dashboard``, :mod:`pgq.dashboard`).
+
+* Its JSON routes against a real database through Starlette's TestClient:
+  queues with lengths, rates and pause states, a job with its history and
+  dead letter, dead letters, typed 400/404 errors, and the 403 of every
+  action without the token (or on a read-only dashboard).
+* The CLI's refusal to listen beyond loopback without a token.
+* The page in a real browser: Debian's ``chromium``, headless, driven by
+  Playwright (skipped, with the reason, when either is missing), against a
+  real 3-node cluster and a real ``pgq dashboard`` process. It clicks
+  through queues, a job, dead letters (requeue refused without the token,
+  done with it), pause/resume and nodes, and saves screenshots to
+  ``test-results/screenshots/dashboard-*.png`` (``$PGQ_SCREENSHOTS`` to put them
+  elsewhere). Every process it starts (cluster, server, browser, producer
+  thread) is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from starlette.testclient import TestClient
+
+import pgq
+from pgq.cli import main as cli_main
+from pgq.dashboard import create_app
+from pgq.localcluster import LocalCluster, free_port
+
+from .conftest import wait_until
+
+try:
+    from playwright.sync_api import Page, expect, sync_playwright
+except ImportError:  # pragma: no cover - the test extra installs it
+    sync_playwright = None  # type: ignore[assignment]
+
+TOKEN = "dashboard-s3cret"
+ROOT = Path(__file__).resolve().parent.parent
+# A results folder (not committed); the README's copies in docs/screenshots
+# are refreshed with PGQ_SCREENSHOTS=docs/screenshots.
+SCREENSHOTS = Path(os.environ.get("PGQ_SCREENSHOTS") or ROOT / "test-results" / "screenshots")
+CHROMIUM = shutil.which("chromium") or ("/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None)
+
+
+def _browser_missing() -> str | None:
+    if sync_playwright is None:
+        return "playwright is not installed (pip install -e '.[test]')"
+    if CHROMIUM is None:
+        return "Debian's chromium is not installed (apt-get install chromium, as root; `make install` does it)"
+    return None
+
+
+needs_browser = pytest.mark.skipif(_browser_missing() is not None, reason=_browser_missing() or "")
+needs_cluster = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",
+                                   reason="the cluster tests run one embedded server per node")
+
+
+# ------------------------------------------------------------ routes
+
+
+class Clock:
+    """A monotonic clock the test moves (the dashboard's rates use it)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def boards(dsn: str) -> Iterator[Callable[..., TestClient]]:
+    """Dashboards over the test database: make(token=None, clock=None)."""
+    opened: list[TestClient] = []
+
+    def make(token: str | None = None, clock: Clock | None = None) -> TestClient:
+        app = create_app(pgq.AsyncClient(dsn), token, **({"clock": clock} if clock else {}))
+        client = TestClient(app)
+        client.__enter__()
+        opened.append(client)
+        return client
+
+    try:
+        yield make
+    finally:
+        for client in opened:
+            client.__exit__(None, None, None)
+
+
+def queue_of(overview: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(q for q in overview["queues"] if q["name"] == name)
+
+
+def test_the_overview_shows_queues_lengths_rates_and_pause(boards, client):
+    clock = Clock()
+    board = boards(clock=clock)
+    client.add_jobs("emails", [b"a", b"b", b"c"], retry=30)
+    first = board.get("/api/overview").json()
+    emails = queue_of(first, "emails")
+    assert (emails["length"], emails["paused"], emails["jobs_in"]) == (3, "none", 3)
+    assert emails["in_rate"] is None and emails["oldest_age"] >= 0  # one sample: no rate yet
+    assert first["nodes"] == [] and first["clustered"] is False  # no node process: single node
+    assert (first["dead_letters"], first["actions"]) == (0, False)
+    client.add_jobs("emails", [b"d"] * 4, retry=30)
+    client.get_job("emails", count=2)
+    clock.now += 2
+    emails = queue_of(board.get("/api/overview").json(), "emails")
+    assert (emails["length"], emails["active"], emails["in_rate"], emails["out_rate"]) == (5, 2, 2.0, 1.0)
+
+
+def test_a_queue_shows_its_stats_and_next_jobs(boards, client):
+    ids = client.add_jobs("q/with slash", ["x" * 500, "<b>y</b>"], retry=30)
+    data = boards().get("/api/queues/" + "q/with slash").json()
+    assert data["queue"]["len"] == 2 and data["queue"]["pause"] == "none"
+    assert [j["id"] for j in data["jobs"]] == ids
+    assert data["jobs"][0]["truncated"] and len(data["jobs"][0]["body"]) == 200
+    assert data["jobs"][1] == {"id": ids[1], "body": "<b>y</b>", "truncated": False}
+    missing = boards().get("/api/queues/nothing-here")
+    assert missing.status_code == 404 and missing.json()["error"] == "NoJobError"
+
+
+def test_a_job_shows_its_details_history_and_dead_letter(boards, client):
+    board = boards()
+    queued = client.add_job("jobs", b"\xff\x00binary", retry=30)
+    data = board.get(f"/api/jobs/{queued}").json()
+    assert data["job"]["state"] == "queued" and data["job"]["body_base64"] == "/wBiaW5hcnk="
+    assert data["job"]["created_at"].startswith("20") and data["history"] == []
+    done = client.add_job("jobs", "done", retry=30)
+    client.get_job("jobs", count=5)
+    client.ack_job(done)
+    history = board.get(f"/api/jobs/{done}").json()
+    assert history["job"] is None or history["job"]["state"] == "acked"
+    assert [h["outcome"] for h in history["history"]] == ["acked"]
+    client.dead_letter(queued, reason="cannot parse")
+    dead = board.get(f"/api/jobs/{queued}").json()
+    assert dead["dead_letter"]["reason"] == "cannot parse"
+    assert dead["dead_letter"]["body_base64"] == "/wBiaW5hcnk="
+    assert [h["outcome"] for h in dead["history"]] == ["dead"]
+
+
+@pytest.mark.parametrize("method,path,body,status,kind", [
+    ("GET", "/api/jobs/not-an-id", None, 400, "BadIdError"),
+    ("GET", "/api/jobs/D-00000000-++++++++++++++++++++++++-0001", None, 404, "NoJobError"),
+    ("GET", "/api/dead-letters?count=0", None, 400, "InvalidArgumentError"),
+    ("GET", "/api/dead-letters?after=x", None, 400, "InvalidArgumentError"),
+    ("POST", "/api/dead-letters/requeue", b"{not json", 400, "bad_request"),
+    ("POST", "/api/dead-letters/requeue", b"{}", 400, "bad_request"),
+    ("POST", "/api/dead-letters/requeue", b'{"ids": "one"}', 400, "bad_request"),
+    ("POST", "/api/queues/q/pause", b'{"state": "sideways"}', 400, "bad_request"),
+    ("GET", "/static/../dashboard.py", None, 404, None),
+])
+def test_bad_input_gets_a_typed_4xx(boards, method, path, body, status, kind):
+    board = boards(TOKEN)
+    response = board.request(method, path, content=body, headers={"Authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == status
+    if kind:
+        assert response.json()["error"] == kind and response.json()["message"]
+
+
+def test_actions_are_refused_without_the_token(boards, client):
+    job = client.add_job("pay", "card 42", retry=30)
+    client.get_job("pay")
+    client.dead_letter(job, reason="declined")
+    read_only, guarded = boards(), boards(TOKEN)
+    for board, headers, kind in [(read_only, {}, "read_only"),
+                                 (read_only, {"Authorization": f"Bearer {TOKEN}"}, "read_only"),
+                                 (guarded, {}, "forbidden"),
+                                 (guarded, {"Authorization": "Bearer wrong"}, "forbidden")]:
+        for path, body in [("/api/dead-letters/requeue", {"ids": [job]}), ("/api/queues/pay/pause", {"state": "all"})]:
+            response = board.post(path, json=body, headers=headers)
+            assert (response.status_code, response.json()["error"]) == (403, kind)
+    assert client.pause("pay", "state") == "none" and len(client.dead_letters()) == 1  # nothing happened
+    assert guarded.get("/api/overview").json()["actions"] is True
+
+
+def test_requeue_and_pause_with_the_token(boards, client):
+    job = client.add_job("pay", "card 42", retry=30)
+    client.get_job("pay")
+    client.dead_letter(job, reason="declined")
+    board = boards(TOKEN)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    listed = board.get("/api/dead-letters").json()["dead_letters"]
+    assert [(d["id"], d["reason"], d["body"]) for d in listed] == [(job, "declined", "card 42")]
+    assert board.get("/api/overview").json()["dead_letters"] == 1
+    requeued = board.post("/api/dead-letters/requeue", json={"ids": [job]}, headers=auth).json()["requeued"]
+    assert len(requeued) == 1 and client.show(requeued[0])["body"] == b"card 42"
+    assert board.get("/api/dead-letters").json()["dead_letters"] == []
+    paused = board.post("/api/queues/pay/pause", json={"state": "all"}, headers=auth).json()
+    assert paused == {"queue": "pay", "paused": "all"}
+    assert queue_of(board.get("/api/overview").json(), "pay")["paused"] == "all"
+    board.post("/api/queues/pay/pause", json={"state": "none"}, headers=auth)
+    assert client.pause("pay", "state") == "none"
+
+
+def test_the_page_is_locked_down(boards):
+    page = boards().get("/")
+    assert page.status_code == 200 and 'data-actions="false"' in page.text
+    policy = page.headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+    assert page.headers["x-content-type-options"] == "nosniff"
+    assert 'data-actions="true"' in boards(TOKEN).get("/").text
+    script = boards().get("/static/app.js")
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    assert "innerHTML" not in script.text and "insertAdjacentHTML" not in script.text  # text nodes only
+    assert boards().get("/static/style.css").status_code == 200
+
+
+@pytest.mark.parametrize("args", [
+    ["dashboard", "--listen", "0.0.0.0:7780"],
+    ["node", "start", "--name", "n", "--bus", "127.0.0.1:1", "--dashboard", "0.0.0.0:7780"],
+])
+def test_listening_beyond_loopback_needs_a_token(dsn, args):
+    env = {"PGQ_DASHBOARD_TOKEN_FILE": None, "PGQ_DASHBOARD": None}
+    result = CliRunner().invoke(cli_main, [*args, "--dsn", dsn], env=env)
+    assert result.exit_code == 2 and "(beyond loopback) needs a secret" in result.output
+
+
+def test_the_command_has_help():
+    result = CliRunner().invoke(cli_main, ["dashboard", "--help"])
+    assert result.exit_code == 0 and "--token-file" in result.output and "read-only" in result.output
+
+
+# ----------------------------------------------------------- browser
+
+
+def call(base: str, path: str, body: dict[str, Any] | None = None,
+         token: str | None = None) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(base + path, method="POST" if body is not None else "GET",
+                                     data=json.dumps(body).encode() if body is not None else None)
+    request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def answers(base: str) -> bool:
+    try:
+        return call(base, "/health")[0] == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[tuple[LocalCluster, str]]:
+    """A real 3-node cluster; n1 also serves its read-only dashboard (--dashboard)."""
+    local = LocalCluster(3, prefix="pgq-dashboard-")
+    node_board = f"127.0.0.1:{free_port()}"
+    local.nodes[0].env["PGQ_DASHBOARD"] = node_board
+    try:
+        local.start()
+        wait_until(lambda: answers(f"http://{node_board}"), 30, message="the node's dashboard")
+        yield local, f"http://{node_board}"
+    finally:
+        local.close()
+
+
+@pytest.fixture(scope="module")
+def dashboard(cluster, tmp_path_factory) -> Iterator[str]:
+    """A real `pgq dashboard` process on n1's database, actions behind TOKEN."""
+    local, _ = cluster
+    token_file = tmp_path_factory.mktemp("dashboard") / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pgq", "dashboard", "--listen", f"127.0.0.1:{port}",
+         "--token-file", str(token_file), "--dsn", local.nodes[0].dsn],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert process.poll() is None, process.stdout.read().decode()  # type: ignore[union-attr]
+        return answers(base)
+
+    try:
+        wait_until(up, 30, message="the dashboard to answer")
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+@pytest.fixture
+def page() -> Iterator[Page]:
+    with sync_playwright() as playwright:  # type: ignore[misc]
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 760})
+            yield context.new_page()
+        finally:
+            browser.close()
+
+
+class Traffic:
+    """A producer and a consumer on queue "events" (so rates show), stopped at the end."""
+
+    def __init__(self, dsn: str) -> None:
+        self.client = pgq.Client(dsn)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        for _ in range(1200):  # at most two minutes
+            if self.stopping.wait(0.1):
+                return
+            self.client.add_jobs("events", [b'{"kind": "click"}'] * 3, replicate=2, retry=30)
+            jobs = self.client.get_job("events", count=2, nohang=True)
+            if jobs:
+                self.client.ack_job(*jobs)
+
+    def __enter__(self) -> Traffic:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(30)
+        self.client.close()
+
+
+def shoot(page: Page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"dashboard-{name}.png"), full_page=True)
+
+
+@needs_cluster
+def test_the_node_serves_its_read_only_dashboard(cluster):
+    _, base = cluster
+    wait_until(lambda: len(call(base, "/api/overview")[1]["nodes"]) == 3, 30, message="3 nodes")
+    status, overview = call(base, "/api/overview")
+    assert status == 200 and overview["clustered"] and not overview["actions"]
+    assert {n["status"] for n in overview["nodes"]} == {"alive"}
+    assert call(base, "/api/queues/x/pause", {"state": "all"}, token=TOKEN)[0] == 403
+
+
+@needs_cluster
+@needs_browser
+def test_click_through_the_dashboard_in_a_browser(cluster, dashboard, page):
+    local, _ = cluster
+    expect.set_options(timeout=20_000)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    with pgq.Client(local.nodes[0].dsn) as client, Traffic(local.nodes[0].dsn):
+        emails = client.add_jobs("emails", [json.dumps({"to": f"user{i}@example.com", "template": "welcome"})
+                                            for i in range(5)], replicate=3, retry=60)
+        hostile = client.add_job("emails", '<img src=x onerror="window.pwned=1"><b>not bold</b>',
+                                 replicate=3, retry=60)
+        client.add_jobs("reports", [b"monthly", b"weekly"], replicate=2, retry=60)
+        acked = client.add_job("invoices", "invoice 7", replicate=3, retry=60)
+        client.get_job("invoices")
+        client.ack_job(acked)
+        dead = client.add_job("payments", '{"card": "4242", "amount": 1200}', replicate=3, retry=60)
+        client.get_job("payments")
+        client.dead_letter(dead, reason="card declined")
+
+        # Queues: names, lengths and live rates.
+        page.goto(dashboard + "/")
+        expect(page.locator('tr[data-queue="emails"] td.length')).to_have_text("6")
+        expect(page.locator('tr[data-queue="reports"] td.length')).to_have_text("2")
+        expect(page.locator('tr[data-queue="events"] td').nth(3)).to_have_text(re.compile(r"^[1-9][\d.]*/s$"))
+        expect(page.locator("#dead-count")).to_have_text("1")
+
+        # Pause and resume (the token is asked for once, kept for the tab).
+        page.fill("#token", TOKEN)
+        page.click("#token-form button")
+        expect(page.locator("#mode")).to_have_text("actions unlocked")
+        expect(page.locator("#token-form")).to_be_hidden()
+        page.click('tr[data-queue="reports"] button.pause')
+        expect(page.locator('tr[data-queue="reports"] td.paused')).to_have_text("all")
+        assert client.pause("reports", "state") == "all"
+        with pgq.Client(local.nodes[1].dsn) as other:  # PAUSE ... BCAST reached the other nodes
+            wait_until(lambda: other.pause("reports", "state") == "all", 20, message="the pause on n2")
+        shoot(page, "queues")
+        page.click('tr[data-queue="reports"] button.resume')
+        expect(page.locator('tr[data-queue="reports"] td.paused')).to_have_text("none")
+        assert client.pause("reports", "state") == "none"
+        page.click("#lock")
+        expect(page.locator("#mode")).to_have_text("actions locked")
+
+        # A job: from its queue's view, then by ID; bodies stay text.
+        page.click('tr[data-queue="emails"] a.queue-link')
+        expect(page.locator("#queue-jobs")).to_be_visible()
+        page.click(f'tr[data-job="{emails[0]}"] a.job-link')
+        expect(page.locator("#job-title")).to_have_text(emails[0])
+        expect(page.locator('#job dd[data-field="state"]')).to_have_text("queued")
+        expect(page.locator('#job dd[data-field="queue"]')).to_have_text("emails")
+        expect(page.locator("#job pre.body")).to_have_text(json.dumps({"to": "user0@example.com",
+                                                                       "template": "welcome"}))
+        expect(page.locator('#job dd[data-field="nodes delivered"]')).to_have_text(re.compile(r"(\w+, ){2}\w+"))
+        shoot(page, "job")
+        page.fill("#job-id", hostile)
+        page.click("#open-job button")
+        expect(page.locator("#job pre.body")).to_have_text('<img src=x onerror="window.pwned=1"><b>not bold</b>')
+        assert page.locator("#job img, #job pre b").count() == 0 and page.evaluate("window.pwned") is None
+        page.fill("#job-id", acked)
+        page.click("#open-job button")
+        expect(page.locator("#history td.outcome")).to_have_text(["acked"])
+
+        # Dead letters: requeue refused without the token, done with it.
+        page.click("#nav-dead")
+        row = page.locator(f'tr[data-dead="{dead}"]')
+        expect(row.locator("td.reason")).to_have_text("card declined")
+        shoot(page, "dead-letters")
+        row.locator("button.requeue").click()
+        expect(page.locator("#flash")).to_contain_text("Refused")
+        expect(page.locator("#flash")).to_contain_text("token")
+        expect(row).to_be_visible()
+        assert client.qlen("payments") == 0
+        page.fill("#token", TOKEN)
+        page.click("#token-form button")
+        row.locator("button.requeue").click()
+        expect(page.locator("#flash")).to_contain_text("Requeued as")
+        expect(page.locator("#no-dead")).to_be_visible()
+        assert client.qlen("payments") == 1
+
+        # Nodes: the three of the cluster, alive.
+        page.click("#nav-nodes")
+        expect(page.locator("#nodes tbody tr")).to_have_count(3)
+        expect(page.locator("#nodes td.status")).to_have_text(["alive"] * 3)
+        expect(page.locator('tr[data-node="n1"]')).to_contain_text("this node")
+        shoot(page, "nodes")
+    assert errors == []
