@@ -36,6 +36,7 @@ from typing import Any
 import anyio
 
 from pgq.errors import InvalidArgumentError, PgqError
+from pgq.fronts import Fronts, FrontsThread
 
 from . import secret as cluster_secret
 from .addresses import parse_address
@@ -121,10 +122,9 @@ def _database_lock(dsn: str, name: str) -> Any:
 
 def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = None,
              joins: tuple[str, ...] = (), secret_file: str | None = None,
-             metrics: str | None = None, dashboard: str | None = None,
-             dashboard_token: str | None = None) -> int:
+             metrics: str | None = None, fronts: Fronts | None = None) -> int:
     """Start a node in the foreground until SIGTERM/SIGINT; returns the exit code
-    (``dashboard``: HOST:PORT of the web dashboard, :mod:`pgq.dashboard`)."""
+    (``fronts``: its HTTP API, RESP port and dashboard, :mod:`pgq.fronts`)."""
     from pgq import embedded
     from pgq.migrate import migrate
 
@@ -152,12 +152,12 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
         migrate(dsn)
         lock_conn = _database_lock(dsn, name)
         served = True
-        board = _dashboard(dsn, dashboard, dashboard_token)
+        served_fronts = FrontsThread(dsn, fronts).start() if fronts else None
         try:
             return _serve(name, dsn, host, port, peers, secret, metrics, listener, directory)
         finally:
-            if board is not None:
-                board.stop()
+            if served_fronts is not None:
+                served_fronts.stop()
     except BaseException:
         if launched and not served and directory is not None:
             with contextlib.suppress(Exception):
@@ -174,15 +174,6 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
             with contextlib.suppress(OSError):
                 directory.write(state="stopped")
             directory.release()
-
-
-def _dashboard(dsn: str, listen: str | None, token: str | None) -> Any:
-    """The web dashboard of the node's database, served in a thread (or None)."""
-    if not listen:
-        return None
-    from pgq.dashboard import DashboardThread
-
-    return DashboardThread(dsn, *parse_address(listen), token).start()
 
 
 def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int]],

@@ -55,7 +55,6 @@ import hmac
 import html
 import json
 import string
-import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -76,7 +75,7 @@ from . import errors
 from .aio import AsyncClient
 from .jsonable import jsonable
 
-__all__ = ["create_app", "DashboardThread", "PAUSE_STATES"]
+__all__ = ["create_app", "PAUSE_STATES"]
 
 PAUSE_STATES = ("none", "in", "out", "all")
 RATE_WINDOW = 10.0  # seconds of counters a rate is measured over
@@ -440,23 +439,3 @@ def create_app(client: AsyncClient, token: str | None = None, *,
 
 
 # ----------------------------------------------------- in another thread
-
-
-class DashboardThread:
-    """The dashboard of ``dsn`` served by uvicorn in a daemon thread (how a
-    node process serves it beside its own event loop); :meth:`stop` ends it."""
-
-    def __init__(self, dsn: str, host: str, port: int, token: str | None = None) -> None:
-        import uvicorn
-
-        app = create_app(AsyncClient(dsn), token)
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, name="pgq-dashboard", daemon=True)
-
-    def start(self) -> DashboardThread:
-        self.thread.start()
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout)

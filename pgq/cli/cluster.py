@@ -18,7 +18,18 @@ import click
 
 from .. import contracts
 from ..errors import PgqError
-from .common import emit, fail, json_logs_option, json_option, node_dsn, progress_console, report, to_json
+from .common import (
+    emit,
+    fail,
+    fronts_of,
+    fronts_options,
+    json_logs_option,
+    json_option,
+    node_dsn,
+    progress_console,
+    report,
+    to_json,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,28 +86,24 @@ def node_group() -> None:
               help="File holding the cluster secret (default: $PGQ_CLUSTER_SECRET or DIR/cluster.secret).")
 @click.option("--metrics", metavar="HOST:PORT", envvar="PGQ_METRICS",
               help="Serve Prometheus metrics on this address.")
-@click.option("--dashboard", metavar="HOST:PORT", envvar="PGQ_DASHBOARD",
-              help="Serve the web dashboard of this node on this address (see `pgq dashboard`).")
-@click.option("--dashboard-token-file", type=click.Path(dir_okay=False, exists=True),
-              envvar="PGQ_DASHBOARD_TOKEN_FILE",
-              help="File holding the token that unlocks the dashboard's actions (else read-only).")
+@fronts_options
 @click.option("--detach", is_flag=True,
               help="Run in the background (log in DIR/node.log) and return once the node serves.")
 @click.option("--wait-timeout", type=float, default=90.0, show_default=True,
               help="With --detach: seconds to wait for the node to serve.")
 @json_logs_option
 def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tuple[str, ...],
-               secret_file: str | None, metrics: str | None, dashboard: str | None,
+               secret_file: str | None, metrics: str | None, http_listen: str | None,
+               resp_listen: str | None, token_file: str | None, dashboard_listen: str | None,
                dashboard_token_file: str | None, detach: bool, wait_timeout: float) -> None:
-    """Start a node (in the foreground; stop it with SIGTERM or `pgq node stop`)."""
+    """Start a node (in the foreground; stop it with SIGTERM or `pgq node stop`).
+    With --http, --resp or --dashboard it also serves other programs on its
+    database, as `pgq serve` does."""
     from ..cluster.process import run_node
-    from .common import listen_address, read_token
 
     if not data and not dsn:
         raise click.UsageError("give the node a database: --data DIR or --dsn DSN")
-    token = read_token(dashboard_token_file)
-    if dashboard:
-        listen_address("--dashboard", dashboard, token)
+    fronts = fronts_of(http_listen, resp_listen, token_file, dashboard_listen, dashboard_token_file)
     if detach:
         if not data:
             raise click.UsageError("--detach needs --data DIR (its node.log and node.json)")
@@ -104,7 +111,7 @@ def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tu
         return
     try:
         sys.exit(run_node(name, bus, data=data, dsn=dsn, joins=joins, secret_file=secret_file,
-                          metrics=metrics, dashboard=dashboard, dashboard_token=token))
+                          metrics=metrics, fronts=fronts))
     except PgqError as exc:
         fail(exc)
 

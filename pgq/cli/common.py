@@ -210,6 +210,43 @@ def read_token(token_file: str | None) -> str | None:
     return token
 
 
+def fronts_options(func: F) -> F:
+    """--http, --resp, --token-file, --dashboard, --dashboard-token-file:
+    what ``pgq serve`` and ``pgq node start`` serve to other programs."""
+    options = [
+        click.option("--http", "http_listen", metavar="HOST:PORT",
+                     help="Serve the HTTP API here (JSON; its OpenAPI document at /openapi.json)."),
+        click.option("--resp", "resp_listen", metavar="HOST:PORT",
+                     help="Serve Disque's client protocol here (RESP2; Disque's port is 7711)."),
+        click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+                     help="File holding the secret of --http and --resp: the HTTP bearer token "
+                          "and the RESP AUTH password (default: $PGQ_HTTP_TOKEN)."),
+        click.option("--dashboard", "dashboard_listen", metavar="HOST:PORT", envvar="PGQ_DASHBOARD",
+                     help="Serve the web dashboard here (see `pgq dashboard`)."),
+        click.option("--dashboard-token-file", type=click.Path(dir_okay=False, exists=True),
+                     envvar="PGQ_DASHBOARD_TOKEN_FILE",
+                     help="File holding the token that unlocks the dashboard's actions (else read-only)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def fronts_of(http_listen: str | None, resp_listen: str | None, token_file: str | None,
+              dashboard_listen: str | None, dashboard_token_file: str | None) -> Any:
+    """The :class:`pgq.fronts.Fronts` the options ask for, checked (bad
+    addresses and open ports without a secret are usage errors)."""
+    from ..fronts import Fronts
+
+    token = read_token(token_file) if token_file else os.environ.get("PGQ_HTTP_TOKEN") or None
+    board_token = read_token(dashboard_token_file)
+    return Fronts(
+        http=listen_address("--http", http_listen, token) if http_listen else None,
+        resp=listen_address("--resp", resp_listen, token) if resp_listen else None,
+        dashboard=listen_address("--dashboard", dashboard_listen, board_token) if dashboard_listen else None,
+        token=token, dashboard_token=board_token)
+
+
 def client_for(dsn: str | None, data: str | None, **options: Any) -> Any:
     """The client of a one-shot command: a server that does not answer is
     reported at once (each DSN tried once), not after seconds of retries."""

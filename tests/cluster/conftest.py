@@ -216,7 +216,8 @@ def make_cluster(servers: list[Server], tmp_path: Path) -> Iterator[Callable[...
     secret.write_text("test-cluster-secret-" + os.urandom(8).hex())
 
     def make(count: int = 3, mesh: bool = True, extra_args: list[str] | None = None,
-             env: dict[str, str] | None = None) -> Cluster:
+             env: dict[str, str] | None = None,
+             node_args: dict[int, list[str]] | None = None) -> Cluster:
         nodes = []
         for i in range(count):
             server = servers[i]
@@ -231,7 +232,8 @@ def make_cluster(servers: list[Server], tmp_path: Path) -> Iterator[Callable[...
                         tmp_path / f"n{i + 1}.log")
             if i > 0:
                 node.joins = [nodes[0].bus]
-            node.extra_args = [a.replace("{host}", server.host) for a in (extra_args or [])]
+            node.extra_args = [a.replace("{host}", server.host)
+                               for a in (extra_args or []) + (node_args or {}).get(i, [])]
             node.env = env or {}
             nodes.append(node)
             made.append(node)
