@@ -67,6 +67,8 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
@@ -314,9 +316,21 @@ def _refusal(token: str | None, request: Request) -> JSONResponse | None:
     return None
 
 
+def hosts_for(listen_host: str) -> list[str] | None:
+    """The Host headers a dashboard on ``listen_host`` answers: on loopback
+    only loopback names, so a web page elsewhere cannot read it through DNS
+    rebinding (its requests carry the attacker's host name); beyond
+    loopback, any (None)."""
+    loopback = ["localhost", "127.0.0.1", "::1", "[::1]"]
+    return sorted({*loopback, listen_host}) if listen_host in loopback or listen_host.startswith("127.") \
+        else None
+
+
 def create_app(client: AsyncClient, token: str | None = None, *,
-               clock: Callable[[], float] = time.monotonic) -> Starlette:
-    """The dashboard over ``client`` (see the module doc); actions need ``token``."""
+               clock: Callable[[], float] = time.monotonic,
+               allowed_hosts: list[str] | None = None) -> Starlette:
+    """The dashboard over ``client`` (see the module doc); actions need
+    ``token``; with ``allowed_hosts`` other Host headers are refused (400)."""
     reader = _Reader(client)
     rates = _Rates(clock)
 
@@ -435,7 +449,8 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         Route("/api/jobs/{id:path}", handle(job), methods=["GET"]),
         Route("/health", handle(health), methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 
 # ----------------------------------------------------- in another thread

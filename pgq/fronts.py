@@ -10,9 +10,16 @@ Invariants:
   for the adds, claims and acks that arrive together), so a front adds no
   semantics of its own. The dashboard has its own client (its reads must
   not wait behind a burst of adds).
+* Every address is checked before anything serves: a port already taken is
+  one :class:`~pgq.errors.PgqError` naming it (uvicorn alone would exit the
+  process with status 3, pgq's "nothing found").
 * A node process serves its fronts in a thread of their own with their own
   event loop (:class:`FrontsThread`): the node's protocol loop never waits
   for a slow HTTP client, and a front that fails does not stop the node.
+* Stopping is graceful: the HTTP servers finish their requests and run
+  their shutdown (the dashboard closes its client there), RESP connections
+  are cancelled, and the clients' connections are closed even then
+  (shielded from the cancellation).
 * Secrets: ``token`` guards the HTTP API (bearer) and the RESP port (AUTH);
   ``dashboard_token`` unlocks the dashboard's actions. Whether an address
   beyond loopback may be served without one is the CLI's check
@@ -21,7 +28,9 @@ Invariants:
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +38,8 @@ from typing import Any
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+
+from .errors import PgqError
 
 __all__ = ["Fronts", "serve_fronts", "FrontsThread"]
 
@@ -50,40 +61,83 @@ class Fronts:
     def __bool__(self) -> bool:
         return any((self.http, self.resp, self.dashboard))
 
+    def addresses(self) -> dict[str, Address]:
+        named = {"the HTTP API": self.http, "the RESP port": self.resp, "the dashboard": self.dashboard}
+        return {name: address for name, address in named.items() if address is not None}
+
+
+def check_free(fronts: Fronts) -> None:
+    """Raise PgqError if an address of ``fronts`` cannot be listened on."""
+    for role, (host, port) in fronts.addresses().items():
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind((host, port))
+        except OSError as exc:
+            why = "it is in use (another server there? choose another port)" \
+                if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+            raise PgqError(f"cannot listen on {host}:{port} for {role}: {why}") from None
+
 
 def _uvicorn(app: Any, address: Address) -> Any:
     import uvicorn
 
     host, port = address
-    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    # log_config=None: uvicorn's loggers go through ours (text or JSON lines)
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                         log_config=None))
 
 
-async def serve_fronts(dsn: str | None, fronts: Fronts) -> None:
-    """Serve ``fronts`` on the database ``dsn`` until cancelled."""
+async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | None = None) -> None:
+    """Serve ``fronts`` on the database ``dsn`` until cancelled, or until
+    ``stopping`` is set (then gracefully)."""
     from .aio import AsyncClient
 
+    check_free(fronts)
     client = AsyncClient(dsn)
+    board_client = AsyncClient(dsn) if fronts.dashboard else None
+    servers: list[Any] = []
+    resp_scope = anyio.CancelScope()  # entered by the RESP task, cancelled on a graceful stop
     try:
         async with anyio.create_task_group() as tasks:
             if fronts.http:
                 from .httpapi import create_app
 
-                tasks.start_soon(_uvicorn(create_app(client, fronts.token), fronts.http).serve)
+                servers.append(_uvicorn(create_app(client, fronts.token), fronts.http))
+                tasks.start_soon(servers[-1].serve)
                 log.info("pgq HTTP API on http://%s:%d (OpenAPI: /openapi.json)", *fronts.http)
+            if fronts.dashboard and board_client is not None:
+                from .dashboard import create_app as create_dashboard
+                from .dashboard import hosts_for
+
+                board = create_dashboard(board_client, fronts.dashboard_token,
+                                         allowed_hosts=hosts_for(fronts.dashboard[0]))
+                servers.append(_uvicorn(board, fronts.dashboard))
+                tasks.start_soon(servers[-1].serve)
+                log.info("pgq dashboard on http://%s:%d/ (%s)", *fronts.dashboard,
+                         "actions need the token" if fronts.dashboard_token else "read-only")
             if fronts.resp:
                 from .resp import serve as serve_resp
 
-                tasks.start_soon(serve_resp, client, *fronts.resp, fronts.token)
+                tasks.start_soon(_within, resp_scope, serve_resp, client, *fronts.resp, fronts.token)
                 log.info("pgq RESP (Disque's protocol) on %s:%d", *fronts.resp)
-            if fronts.dashboard:
-                from .dashboard import create_app as create_dashboard
-
-                board = create_dashboard(AsyncClient(dsn), fronts.dashboard_token)
-                tasks.start_soon(_uvicorn(board, fronts.dashboard).serve)
-                log.info("pgq dashboard on http://%s:%d/ (%s)", *fronts.dashboard,
-                         "actions need the token" if fronts.dashboard_token else "read-only")
+            if stopping is not None:
+                await stopping.wait()
+                for server in servers:
+                    server.should_exit = True  # finish requests, run the shutdown
+                resp_scope.cancel()
     finally:
-        await client.close()
+        with anyio.CancelScope(shield=True):
+            await client.close()
+            if board_client is not None:
+                await board_client.close()
+
+
+async def _within(scope: anyio.CancelScope, function: Any, *args: Any) -> None:
+    """Run ``function(*args)`` under ``scope`` (cancelled on its own)."""
+    with scope:
+        await function(*args)
 
 
 class FrontsThread:
@@ -92,20 +146,19 @@ class FrontsThread:
 
     def __init__(self, dsn: str, fronts: Fronts) -> None:
         self.dsn, self.fronts = dsn, fronts
-        self._scope: anyio.CancelScope | None = None
+        self._stopping: anyio.Event | None = None
         self._token: Any = None
         self._ready = threading.Event()
         self.thread = threading.Thread(target=self._run, name="pgq-fronts", daemon=True)
 
     def _run(self) -> None:
         async def main() -> None:
-            with anyio.CancelScope() as scope:
-                self._scope, self._token = scope, anyio.lowlevel.current_token()
-                self._ready.set()
-                await serve_fronts(self.dsn, self.fronts)
+            self._stopping, self._token = anyio.Event(), anyio.lowlevel.current_token()
+            self._ready.set()
+            await serve_fronts(self.dsn, self.fronts, self._stopping)
         try:
             anyio.run(main)
-        except Exception:  # a front that cannot serve (its port taken...) must not stop the node
+        except BaseException:  # a front that cannot serve must not stop the node
             log.exception("the node's HTTP/RESP/dashboard fronts stopped")
         finally:
             self._ready.set()
@@ -116,10 +169,10 @@ class FrontsThread:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        scope, token = self._scope, self._token
-        if scope is not None and self.thread.is_alive():
+        stopping, token = self._stopping, self._token
+        if stopping is not None and self.thread.is_alive():
             try:
-                anyio.from_thread.run_sync(scope.cancel, token=token)
+                anyio.from_thread.run_sync(stopping.set, token=token)
             except RuntimeError:  # its loop ended meanwhile
                 pass
         self.thread.join(timeout)

@@ -35,10 +35,13 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("PGQ_METRICS", "HOST:PORT of the Prometheus endpoint of a node or worker (as `--metrics`)."),
     ("PGQ_CLUSTER_SECRET", "The cluster secret itself, when no `--secret-file` is given "
                            "(else `DIR/cluster.secret`, made on a first start)."),
-    ("PGQ_HTTP_TOKEN", "The secret of `pgq serve` (HTTP bearer token, RESP AUTH password) "
+    ("PGQ_HTTP_TOKEN", "The secret of `--http`/`--resp` on `pgq serve` and `pgq node start` "
+                       "(HTTP bearer token, RESP AUTH password) "
                        "when no `--token-file` is given."),
-    ("PGQ_DASHBOARD", "HOST:PORT of a node's web dashboard (as `pgq node start --dashboard`)."),
-    ("PGQ_DASHBOARD_TOKEN_FILE", "File holding the token that unlocks the dashboard's actions."),
+    ("PGQ_DASHBOARD", "HOST:PORT of the web dashboard of `pgq node start` and `pgq serve` "
+                      "(as `--dashboard`)."),
+    ("PGQ_DASHBOARD_TOKEN_FILE", "File holding the token that unlocks the dashboard's actions "
+                                 "(`pgq dashboard --token-file`, `--dashboard-token-file`)."),
     ("PGQ_SPARK_MASTER", "Spark master of `pgq spark` (default `local[*]`)."),
     ("PGQ_JDBC_JAR", "PostgreSQL JDBC driver jar for Spark (default: Debian's "
                      "`/usr/share/java/postgresql.jar`)."),

@@ -292,3 +292,11 @@ def test_stats_shows_a_timestamp_and_rates_and_quits_on_q(dsn, client):
             live.kill()
             live.wait()
         os.close(leader)
+
+
+def test_bodies_and_names_are_never_read_as_markup(dsn, client):
+    client.add_job("[red]q[/]", b"[/] not [bold]markup")
+    listed = pgq("jscan", dsn=dsn).stdout  # a table: "[/]" used to crash rich (MarkupError)
+    assert "[/] not [bold]markup" in listed and "[red]q[/]" in listed
+    assert "[red]q[/]" in pgq("stats", "--once", "--interval", "0.1", dsn=dsn).stdout
+

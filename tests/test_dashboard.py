@@ -227,6 +227,34 @@ def test_listening_beyond_loopback_needs_a_token(dsn, args):
     assert result.exit_code == 2 and "(beyond loopback) needs a secret" in result.output
 
 
+def test_a_loopback_dashboard_refuses_other_host_names(dsn):
+    """DNS rebinding: a page elsewhere reaching 127.0.0.1 under its own name."""
+    from pgq.dashboard import hosts_for
+
+    assert hosts_for("0.0.0.0") is None  # beyond loopback: any name (a token guards actions)
+    app = create_app(pgq.AsyncClient(dsn), allowed_hosts=hosts_for("127.0.0.1"))
+    with TestClient(app, base_url="http://127.0.0.1:7780") as browser:
+        assert browser.get("/api/overview").status_code == 200
+        assert browser.get("/api/overview", headers={"host": "attacker.example"}).status_code == 400
+
+
+def test_a_port_in_use_is_one_line_and_status_1(dsn):
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for command, role in ((["dashboard", "--listen"], "the dashboard"), (["serve", "--http"], "the HTTP API")):
+            done = subprocess.run([sys.executable, "-m", "pgq", *command, f"127.0.0.1:{port}", "--dsn", dsn],
+                                  capture_output=True, text=True, timeout=60)
+            assert done.returncode == 1, done.stderr
+            assert done.stderr.strip() == (f"error: cannot listen on 127.0.0.1:{port} for {role}: "
+                                           "it is in use (another server there? choose another port)")
+
+
 def test_the_command_has_help():
     result = CliRunner().invoke(cli_main, ["dashboard", "--help"])
     assert result.exit_code == 0 and "--token-file" in result.output and "read-only" in result.output

@@ -115,7 +115,7 @@ def test_the_periodic_commands(dsn):
                    "--replicate", "1")
     assert done.returncode == 0 and done.stdout.startswith("reports: next job "), done.stderr
     listed = json.loads(pgq_cli("list", "--json").stdout)
-    assert [(s["name"], s["cron"], s["queue"], json.loads(s["options"])) for s in listed] == [
+    assert [(s["name"], s["cron"], s["queue"], s["options"]) for s in listed] == [  # options: an object
         ("reports", "*/10 * * * *", "reports", {"replicate": 1, "catch_up": 3600.0})]
     bad = pgq_cli("add", "x", "every day", "--queue", "q")
     assert bad.returncode == 1 and "invalid cron expression" in bad.stderr

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ..errors import PgqError
 from ..jsonable import dumps
@@ -145,8 +146,9 @@ def _print_table(rows: list[Sequence[Any]], columns: Sequence[str], title: str |
     printer = console if console.is_terminal else Console(width=max(console.width, 200))
     for column in columns:
         out.add_column(column, overflow="fold")
-    for row in rows:
-        out.add_row(*("" if v is None else text_of(v) if isinstance(v, bytes) else str(v) for v in row))
+    for row in rows:  # Text: user data is never read as rich markup ("[/]" in a body)
+        out.add_row(*(Text("" if v is None else text_of(v) if isinstance(v, bytes) else str(v))
+                      for v in row))
     printer.print(out)
 
 
@@ -185,9 +187,11 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def listen_address(option: str, text: str, secret: str | None) -> tuple[str, int]:
+def listen_address(option: str, text: str, secret: str | None,
+                   secret_option: str = "--token-file") -> tuple[str, int]:
     """(host, port) of a server's ``option`` HOST:PORT. Beyond loopback only
-    with a secret: whoever reaches the port could otherwise act on the queue."""
+    with a secret (given by ``secret_option``): whoever reaches the port
+    could otherwise act on the queue."""
     from ..metrics import parse_listen
 
     try:
@@ -196,7 +200,7 @@ def listen_address(option: str, text: str, secret: str | None) -> tuple[str, int
         raise click.UsageError(f"{option} wants HOST:PORT, not {text!r}") from None
     if not secret and not _loopback(host):
         raise click.UsageError(f"{option}: listening on {host} (beyond loopback) needs a secret: "
-                               "--token-file FILE")
+                               f"{secret_option} FILE")
     return host, port
 
 
@@ -243,7 +247,8 @@ def fronts_of(http_listen: str | None, resp_listen: str | None, token_file: str 
     return Fronts(
         http=listen_address("--http", http_listen, token) if http_listen else None,
         resp=listen_address("--resp", resp_listen, token) if resp_listen else None,
-        dashboard=listen_address("--dashboard", dashboard_listen, board_token) if dashboard_listen else None,
+        dashboard=listen_address("--dashboard", dashboard_listen, board_token, "--dashboard-token-file")
+        if dashboard_listen else None,
         token=token, dashboard_token=board_token)
 
 

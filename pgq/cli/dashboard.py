@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import click
 
-from .common import json_logs_option, listen_address, node_dsn, read_token, target_options
+from .common import handles_errors, json_logs_option, listen_address, node_dsn, read_token, target_options
 
 DEFAULT_LISTEN = "127.0.0.1:7780"
 
@@ -18,30 +18,25 @@ DEFAULT_LISTEN = "127.0.0.1:7780"
 @click.command("dashboard")
 @click.option("--listen", default=DEFAULT_LISTEN, show_default=True, metavar="HOST:PORT",
               help="Address of the dashboard (open http://HOST:PORT/ in a browser).")
-@click.option("--token-file", type=click.Path(exists=True, dir_okay=False),
+@click.option("--token-file", type=click.Path(exists=True, dir_okay=False), envvar="PGQ_DASHBOARD_TOKEN_FILE",
               help="File holding the token that unlocks actions (pause/resume, requeue); "
                    "without it the dashboard is read-only.")
 @json_logs_option
 @target_options
+@handles_errors
 def dashboard(listen: str, token_file: str | None, dsn: str | None, data: str | None) -> None:
     """Serve the web dashboard: queues (length, rates, oldest job, paused),
     jobs and their history, dead letters, the cluster's nodes; live updates.
     Read-only unless --token-file is given."""
-    import logging
+    import anyio
 
-    import uvicorn
-
-    from ..aio import AsyncClient
     from ..cluster.process import setup_logging
-    from ..dashboard import create_app
+    from ..fronts import Fronts, serve_fronts
 
     token = read_token(token_file)
-    host, port = listen_address("--listen", listen, token)
+    fronts = Fronts(dashboard=listen_address("--listen", listen, token), dashboard_token=token)
     setup_logging("dashboard")
-    app = create_app(AsyncClient(node_dsn(data, dsn) if data else dsn), token)
-    logging.getLogger("pgq.dashboard").info(
-        "pgq dashboard on http://%s/ (%s)", listen, "actions need the token" if token else "read-only")
     try:
-        uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).run()
+        anyio.run(serve_fronts, node_dsn(data, dsn) if data else dsn, fronts)
     except KeyboardInterrupt:
         pass

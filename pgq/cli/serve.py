@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import click
 
-from .common import fronts_of, fronts_options, json_logs_option, node_dsn, target_options
+from .common import fronts_of, fronts_options, handles_errors, json_logs_option, node_dsn, target_options
 
 
 @click.command("serve")
 @fronts_options
 @json_logs_option
 @target_options
+@handles_errors
 def serve(http_listen: str | None, resp_listen: str | None, token_file: str | None,
           dashboard_listen: str | None, dashboard_token_file: str | None,
           dsn: str | None, data: str | None) -> None:
@@ -29,7 +30,7 @@ def serve(http_listen: str | None, resp_listen: str | None, token_file: str | No
                                "--dashboard HOST:PORT")
     fronts = fronts_of(http_listen, resp_listen, token_file, dashboard_listen, dashboard_token_file)
     setup_logging("serve")
-    try:
+    try:  # PgqError (a port in use) is one line and status 1: @handles_errors
         anyio.run(serve_fronts, node_dsn(data, dsn) if data else dsn, fronts)
     except KeyboardInterrupt:
         pass

@@ -18,9 +18,10 @@ from typing import Any
 
 import click
 import psycopg
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from .common import console, handles_errors, target_options, to_json
 
@@ -71,7 +72,7 @@ def _render(snapshot: dict[str, Any], live: bool) -> Group:
     for q in snapshot["queues"]:
         values = (q["queue"], q["length"], q["active"], q["in_per_s"], q["out_per_s"], q["jobs_in"],
                   q["jobs_out"], q["oldest_age_seconds"], q["paused"], q["blocked"])
-        queues.add_row(*("" if v is None else str(v) for v in values))
+        queues.add_row(*(Text("" if v is None else str(v)) for v in values))  # names are data, not markup
     parts: list[Any] = [queues]
     if snapshot["nodes"]:
         nodes = Table(title="nodes", show_edge=False, header_style="bold")
@@ -79,8 +80,8 @@ def _render(snapshot: dict[str, Any], live: bool) -> Group:
             nodes.add_column(column)
         for n in snapshot["nodes"]:
             style = {"alive": "green", "suspect": "yellow"}.get(n["status"], "red")
-            nodes.add_row(n["name"] + (" *" if n["myself"] else ""), n["id"][:12], n["bus"],
-                          f"[{style}]{n['status']}[/]", "yes" if n["leaving"] else "")
+            nodes.add_row(Text(n["name"] + (" *" if n["myself"] else "")), n["id"][:12], Text(n["bus"]),
+                          Text(n["status"], style=style), "yes" if n["leaving"] else "")
         parts.append(nodes)
     return Group(*parts)
 
@@ -136,7 +137,9 @@ def stats(interval: float, once: bool, limit: int, as_json: bool, dsn: str | Non
         first = _snapshot(target, limit)
         time.sleep(interval)  # rates need a second snapshot
         snapshot = _with_rates(_snapshot(target, limit), first)
-        click.echo(_json(snapshot)) if as_json else console.print(_render(snapshot, live=False))
+        # piped output is not cut to 80 columns (as the other tables)
+        printer = console if console.is_terminal else Console(width=max(console.width, 200))
+        click.echo(_json(snapshot)) if as_json else printer.print(_render(snapshot, live=False))
         return
     previous = _with_rates(_snapshot(target, limit), None)
     with _keys() as key, Live(_render(previous, live=True), console=console,

@@ -65,6 +65,9 @@ def test_a_node_serves_resp_and_http_with_replicated_adds(make_cluster):
     assert status == 200 and [j["body"] for j in leased["jobs"]] == ["from http"]
     assert http(base, f"/v1/jobs/{urllib.parse.quote(leased['jobs'][0]['id'], safe='')}/ack", {})[0] == 200
     assert http(f"http://127.0.0.1:{board_port}", "/api/overview")[1]["clustered"] is True
+    # SIGTERM stops the node with its fronts, cleanly (the fronts stop gracefully first)
+    cluster[0].process.terminate()
+    assert cluster[0].process.wait(20) == 0
 
 
 def test_pydisque_against_a_node(make_cluster):
