@@ -53,7 +53,6 @@ import contextlib
 import functools
 import hmac
 import html
-import json
 import string
 import time
 from collections import deque
@@ -75,6 +74,7 @@ from starlette.routing import Route
 
 from . import errors
 from .aio import AsyncClient
+from .httpjson import BadRequest, error_response, json_body, status_of
 from .jsonable import jsonable
 
 __all__ = ["create_app", "PAUSE_STATES"]
@@ -97,15 +97,6 @@ _HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-_STATUS: list[tuple[type[errors.PgqError], int]] = [
-    (errors.NoJobError, 404),
-    (errors.PausedError, 409),
-    (errors.LeavingError, 409),
-    (errors.NoReplError, 503),
-    (errors.DatabaseUnavailableError, 503),
-    (errors.InvalidArgumentError, 400),
-    (errors.InvalidTypeError, 400),
-]
 
 # ------------------------------------------------------------------ SQL
 
@@ -142,8 +133,6 @@ _DEAD_KEYS = ("seq", "queue", "reason", "created_at", "died_at", "deliveries", "
               "additional_deliveries", "retry", "repl", "body_size", "body")
 
 
-class _BadRequest(Exception):
-    pass
 
 
 # ------------------------------------------------------------ reading
@@ -265,17 +254,6 @@ def _int_param(request: Request, name: str, default: int, low: int, high: int) -
     return value
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise _BadRequest("the request body is not JSON") from None
-    if not isinstance(data, dict):
-        raise _BadRequest("the request body must be a JSON object")
-    return data
 
 
 # ---------------------------------------------------------------- page
@@ -296,22 +274,18 @@ def _page(actions: bool) -> str:
 Handler = Callable[[Request], Awaitable[Response]]
 
 
-def _error(kind: str, message: str, status: int) -> JSONResponse:
-    return JSONResponse({"error": kind, "message": message}, status_code=status)
 
 
-def _status_of(exc: errors.PgqError) -> int:
-    return next((status for kind, status in _STATUS if isinstance(exc, kind)), 500)
 
 
 def _refusal(token: str | None, request: Request) -> JSONResponse | None:
     """403 unless actions are enabled and the request carries the token."""
     if not token:
-        return _error("read_only", "this dashboard is read-only: start it with --token-file "
+        return error_response("read_only", "this dashboard is read-only: start it with --token-file "
                                    "to allow actions", 403)
     sent = request.headers.get("authorization", "")
     if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
-        return _error("forbidden", "this action needs the dashboard token "
+        return error_response("forbidden", "this action needs the dashboard token "
                                    "(Authorization: Bearer <token>)", 403)
     return None
 
@@ -339,10 +313,10 @@ def create_app(client: AsyncClient, token: str | None = None, *,
             try:
                 refused = _refusal(token, request) if action else None
                 response = refused or await handler(request)
-            except _BadRequest as exc:
-                response = _error("bad_request", str(exc), 400)
+            except BadRequest as exc:
+                response = error_response("bad_request", str(exc), 400)
             except errors.PgqError as exc:
-                response = _error(type(exc).__name__, str(exc), _status_of(exc))
+                response = error_response(type(exc).__name__, str(exc), status_of(exc))
             response.headers.update(_HEADERS)
             return response
         return run
@@ -353,7 +327,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
         if name not in _STATIC:
-            return _error("not_found", f"no such file: {name}", 404)
+            return error_response("not_found", f"no such file: {name}", 404)
         return Response(_asset(name), media_type=_STATIC[name])
 
     async def overview(request: Request) -> Response:
@@ -406,23 +380,23 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                              "next": items[-1]["seq"] if len(items) == count else 0})
 
     async def requeue(request: Request) -> Response:
-        data = await _json_body(request)
+        data = await json_body(request)
         ids, queue_name = data.get("ids"), data.get("queue")
         if ids is not None and (not isinstance(ids, list) or not ids
                                 or not all(isinstance(i, str) for i in ids)):
-            raise _BadRequest('"ids" must be a non-empty list of job IDs')
+            raise BadRequest('"ids" must be a non-empty list of job IDs')
         if queue_name is not None and not isinstance(queue_name, str):
-            raise _BadRequest('"queue" must be a queue name')
+            raise BadRequest('"queue" must be a queue name')
         if ids is None and queue_name is None:
-            raise _BadRequest('say what to requeue: "ids" and/or "queue"')
+            raise BadRequest('say what to requeue: "ids" and/or "queue"')
         new_ids = await client.requeue_dead_letters(queue_name, ids=ids)
         return JSONResponse({"requeued": new_ids})
 
     async def pause(request: Request) -> Response:
-        data = await _json_body(request)
+        data = await json_body(request)
         state = data.get("state")
         if state not in PAUSE_STATES:
-            raise _BadRequest(f'"state" must be one of {", ".join(PAUSE_STATES)}')
+            raise BadRequest(f'"state" must be one of {", ".join(PAUSE_STATES)}')
         name = request.path_params["queue"]
         return JSONResponse({"queue": name, "paused": await client.pause(name, state, "bcast")})
 

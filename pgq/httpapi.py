@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -42,36 +41,19 @@ from starlette.routing import Route
 
 from . import errors
 from .aio import AsyncClient
+from .httpjson import BadRequest, error_response, json_body, status_of
 from .job import Job
 from .jsonable import body_fields, jsonable
 
 __all__ = ["create_app", "OPENAPI"]
 
-_STATUS: list[tuple[type[errors.PgqError], int]] = [
-    (errors.NoJobError, 404),
-    (errors.PausedError, 409),
-    (errors.MaxLenError, 409),
-    (errors.TooLateError, 409),
-    (errors.LeavingError, 409),
-    (errors.NoReplError, 503),
-    (errors.DatabaseUnavailableError, 503),
-    (errors.InvalidArgumentError, 400),
-    (errors.InvalidTypeError, 400),
-    (errors.BadIdError, 400),
-]
 _ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "timeout")
 
 
-class _BadRequest(Exception):
-    pass
 
 
-def _error(kind: str, message: str, status: int) -> JSONResponse:
-    return JSONResponse({"error": kind, "message": message}, status_code=status)
 
 
-def _status_of(exc: errors.PgqError) -> int:
-    return next((status for kind, status in _STATUS if isinstance(exc, kind)), 500)
 
 
 def _body_of(item: dict[str, Any]) -> bytes:
@@ -79,10 +61,10 @@ def _body_of(item: dict[str, Any]) -> bytes:
         try:
             return base64.b64decode(str(item["body_base64"]), validate=True)
         except (binascii.Error, ValueError):
-            raise _BadRequest("body_base64 is not valid base64") from None
+            raise BadRequest("body_base64 is not valid base64") from None
     body = item.get("body")
     if not isinstance(body, str):
-        raise _BadRequest('a job needs "body" (text) or "body_base64"')
+        raise BadRequest('a job needs "body" (text) or "body_base64"')
     return body.encode()
 
 
@@ -94,17 +76,6 @@ def _job_json(job: Job) -> dict[str, Any]:
     return out
 
 
-async def _json(request: Request) -> dict[str, Any]:
-    raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise _BadRequest("the request body is not JSON") from None
-    if not isinstance(data, dict):
-        raise _BadRequest("the request body must be a JSON object")
-    return data
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -116,17 +87,17 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
     def guarded(handler: Handler, public: bool = False) -> Handler:
         async def run(request: Request) -> Response:
             if token and not public and request.headers.get("authorization") != f"Bearer {token}":
-                return _error("unauthorized", "send Authorization: Bearer <token>", 401)
+                return error_response("unauthorized", "send Authorization: Bearer <token>", 401)
             try:
                 return await handler(request)
-            except _BadRequest as exc:
-                return _error("bad_request", str(exc), 400)
+            except BadRequest as exc:
+                return error_response("bad_request", str(exc), 400)
             except errors.PgqError as exc:
-                return _error(type(exc).__name__, str(exc), _status_of(exc))
+                return error_response(type(exc).__name__, str(exc), status_of(exc))
         return run
 
     async def add(request: Request) -> Response:
-        data = await _json(request)
+        data = await json_body(request)
         queue = request.path_params["queue"]
         options = {k: data[k] for k in _ADD_OPTIONS if k in data}
         if "async" in data:
@@ -134,19 +105,19 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
         if "jobs" in data:
             items = data["jobs"]
             if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-                raise _BadRequest('"jobs" must be a list of objects')
+                raise BadRequest('"jobs" must be a list of objects')
             ids = await client.add_jobs(queue, [_body_of(i) for i in items], **options)
         else:
             ids = [await client.add_job(queue, _body_of(data), **options)]
         return JSONResponse({"ids": ids}, status_code=201)
 
     async def lease(request: Request) -> Response:
-        data = await _json(request)
+        data = await json_body(request)
         queues = data.get("queues")
         if isinstance(queues, str):
             queues = [queues]
         if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
-            raise _BadRequest('"queues" must name at least one queue')
+            raise BadRequest('"queues" must name at least one queue')
         timeout = data.get("timeout", 0)
         jobs = await client.get_job(*queues, count=data.get("count", 1),
                                     timeout=timeout or None, nohang=not timeout,
@@ -157,7 +128,7 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
         return JSONResponse({"acked": await client.ack_job(request.path_params["id"])})
 
     async def nack(request: Request) -> Response:
-        data = await _json(request)
+        data = await json_body(request)
         return JSONResponse({"nacked": await client.nack_job(request.path_params["id"],
                                                              delay=data.get("delay", 0))})
 
@@ -171,7 +142,7 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
         return JSONResponse(jsonable(info))
 
     async def wait(request: Request) -> Response:
-        data = await _json(request)
+        data = await json_body(request)
         done = await client.wait_job(request.path_params["id"], timeout=data.get("timeout", 30))
         return JSONResponse({"done": done})
 

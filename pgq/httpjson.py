@@ -1,0 +1,60 @@
+"""The JSON-over-HTTP conventions pgq's two ASGI apps share (the HTTP API,
+:mod:`pgq.httpapi`, and the dashboard, :mod:`pgq.dashboard`), so an error
+looks the same from both.
+
+* An error is ``{"error": kind, "message": ...}``: bad input 400 (the
+  client's message), an unknown job 404, a paused or full queue and the
+  other refusals 409, no replicas or no database 503, anything else 500.
+* A request body is empty (``{}``) or one JSON object; anything else is a
+  :class:`BadRequest` saying which.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from . import errors
+
+__all__ = ["BadRequest", "error_response", "status_of", "json_body"]
+
+STATUS: list[tuple[type[errors.PgqError], int]] = [
+    (errors.NoJobError, 404),
+    (errors.PausedError, 409),
+    (errors.MaxLenError, 409),
+    (errors.TooLateError, 409),
+    (errors.LeavingError, 409),
+    (errors.NoReplError, 503),
+    (errors.DatabaseUnavailableError, 503),
+    (errors.InvalidArgumentError, 400),
+    (errors.InvalidTypeError, 400),
+    (errors.BadIdError, 400),
+]
+
+
+class BadRequest(Exception):
+    """Input the app itself refuses (a body that is not JSON, a missing field): 400."""
+
+
+def error_response(kind: str, message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": kind, "message": message}, status_code=status)
+
+
+def status_of(exc: errors.PgqError) -> int:
+    return next((status for kind, status in STATUS if isinstance(exc, kind)), 500)
+
+
+async def json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise BadRequest("the request body is not JSON") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return data
