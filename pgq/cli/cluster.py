@@ -204,11 +204,8 @@ def node_stop(data: str, timeout: float, postgres: bool, as_json: bool) -> None:
         stopped.append(f"node process (pid {pid})")
     if postgres and directory.postgres.exists() and embedded.stop(directory.postgres):
         stopped.append("its PostgreSQL")
-    if not stopped and not as_json:
-        click.echo(f"{name} is not running", err=True)
-        sys.exit(3)
     report({"name": name, "stopped": stopped}, as_json, f"stopped {name}: " + " and ".join(stopped),
-           found=bool(stopped))
+           found=bool(stopped), missing=f"{name} is not running")
 
 
 @node_group.command("status")

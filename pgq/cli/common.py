@@ -111,11 +111,24 @@ def json_logs_option(func: F) -> F:
                         help="Log one JSON object per line (as PGQ_LOG_FORMAT=json).")(func)
 
 
-def report(data: dict[str, Any], as_json: bool, text: str, found: bool = True) -> None:
-    """Print ``text`` (or ``data`` as JSON); exit 3 when nothing was ``found``."""
-    click.echo(to_json(data) if as_json else text)
+def report(data: dict[str, Any], as_json: bool, text: str, found: bool = True,
+           missing: str | None = None) -> None:
+    """Print ``text`` (or ``data`` as JSON); exit 3 when nothing was
+    ``found``, saying ``missing`` on stderr instead of ``text`` if given."""
+    if as_json:
+        click.echo(to_json(data))
+    elif found or missing is None:
+        click.echo(text)
+    else:
+        click.echo(missing, err=True)
     if not found:
         sys.exit(3)
+
+
+def wide_console() -> Console:
+    """The console for a table: piped output is not cut to 80 columns, so
+    scripts and logs get whole rows."""
+    return console if console.is_terminal else Console(width=max(console.width, 200))
 
 
 def emit_found(data: Any, as_json: bool, missing: str) -> None:
@@ -142,8 +155,7 @@ def table(rows: Iterable[Sequence[Any]], columns: Sequence[str], as_json: bool,
 
 def _print_table(rows: list[Sequence[Any]], columns: Sequence[str], title: str | None) -> None:
     out = Table(title=title, show_edge=False, header_style="bold")
-    # Piped output is not wrapped to 80 columns: scripts and logs get whole rows.
-    printer = console if console.is_terminal else Console(width=max(console.width, 200))
+    printer = wide_console()
     for column in columns:
         out.add_column(column, overflow="fold")
     for row in rows:  # Text: user data is never read as rich markup ("[/]" in a body)

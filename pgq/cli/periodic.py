@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sys
 
 import click
 
@@ -85,7 +84,5 @@ def periodic_remove(name: str, as_json: bool, dsn: str | None, data: str | None)
 
     with client_for(dsn, data) as client, psycopg.connect(client.dsn, autocommit=True) as conn:
         removed = periodic.remove(conn, name)
-    if not removed and not as_json:
-        click.echo(f"no schedule named {name}", err=True)
-        sys.exit(3)
-    report({"removed": name if removed else None}, as_json, f"removed {name}", found=bool(removed))
+    report({"removed": name if removed else None}, as_json, f"removed {name}", found=bool(removed),
+           missing=f"no schedule named {name}")

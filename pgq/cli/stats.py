@@ -18,12 +18,12 @@ from typing import Any
 
 import click
 import psycopg
-from rich.console import Console, Group
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .common import console, handles_errors, target_options, to_json
+from .common import console, handles_errors, target_options, to_json, wide_console
 
 QUEUES = """
 SELECT queue, length, active, jobs_in, jobs_out, round(oldest_age_seconds::numeric, 1) AS oldest,
@@ -137,9 +137,7 @@ def stats(interval: float, once: bool, limit: int, as_json: bool, dsn: str | Non
         first = _snapshot(target, limit)
         time.sleep(interval)  # rates need a second snapshot
         snapshot = _with_rates(_snapshot(target, limit), first)
-        # piped output is not cut to 80 columns (as the other tables)
-        printer = console if console.is_terminal else Console(width=max(console.width, 200))
-        click.echo(_json(snapshot)) if as_json else printer.print(_render(snapshot, live=False))
+        click.echo(_json(snapshot)) if as_json else wide_console().print(_render(snapshot, live=False))
         return
     previous = _with_rates(_snapshot(target, limit), None)
     with _keys() as key, Live(_render(previous, live=True), console=console,
