@@ -93,7 +93,8 @@ def _csv(nodes: Iterable[str]) -> str:
 def _copy(row: sql.CopyRow) -> m.JobCopy:
     return m.JobCopy(row.id, row.queue, bytes(row.body), int(row.ctime), int(row.repl),
                      float(row.retry), float(row.delay), float(row.expires_at), int(row.nacks),
-                     int(row.additional_deliveries), tuple(row.nodes or ()))
+                     int(row.additional_deliveries), tuple(row.nodes or ()), int(row.priority),
+                     row.key)
 
 
 def _copies_params(copies: list[m.JobCopy]) -> dict[str, Any]:
@@ -104,6 +105,7 @@ def _copies_params(copies: list[m.JobCopy]) -> dict[str, Any]:
         "delays": [c.delay for c in copies], "expires": [c.expires_at for c in copies],
         "nacks": [c.nacks for c in copies], "adds": [c.additional_deliveries for c in copies],
         "nodes": [_csv(c.nodes) for c in copies],
+        "priorities": [c.priority for c in copies], "keys": [c.key for c in copies],
     }
 
 

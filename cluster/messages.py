@@ -27,6 +27,8 @@ from typing import Any, ClassVar
 
 import msgpack
 
+from pgq.arguments import MAX_KEY_BYTES, MAX_PRIORITY
+
 from .addresses import valid_host
 
 __all__ = [
@@ -154,19 +156,29 @@ class JobCopy:
     nacks: int = 0
     additional_deliveries: int = 0
     nodes: tuple[str, ...] = ()
+    priority: int = 0  # higher first (schema 0013)
+    key: str | None = None  # idempotency key
 
     def to_wire(self) -> list[Any]:
+        # Priority and key travel only when set: a copy without them is the
+        # 11 fields every earlier node reads (rolling upgrades).
+        extra = [self.priority, self.key] if self.priority or self.key is not None else []
         return [self.id, self.queue, self.body, self.ctime, self.repl, self.retry, self.delay,
-                self.expires_at, self.nacks, self.additional_deliveries, list(self.nodes)]
+                self.expires_at, self.nacks, self.additional_deliveries, list(self.nodes),
+                *extra]
 
     @classmethod
     def from_wire(cls, raw: Any) -> JobCopy:
-        r = _list(raw, 11)
-        _need(len(r) == 11, "bad job copy")
+        r = _list(raw, 13)
+        _need(len(r) in (11, 13), "bad job copy")
         _need(isinstance(r[2], bytes) and len(r[2]) <= MAX_BODY, "bad job body")
+        priority, key = (r[11], r[12]) if len(r) == 13 else (0, None)
+        _need(key is None or (isinstance(key, str) and key != "" and "\x00" not in key
+                              and len(key.encode("utf-8")) <= MAX_KEY_BYTES), "bad job key")
         return cls(_job(r[0]), _queue(r[1]), r[2], _int(r[3]), _int(r[4], 1, 65535),
                    _num(r[5]), _num(r[6]), _num(r[7], 0.0, 2.0**40), _int(r[8], 0, 2**31 - 1),
-                   _int(r[9], 0, 2**31 - 1), tuple(_node(n) for n in _list(r[10], 1000)))
+                   _int(r[9], 0, 2**31 - 1), tuple(_node(n) for n in _list(r[10], 1000)),
+                   _int(priority, 0, MAX_PRIORITY), key)
 
 
 # ----------------------------------------------------------------- messages

@@ -79,7 +79,7 @@ FROM drained d
 LEFT JOIN LATERAL (
     SELECT j.id, j.queue, j.body, j.ctime, j.repl, j.retry, j.delay,
            extract(epoch FROM j.expires_at)::float8, j.nacks, j.additional_deliveries,
-           coalesce(j.nodes_delivered, '{}'::text[]), j.state, j.repl_waiter,
+           coalesce(j.nodes_delivered, '{}'::text[]), j.priority, j.key, j.state, j.repl_waiter,
            greatest(0, extract(epoch FROM j.expires_at - pgq.now()))::float8,
            coalesce(j.nodes_confirmed, '{}'::text[]), j.repl_min
     FROM pgq.jobs j WHERE d.kind = 'replicate' AND j.id = d.job_id
@@ -91,7 +91,7 @@ ORDER BY d.seq
 
 _COPY_COLUMNS = """
     id, queue, body, ctime, repl, retry, delay, extract(epoch FROM expires_at)::float8,
-    nacks, additional_deliveries, coalesce(nodes_delivered, '{}'::text[])
+    nacks, additional_deliveries, coalesce(nodes_delivered, '{}'::text[]), priority, key
 """
 
 
@@ -110,6 +110,8 @@ class CopyRow(NamedTuple):
     nacks: int
     additional_deliveries: int
     nodes: list[str]  # nodes_delivered
+    priority: int
+    key: str | None
 
 
 class ReplicationRow(NamedTuple):
@@ -174,8 +176,10 @@ WITH incoming AS (
     SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
                          %(ctimes)s::bigint[], %(repls)s::int[], %(retries)s::float8[],
                          %(delays)s::float8[], %(expires)s::float8[], %(nacks)s::int[],
-                         %(adds)s::int[], %(nodes)s::text[])
-        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes)
+                         %(adds)s::int[], %(nodes)s::text[], %(priorities)s::int[],
+                         %(keys)s::text[])
+        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes, priority,
+             key)
 ), acked AS (  -- id = ANY: an index probe per copy, never a scan of pgq.acks
     SELECT i.id, coalesce(array_to_string(a.nodes, ','), i.nodes) AS nodes
     FROM pgq.acks a JOIN incoming i ON i.id = a.id
@@ -189,11 +193,11 @@ WITH incoming AS (
 ), stored AS (
     INSERT INTO pgq.jobs AS j (id, queue, state, ctime, body, repl, retry, delay, expires_at,
                                cluster_requeue_at, nacks, additional_deliveries,
-                               nodes_delivered, nodes_confirmed)
+                               nodes_delivered, nodes_confirmed, priority, key)
     SELECT id, queue, 'active', ctime, body, repl, retry, delay, to_timestamp(expires),
            CASE WHEN retry > 0 THEN pgq.now()
                 + (delay + retry + random() * 0.5) * interval '1 second' END,
-           nacks, adds, string_to_array(nodes, ','), ARRAY[%(myself)s]::text[]
+           nacks, adds, string_to_array(nodes, ','), ARRAY[%(myself)s]::text[], priority, key
     FROM accepted
     ON CONFLICT (id) DO UPDATE SET nodes_delivered = ARRAY(
         SELECT DISTINCT n FROM unnest(j.nodes_delivered || excluded.nodes_delivered) AS n
@@ -514,19 +518,21 @@ WITH incoming AS (
     SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
                          %(ctimes)s::bigint[], %(repls)s::int[], %(retries)s::float8[],
                          %(delays)s::float8[], %(expires)s::float8[], %(nacks)s::int[],
-                         %(adds)s::int[], %(nodes)s::text[])
-        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes)
+                         %(adds)s::int[], %(nodes)s::text[], %(priorities)s::int[],
+                         %(keys)s::text[])
+        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes, priority,
+             key)
     WHERE NOT EXISTS (SELECT 1 FROM pgq.acks a WHERE a.id = u.id)
       AND to_timestamp(u.expires) > pgq.now()
 ), imported AS (
     INSERT INTO pgq.jobs AS j (id, queue, state, ctime, body, repl, retry, delay, expires_at,
                                queued_at, enqueues, nacks, additional_deliveries,
-                               nodes_delivered, nodes_confirmed)
+                               nodes_delivered, nodes_confirmed, priority, key)
     SELECT id, queue, 'queued', ctime, body, repl, retry, delay, to_timestamp(expires),
            pgq.now(), 1, nacks, adds,
            CASE WHEN retry > 0 THEN ARRAY(SELECT DISTINCT n FROM unnest(
                string_to_array(nodes, ',') || ARRAY[%(myself)s, %(sender)s]) AS n ORDER BY n) END,
-           CASE WHEN retry > 0 THEN ARRAY[%(myself)s]::text[] END
+           CASE WHEN retry > 0 THEN ARRAY[%(myself)s]::text[] END, priority, key
     FROM incoming
     ON CONFLICT (id) DO UPDATE SET
         state = 'queued', queued_at = pgq.now(), requeue_at = NULL,

@@ -203,20 +203,24 @@ class AsyncClient(ClientCore):
     async def add_job(self, queue: str, body: bytes | str, *, replicate: int | None = None,
                       delay: float = 0, retry: float | None = None, ttl: float | None = None,
                       maxlen: int | None = None, asynchronous: bool = False,
-                      timeout: float | None = None, conn: object = None) -> str:
+                      timeout: float | None = None, priority: int = 0,
+                      key: str | None = None, conn: object = None) -> str:
         """ADDJOB (see :meth:`pgq.Client.add_job`)."""
         call = self.add_call(queue, [body], replicate=replicate, delay=delay, retry=retry,
-                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout,
+                             priority=priority, key=key)
         return (await self._add(call, conn))[0]
 
     async def add_jobs(self, queue: str, bodies: Iterable[bytes | str], *,
                        replicate: int | None = None, delay: float = 0,
                        retry: float | None = None, ttl: float | None = None,
                        maxlen: int | None = None, asynchronous: bool = False,
-                       timeout: float | None = None, conn: object = None) -> list[str]:
+                       timeout: float | None = None, priority: int = 0,
+                       conn: object = None) -> list[str]:
         """Bulk add (see :meth:`pgq.Client.add_jobs`)."""
         call = self.add_call(queue, bodies, replicate=replicate, delay=delay, retry=retry,
-                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout,
+                             priority=priority)
         return await self._add(call, conn)
 
     async def _add(self, call: commands.AddCall, conn: object) -> list[str]:

@@ -25,7 +25,11 @@ __all__ = [
     "DEFAULT_MAX_BODY_SIZE",
     "MAX_COUNT",
     "MAX_IDS",
+    "MAX_PRIORITY",
+    "MAX_KEY_BYTES",
     "JobParams",
+    "job_priority",
+    "idempotency_key",
     "job_params",
     "queue_name",
     "queue_names",
@@ -45,6 +49,8 @@ DEFAULT_MAX_BODY_SIZE = 16 * 1024 * 1024
 HARD_MAX_BODY_SIZE = 512 * 1024 * 1024
 MAX_COUNT = 100_000
 MAX_IDS = 100_000
+MAX_PRIORITY = 1_000_000
+MAX_KEY_BYTES = 512
 
 
 def _is_number(value: object) -> bool:
@@ -176,6 +182,8 @@ class JobParams:
     maxlen: int | None
     asynchronous: bool
     timeout: float | None
+    priority: int = 0  # higher first; FIFO within a priority
+    key: str | None = None  # idempotency key (at most one live job per key and queue)
 
 
 def default_retry(ttl: float) -> float:
@@ -183,9 +191,34 @@ def default_retry(ttl: float) -> float:
     return max(1.0, min(ttl / 10.0, MAX_RETRY_DEFAULT))
 
 
+def job_priority(value: object) -> int:
+    """A job's priority: an int from 0 (the default) to MAX_PRIORITY, higher first."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidTypeError(f"priority must be an int, not {type(value).__name__}")
+    if not 0 <= value <= MAX_PRIORITY:
+        raise InvalidArgumentError(
+            f"priority must be between 0 and {MAX_PRIORITY} (higher first), not {value}")
+    return value
+
+
+def idempotency_key(value: object) -> str | None:
+    """An idempotency key: None, or a non-empty str of at most MAX_KEY_BYTES
+    UTF-8 bytes without NUL."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidTypeError(f"key must be a str, not {type(value).__name__}")
+    if not value:
+        raise InvalidArgumentError("key must not be empty (pass None for no key)")
+    checked = text("key", value, MAX_KEY_BYTES + 1)
+    if len(checked.encode("utf-8")) > MAX_KEY_BYTES:
+        raise InvalidArgumentError(f"key must be at most {MAX_KEY_BYTES} bytes in UTF-8")
+    return checked
+
+
 def job_params(
     *, replicate: object, delay: object, retry: object, ttl: object, maxlen: object,
-    asynchronous: object, timeout: object,
+    asynchronous: object, timeout: object, priority: object = 0, key: object = None,
 ) -> JobParams:
     """Check ADDJOB's options and apply Disque's defaults and cross-field rules."""
     ttl_s = DEFAULT_TTL if ttl is None else seconds("ttl", ttl, minimum=0.0, allow_minimum=False)
@@ -206,4 +239,5 @@ def job_params(
     if not isinstance(asynchronous, bool):
         raise InvalidTypeError(f"asynchronous must be a bool, not {type(asynchronous).__name__}")
     wait = None if timeout is None else seconds("timeout", timeout, maximum=MAX_TTL)
-    return JobParams(repl, delay_s, retry_s, ttl_s, max_len, asynchronous, wait)
+    return JobParams(repl, delay_s, retry_s, ttl_s, max_len, asynchronous, wait,
+                     job_priority(priority), idempotency_key(key))

@@ -209,20 +209,31 @@ class Client(ClientCore):
     def add_job(self, queue: str, body: bytes | str, *, replicate: int | None = None,
                 delay: float = 0, retry: float | None = None, ttl: float | None = None,
                 maxlen: int | None = None, asynchronous: bool = False,
-                timeout: float | None = None, conn: object = None) -> str:
-        """ADDJOB: add one job to ``queue``; returns its ID once it is durably stored."""
+                timeout: float | None = None, priority: int = 0, key: str | None = None,
+                conn: object = None) -> str:
+        """ADDJOB: add one job to ``queue``; returns its ID once it is durably stored.
+
+        ``priority`` (0 to 1,000,000, default 0): higher is delivered first,
+        FIFO within a priority. ``key``: an idempotency key; while a job added
+        with that key is live in the queue (not yet acknowledged, deleted or
+        expired), adding again adds nothing and returns that job's ID. A
+        replicated job's copies carry the key, so the add is idempotent
+        through any node that holds a copy.
+        """
         call = self.add_call(queue, [body], replicate=replicate, delay=delay, retry=retry,
-                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout,
+                             priority=priority, key=key)
         return self._add(call, conn)[0]
 
     def add_jobs(self, queue: str, bodies: Iterable[bytes | str], *,
                  replicate: int | None = None, delay: float = 0, retry: float | None = None,
                  ttl: float | None = None, maxlen: int | None = None,
                  asynchronous: bool = False, timeout: float | None = None,
-                 conn: object = None) -> list[str]:
+                 priority: int = 0, conn: object = None) -> list[str]:
         """Add many jobs in one round trip (COPY for large batches); IDs in body order."""
         call = self.add_call(queue, bodies, replicate=replicate, delay=delay, retry=retry,
-                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout,
+                             priority=priority)
         return self._add(call, conn)
 
     def _add(self, call: commands.AddCall, conn: object) -> list[str]:

@@ -131,12 +131,15 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
             "travel in one bus frame): store big payloads elsewhere and queue a reference")
     ids = _new_ids(session, params, len(bodies))
     if replicated:
-        yield from _add_replicated(session, queue, ids, bodies, params, wanted, minimum)
-        return ids
+        existing = yield from _add_replicated(session, queue, ids, bodies, params, wanted, minimum)
+        return [existing] if existing else ids
+    existing = None
     if len(bodies) >= COPY_THRESHOLD:
         leaving = yield from _copy_jobs(session, queue, ids, bodies, params)
     else:
-        leaving = yield from _insert_jobs(session, queue, ids, bodies, params)
+        leaving, existing = yield from _insert_jobs(session, queue, ids, bodies, params)
+    if existing:
+        return [existing]  # the idempotency key's live job: nothing was added
     if leaving:
         # The node was marked leaving after our view was read: it keeps no
         # new copy (nothing was stored); the add goes to other nodes.
@@ -162,24 +165,44 @@ def _copies(params: JobParams, view: ClusterView) -> tuple[int, int]:
 
 
 def _insert_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
-                 params: JobParams) -> Command[bool]:
-    """One INSERT of jobs held here only; True if refused because the node is leaving."""
-    locking = params.maxlen is not None
-    if locking:
-        yield Begin()
-        yield Query(sql.LOCK_QUEUE_FOR_MAXLEN, {"queue": queue}, Result.NONE)
+                 params: JobParams) -> Command[tuple[bool, str | None]]:
+    """One INSERT of jobs held here only. Returns (refused because the node
+    is leaving, the ID of the live job holding the add's key: nothing added)."""
+    locking = yield from _lock_for_add(queue, params)
     row = yield Query(sql.ADD_JOBS, {
         "queue": queue, "ids": ids, "bodies": list(bodies), "n": len(bodies),
         "maxlen": params.maxlen, "repl": 1, "retry": params.retry,
         "delay": params.delay, "ttl": params.ttl, "always_notify": not session.owned,
+        "priority": params.priority, "key": params.key,
     }, Result.ROW)
     if locking:
         yield Commit()
-    paused, full, _added, _notified, leaving = row
+    paused, full, _added, _notified, existing, leaving = row
+    if existing:
+        return False, existing
     if leaving:
-        return True
+        return True, None
     _raise_if_refused(queue, paused, full, params.maxlen)
-    return False
+    return False, None
+
+
+def _lock_for_add(queue: str, params: JobParams) -> Command[bool]:
+    """Open a transaction for an add that must be serialised with others,
+    and take its locks; True if one was opened (the caller commits it).
+
+    MAXLEN: producers of one queue, so two cannot both see room for one
+    more job. An idempotency key: adds of that key in that queue, so the
+    add's own statement, whose snapshot is taken after the lock, sees a job
+    a concurrent add of the key committed.
+    """
+    if params.maxlen is None and params.key is None:
+        return False
+    yield Begin()
+    if params.maxlen is not None:
+        yield Query(sql.LOCK_QUEUE_FOR_MAXLEN, {"queue": queue}, Result.NONE)
+    if params.key is not None:
+        yield Query(sql.LOCK_IDEMPOTENCY_KEY, {"queue": queue, "key": params.key}, Result.NONE)
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,8 +220,9 @@ REROUTE = "reroute"
 
 
 def batchable(call: AddCall) -> bool:
-    """Worth a batch before knowing the cluster: small, no MAXLEN lock."""
-    return call.params.maxlen is None and len(call.bodies) < COPY_THRESHOLD
+    """Worth a batch before knowing the cluster: small, no lock (MAXLEN, key)."""
+    return (call.params.maxlen is None and call.params.key is None
+            and len(call.bodies) < COPY_THRESHOLD)
 
 
 def _new_ids(session: Session, params: JobParams, count: int) -> list[str]:
@@ -232,6 +256,7 @@ def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
         "retries": [c.params.retry for c, _i, _b in rows],
         "delays": [c.params.delay for c, _i, _b in rows],
         "ttls": [c.params.ttl for c, _i, _b in rows],
+        "priorities": [c.params.priority for c, _i, _b in rows],
         "names": sorted({calls[i].queue for i, _ids in taken}),
     }, Result.ROW)
     if leaving:
@@ -244,15 +269,14 @@ def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
 
 
 def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
-                    params: JobParams, wanted: int, minimum: int) -> Command[None]:
-    """Store the jobs here with an outbox event for the node process."""
+                    params: JobParams, wanted: int, minimum: int) -> Command[str | None]:
+    """Store the jobs here with an outbox event for the node process.
+    Returns the ID of the live job holding the add's key (nothing added:
+    that job's own add waits for its copies), else None."""
     sync = session.owned and not params.asynchronous
     if sync and session.can_listen:
         yield ListenReplication()
-    locking = params.maxlen is not None
-    if locking:
-        yield Begin()
-        yield Query(sql.LOCK_QUEUE_FOR_MAXLEN, {"queue": queue}, Result.NONE)
+    locking = yield from _lock_for_add(queue, params)
     for start in range(0, len(ids), COPY_THRESHOLD):
         chunk = slice(start, start + COPY_THRESHOLD)
         row = yield Query(sql.ADD_JOBS_CLUSTER, {
@@ -261,9 +285,13 @@ def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequen
             "repl_min": minimum if minimum < wanted else None, "retry": params.retry,
             "delay": params.delay, "ttl": params.ttl,
             "always_notify": not session.owned, "wait": sync, "myself": session.node_id,
-            "ring": not session.owned,
+            "ring": not session.owned, "priority": params.priority, "key": params.key,
         }, Result.ROW)
-        paused, full, _added, _notified, _rang = row
+        paused, full, _added, _notified, existing, _rang = row
+        if existing:  # a keyed add is one job: nothing else was stored
+            if locking:
+                yield Commit()
+            return str(existing)
         _raise_if_refused(queue, paused, full, params.maxlen)
     if locking:
         yield Commit()
@@ -272,6 +300,7 @@ def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequen
         timeout = params.timeout if params.timeout is not None else session.replication_timeout
         # timeout 0: wait until replicated or expired (Disque)
         yield from _wait_for_copies(session, ids, timeout or params.ttl)
+    return None
 
 
 def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Command[None]:
@@ -374,7 +403,8 @@ def _copy_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[by
         state, requeue, queued, enqueues = "active", now + dt.timedelta(seconds=params.delay), None, 0
     else:
         state, requeue, queued, enqueues = "queued", None, now, 1
-    constants = (queue, state, 1, params.retry, params.delay, expires, requeue, queued, enqueues)
+    constants = (queue, state, 1, params.retry, params.delay, expires, requeue, queued, enqueues,
+                 params.priority)
     yield Copy(sql.COPY_JOBS, binary_copy(sql.COPY_JOBS_CONSTANT_TYPES, constants, ids, bodies))
     if state == "queued":
         yield Query(sql.NOTIFY_QUEUE, {"queue": queue, "always_notify": not session.owned},
@@ -482,6 +512,7 @@ class Claimed(NamedTuple):
     retry: float
     ttl: float
     from_ready: bool  # taken from the ready index (not a due lease): moves the floor
+    priority: int
     epoch: int | None
 
 
@@ -518,9 +549,9 @@ def _claim_from(session: Session, queues: list[str], floors: list[int],
 
 
 def _in_priority_order(rows: list[Claimed], queues: list[str]) -> list[Claimed]:
-    # RETURNING order is unspecified; restore (queue position, ctime, id).
+    # RETURNING order is unspecified; restore (queue position, job priority, ctime, id).
     position = {name: i for i, name in enumerate(queues)}
-    return sorted(rows, key=lambda r: (position[r.queue], r.ctime, r.id))
+    return sorted(rows, key=lambda r: (position[r.queue], -r.priority, r.ctime, r.id))
 
 
 def _jobs(rows: list[Claimed], withcounters: bool) -> list[Job]:
@@ -674,7 +705,8 @@ def working(session: Session, job_id: str) -> Command[int | float]:
 
 _SHOW_KEYS = ("id", "queue", "state", "repl", "ttl", "ctime", "delay", "retry", "nacks",
               "additional_deliveries", "deliveries", "next_requeue_within",
-              "next_awake_within", "body", "nodes_delivered", "nodes_confirmed")
+              "next_awake_within", "body", "nodes_delivered", "nodes_confirmed", "priority",
+              "key")
 
 
 def _job_dict(row: Sequence[Any], node_id: str) -> dict[str, Any]:
@@ -691,6 +723,7 @@ def _ack_dict(row: Sequence[Any]) -> dict[str, Any]:
         "ctime": None, "delay": None, "retry": None, "nacks": None,
         "additional_deliveries": None, "deliveries": None, "next_requeue_within": None,
         "next_awake_within": ttl, "body": None, "nodes_delivered": [], "nodes_confirmed": [],
+        "priority": None, "key": None,
     }
 
 
@@ -711,7 +744,8 @@ def qlen(session: Session, queue: str) -> Command[int]:
 
 
 def qpeek(session: Session, queue: str, count: int) -> Command[list[Job]]:
-    """QPEEK: up to ``abs(count)`` queued jobs, oldest first (newest first if count < 0)."""
+    """QPEEK: up to ``abs(count)`` queued jobs in delivery order (highest
+    priority, then oldest, first); the reverse if count < 0."""
     yield Query(sql.SWEEP_QUEUE, {"queue": queue}, Result.NONE)
     statement = sql.QPEEK_NEWEST if count < 0 else sql.QPEEK_OLDEST
     rows = yield Query(statement, {"queue": queue, "count": abs(count)}, Result.ROWS)

@@ -260,7 +260,8 @@ class ClientCore:
 
     def add_call(self, queue: object, bodies: Iterable[object], *, replicate: object,
                  delay: object, retry: object, ttl: object, maxlen: object,
-                 asynchronous: object, timeout: object) -> commands.AddCall:
+                 asynchronous: object, timeout: object, priority: object = 0,
+                 key: object = None) -> commands.AddCall:
         """An ADDJOB, validated (see :func:`pgq.commands.add_jobs`)."""
         name = args.queue_name(queue)
         if isinstance(bodies, (str, bytes, bytearray, memoryview)):
@@ -268,8 +269,11 @@ class ClientCore:
         data = [args.body_bytes(body, self.options.max_body_size) for body in bodies]
         params = args.job_params(
             replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-            asynchronous=asynchronous, timeout=timeout,
+            asynchronous=asynchronous, timeout=timeout, priority=priority, key=key,
         )
+        if params.key is not None and len(data) != 1:
+            raise InvalidArgumentError(
+                "an idempotency key names one job: add keyed jobs one at a time with add_job")
         return commands.AddCall(name, data, params)
 
     def add_jobs_command(self, queue: object, bodies: Iterable[object], *, replicate: object,

@@ -16,6 +16,8 @@ Design of the hot path (see docs/storage.md):
   claimable again) or ``wait-repl`` (created, waiting for its copies).
   A claim moves rows out of the ready index, so it never walks over leased
   jobs, however many are in flight.
+* Priority (higher first) is a second, partial index of the queued jobs
+  above priority 0 (``jobs_priority_idx``); the claim walks both.
 * ``queue_counters`` holds per-queue counts in one row per (queue, backend
   pid), maintained by statement-level triggers: sessions never contend on a
   counter row, and the stats views never count the hot table.
@@ -99,10 +101,20 @@ jobs = Table(
     # Copies that suffice for a job whose replicate was defaulted, when the
     # last target does not confirm in time (NULL: repl).
     Column("repl_min", Integer),
+    # Higher first, FIFO within a priority (schema 0013); see jobs_priority_idx.
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    # Idempotency key: no second live job with this key in the queue (schema 0013).
+    Column("key", Text(collation=C)),
     PrimaryKeyConstraint("id", name="jobs_pkey"),
     CheckConstraint("state = ANY (ARRAY['wait-repl'::text, 'active'::text, 'queued'::text])",
                     name="jobs_state_check"),
+    CheckConstraint("priority >= 0", name="jobs_priority_check"),
     Index("jobs_queued_idx", "queue", "ctime", postgresql_where=text("state = 'queued'::text")),
+    # Queued jobs above priority 0, in claim order; jobs of priority 0 (the
+    # default) are not in it, so queues without priorities never touch it.
+    Index("jobs_priority_idx", "queue", text("priority DESC"), "ctime",
+          postgresql_where=text("state = 'queued'::text AND priority > 0")),
+    Index("jobs_key_idx", "queue", "key", postgresql_where=text("key IS NOT NULL")),
     Index("jobs_timer_idx", "queue", "requeue_at",
           postgresql_where=text("state = 'active'::text AND requeue_at IS NOT NULL")),
     Index("jobs_expiry_idx", "expires_at"),

@@ -94,6 +94,11 @@ _ADD_PAUSED_ROOM = """paused AS (
     SELECT %(maxlen)s::bigint IS NULL
            OR coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queue)s), 0)
               + %(n)s::bigint <= %(maxlen)s::bigint AS ok
+), existing AS (  -- a live job with the add's idempotency key (jobs_key_idx)
+    SELECT id FROM pgq.jobs
+    WHERE %(key)s::text IS NOT NULL AND queue = %(queue)s AND key = %(key)s::text
+      AND expires_at > pgq.now()
+    LIMIT 1
 )"""
 
 _ADD_REPLY = f"""SELECT EXISTS (SELECT 1 FROM paused) AS paused,
@@ -102,7 +107,8 @@ _ADD_REPLY = f"""SELECT EXISTS (SELECT 1 FROM paused) AS paused,
        (SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s)::text
         WHERE EXISTS (SELECT 1 FROM inserted WHERE state = 'queued')
           AND (%(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)))
-        AS notified,"""
+        AS notified,
+       (SELECT id FROM existing) AS existing,"""
 
 # One statement adds one or many jobs. Why it is safe:
 # * ON CONFLICT (id) DO NOTHING makes a retry after a lost connection
@@ -118,7 +124,7 @@ WITH leaving AS (  -- a leaving node keeps no new copy (the client re-routes the
     SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
 ), {_ADD_PAUSED_ROOM}, inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, retry, delay,
-                          expires_at, requeue_at, queued_at, enqueues)
+                          expires_at, requeue_at, queued_at, enqueues, priority, key)
     SELECT u.id, %(queue)s,
            CASE WHEN %(delay)s::float8 > 0 THEN 'active' ELSE 'queued' END,
            u.body, %(repl)s, %(retry)s, %(delay)s,
@@ -126,10 +132,11 @@ WITH leaving AS (  -- a leaving node keeps no new copy (the client re-routes the
            CASE WHEN %(delay)s::float8 > 0
                 THEN pgq.now() + %(delay)s::float8 * interval '1 second' END,
            CASE WHEN %(delay)s::float8 > 0 THEN NULL ELSE pgq.now() END,
-           CASE WHEN %(delay)s::float8 > 0 THEN 0 ELSE 1 END
+           CASE WHEN %(delay)s::float8 > 0 THEN 0 ELSE 1 END,
+           %(priority)s, %(key)s
     FROM unnest(%(ids)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(id, body, n)
     WHERE NOT EXISTS (SELECT 1 FROM paused) AND (SELECT ok FROM room)
-      AND NOT EXISTS (SELECT 1 FROM leaving)
+      AND NOT EXISTS (SELECT 1 FROM leaving) AND NOT EXISTS (SELECT 1 FROM existing)
     ORDER BY u.n  -- ctime follows the order of the bodies
     ON CONFLICT (id) DO NOTHING
     RETURNING state
@@ -148,20 +155,21 @@ WITH leaving AS (
     SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
 ), input AS (
     SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
-                         %(retries)s::float8[], %(delays)s::float8[], %(ttls)s::float8[])
-        WITH ORDINALITY AS u(id, queue, body, retry, delay, ttl, n)
+                         %(retries)s::float8[], %(delays)s::float8[], %(ttls)s::float8[],
+                         %(priorities)s::int[])
+        WITH ORDINALITY AS u(id, queue, body, retry, delay, ttl, priority, n)
 ), paused AS (
     SELECT p.name FROM pgq.queues p
     WHERE p.name = ANY (%(names)s::text[]) AND p.paused IN ('in', 'all')
 ), inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, retry, delay,
-                          expires_at, requeue_at, queued_at, enqueues)
+                          expires_at, requeue_at, queued_at, enqueues, priority)
     SELECT i.id, i.queue, CASE WHEN i.delay > 0 THEN 'active' ELSE 'queued' END,
            i.body, 1, i.retry, i.delay,
            pgq.now() + i.ttl * interval '1 second',
            CASE WHEN i.delay > 0 THEN pgq.now() + i.delay * interval '1 second' END,
            CASE WHEN i.delay > 0 THEN NULL ELSE pgq.now() END,
-           CASE WHEN i.delay > 0 THEN 0 ELSE 1 END
+           CASE WHEN i.delay > 0 THEN 0 ELSE 1 END, i.priority
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM leaving)
       AND NOT EXISTS (SELECT 1 FROM paused p WHERE p.name = i.queue)
@@ -190,7 +198,7 @@ WITH leaving AS (  -- read at statement time, whatever the client cached
 ), {_ADD_PAUSED_ROOM}, inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
                           requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
-                          repl_waiter)
+                          repl_waiter, priority, key)
     SELECT u.id, %(queue)s,
            CASE WHEN %(wait)s OR l.yes THEN 'wait-repl'
                 WHEN %(delay)s::float8 > 0 THEN 'active' ELSE 'queued' END,
@@ -205,10 +213,12 @@ WITH leaving AS (  -- read at statement time, whatever the client cached
            -- job to W other nodes (external replication) and drops the row
            CASE WHEN l.yes THEN '{{}}'::text[] ELSE ARRAY[%(myself)s]::text[] END,
            CASE WHEN l.yes THEN '{{}}'::text[] ELSE ARRAY[%(myself)s]::text[] END,
-           CASE WHEN %(wait)s THEN pg_backend_pid() END
+           CASE WHEN %(wait)s THEN pg_backend_pid() END,
+           %(priority)s, %(key)s
     FROM unnest(%(ids)s::text[], %(bodies)s::bytea[]) WITH ORDINALITY AS u(id, body, n)
     CROSS JOIN leaving l
     WHERE NOT EXISTS (SELECT 1 FROM paused) AND (SELECT ok FROM room)
+      AND NOT EXISTS (SELECT 1 FROM existing)
     ORDER BY u.n
     ON CONFLICT (id) DO NOTHING
     RETURNING id, state
@@ -262,6 +272,11 @@ WHERE id = ANY (%(ids)s::text[])
 # Serialises producers that pass MAXLEN for one queue until their commit.
 LOCK_QUEUE_FOR_MAXLEN = "SELECT pg_advisory_xact_lock(hashtextextended(%(queue)s, 7))"
 
+# Serialises adds of one idempotency key in one queue until their commit,
+# so the add's next statement (a fresh snapshot) sees a job a concurrent add
+# of the same key committed. Two int4 keys: a key space apart from MAXLEN's.
+LOCK_IDEMPOTENCY_KEY = "SELECT pg_advisory_xact_lock(hashtext(%(queue)s), hashtext(%(key)s))"
+
 # Bulk path: checks first (same transaction), then COPY, then one NOTIFY.
 ADD_CHECK = """
 SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')),
@@ -272,11 +287,11 @@ SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('i
 # The per-call constant columns come first, then id and body (pgq.copydata).
 COPY_JOBS = """
 COPY pgq.jobs (queue, state, repl, retry, delay, expires_at, requeue_at, queued_at, enqueues,
-               id, body)
+               priority, id, body)
 FROM STDIN (FORMAT BINARY)
 """
 COPY_JOBS_CONSTANT_TYPES = ("text", "text", "int4", "float8", "float8",
-                            "timestamptz", "timestamptz", "timestamptz", "int4")
+                            "timestamptz", "timestamptz", "timestamptz", "int4", "int4")
 
 DB_NOW = "SELECT pgq.now()"
 
@@ -288,10 +303,17 @@ WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %
 # -------------------------------------------------------------------- claim
 
 # GETJOB in one statement. Queues are served left to right (pos), each by
-# ctime; COUNT is filled by priority. Two arms per queue: queued jobs in
-# ctime order from the queue's floor on (jobs_queued_idx), and active jobs
-# whose re-queue time has come (jobs_timer_idx) - so an expired lease is
-# found by the claim itself.
+# job priority (higher first), then ctime; COUNT is filled in that order.
+# Three arms per queue, each a LIMITed index scan: queued jobs in ctime order
+# from the queue's floor on (jobs_queued_idx), queued jobs above priority 0
+# in priority order (jobs_priority_idx: empty, and one probe, for a queue
+# that never uses priorities), and active jobs whose re-queue time has come
+# (jobs_timer_idx) - so an expired lease is found by the claim itself.
+# Why the order is right: every job above priority 0 is in the second arm's
+# order, and the first arm's first COUNT jobs by ctime hold at least as many
+# jobs of priority 0 as the claim can still take once those are taken
+# (priorities are never negative; schema 0013). Only jobs the first arm took
+# move the floor, so a job found by priority never hides older ones.
 # Why it is safe:
 # * FOR UPDATE SKIP LOCKED: a row locked by another claim is skipped, never
 #   delivered twice; after the lock, PostgreSQL re-checks the WHERE clause on
@@ -311,26 +333,39 @@ WITH wanted AS (
     WHERE NOT EXISTS (SELECT 1 FROM pgq.queues p
                       WHERE p.name = q.name AND p.paused IN ('out', 'all'))
 ), ready AS (
-    SELECT c.ctid, w.pos, c.ctime
+    SELECT c.ctid, w.pos, c.ctime, c.priority
     FROM wanted w CROSS JOIN LATERAL (
-        SELECT j.ctid, j.ctime FROM pgq.jobs j
+        SELECT j.ctid, j.ctime, j.priority FROM pgq.jobs j
         WHERE j.queue = w.name AND j.state = 'queued' AND j.ctime >= w.floor
           AND j.expires_at > pgq.now()
         ORDER BY j.ctime
         LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
-), candidates AS (
-    SELECT ctid, pos, ctime, true AS from_ready FROM ready
-    UNION ALL
-    SELECT c.ctid, w.pos, c.ctime, false
+), ranked AS (
+    SELECT c.ctid, w.pos, c.ctime, c.priority
     FROM wanted w CROSS JOIN LATERAL (
-        SELECT j.ctid, j.ctime FROM pgq.jobs j
+        SELECT j.ctid, j.ctime, j.priority FROM pgq.jobs j
+        WHERE j.queue = w.name AND j.state = 'queued' AND j.priority > 0
+          AND j.expires_at > pgq.now()
+        ORDER BY j.priority DESC, j.ctime
+        LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
+), candidates AS (
+    SELECT ctid, pos, ctime, priority, true AS from_ready FROM ready
+    UNION ALL
+    SELECT ctid, pos, ctime, priority, false FROM ranked
+    UNION ALL
+    SELECT c.ctid, w.pos, c.ctime, c.priority, false
+    FROM wanted w CROSS JOIN LATERAL (
+        SELECT j.ctid, j.ctime, j.priority FROM pgq.jobs j
         WHERE j.queue = w.name AND j.state = 'active'
           AND j.requeue_at <= pgq.now()
           AND j.expires_at > pgq.now()
         ORDER BY j.requeue_at
         LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
 ), picked AS MATERIALIZED (
-    SELECT ctid, from_ready FROM candidates ORDER BY pos, ctime LIMIT %(count)s
+    -- a job of priority > 0 may come from both ready arms: once, from_ready if so
+    SELECT ctid, bool_or(from_ready) AS from_ready FROM candidates
+    GROUP BY ctid, pos, priority, ctime
+    ORDER BY pos, priority DESC, ctime LIMIT %(count)s
 ), claimed AS (
     UPDATE pgq.jobs j SET
         state = 'active',
@@ -354,7 +389,7 @@ WITH wanted AS (
     WHERE j.ctid = p.ctid
     RETURNING j.queue, j.id, j.body, j.nacks, j.additional_deliveries, j.ctime, j.retry,
               greatest(0, extract(epoch FROM j.expires_at - pgq.now()))::float8 AS ttl,
-              p.from_ready
+              p.from_ready, j.priority
 )"""
 
 # The rows: one per claimed job (``epoch`` NULL), then one row with a NULL
@@ -364,11 +399,11 @@ WITH wanted AS (
 # a higher queue or by due leases): a concurrent claim skipped them and may
 # have moved its floor past them.
 _CLAIM_RESULT = """
-SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl, from_ready,
+SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl, from_ready, priority,
        NULL::bigint AS epoch
 FROM claimed
 UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN EXISTS (SELECT 1 FROM ready r WHERE r.ctid NOT IN (SELECT ctid FROM picked))
             THEN nextval('pgq.queue_epoch')
             ELSE (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgq.queue_epoch)
@@ -647,7 +682,7 @@ _SHOW_COLUMNS = """
     END AS next_requeue_within,
     greatest(0, extract(epoch FROM least(coalesce(requeue_at, expires_at), expires_at)
                                    - pgq.now()))::float8 AS next_awake_within,
-    body, nodes_delivered, nodes_confirmed
+    body, nodes_delivered, nodes_confirmed, priority, key
 """
 
 SHOW = f"""
@@ -665,13 +700,23 @@ QLEN = """
 SELECT coalesce(sum(queued), 0)::bigint FROM pgq.queue_counters WHERE queue = %(queue)s
 """
 
+# QPEEK in delivery order (priority, then ctime), or its reverse: the jobs
+# above priority 0 from jobs_priority_idx, those of priority 0 from
+# jobs_queued_idx (filtered: QPEEK is no hot path), each arm LIMITed.
 _QPEEK = """
-SELECT queue, id, body, nacks, additional_deliveries FROM pgq.jobs
-WHERE queue = %(queue)s AND state = 'queued' AND expires_at > pgq.now()
-ORDER BY ctime {order} LIMIT %(count)s
+SELECT queue, id, body, nacks, additional_deliveries FROM (
+    (SELECT queue, id, body, nacks, additional_deliveries, priority, ctime FROM pgq.jobs
+     WHERE queue = %(queue)s AND state = 'queued' AND priority > 0 AND expires_at > pgq.now()
+     ORDER BY priority {order_priority}, ctime {order} LIMIT %(count)s)
+    UNION ALL
+    (SELECT queue, id, body, nacks, additional_deliveries, priority, ctime FROM pgq.jobs
+     WHERE queue = %(queue)s AND state = 'queued' AND priority = 0 AND expires_at > pgq.now()
+     ORDER BY ctime {order} LIMIT %(count)s)
+) AS peek
+ORDER BY priority {order_priority}, ctime {order} LIMIT %(count)s
 """
-QPEEK_OLDEST = _QPEEK.format(order="ASC")
-QPEEK_NEWEST = _QPEEK.format(order="DESC")
+QPEEK_OLDEST = _QPEEK.format(order="ASC", order_priority="DESC")
+QPEEK_NEWEST = _QPEEK.format(order="DESC", order_priority="ASC")
 
 QSTAT = """
 SELECT s.queue, s.length, s.created_at, s.last_activity, s.blocked, s.jobs_in, s.jobs_out,

@@ -62,3 +62,19 @@ def test_norepl_when_w_exceeds_reachable_nodes(make_cluster):
         with pytest.raises(pgq.errors.NoReplError, match="2 can take a copy"):
             client.add_job("n", b"x", replicate=3)
         assert client.qlen("n") == 0
+
+
+def test_priority_and_key_travel_with_the_copies(make_cluster):
+    # A replicated job's copies carry its priority and idempotency key: an
+    # add with the same key through another node holding a copy answers the
+    # first job's ID, and a copy queued there keeps its place in line.
+    cluster = make_cluster(3)
+    with cluster[0].client() as client:
+        job = client.add_job("rk", b"charge", replicate=3, key="charge-7", priority=4)
+    assert cluster.copies(job) == 3
+    with cluster[1].client() as other:
+        assert other.add_job("rk", b"charge (retried)", key="charge-7") == job
+        info = other.show(job)
+        assert info["priority"] == 4 and info["key"] == "charge-7"
+    with cluster[0].client() as client:
+        assert client.qlen("rk") == 1
