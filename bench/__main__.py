@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
         "pgq against pgqueuer, procrastinate and the raw-SQL floor, side by side in one run"))
     parser.add_argument("--smoke", action="store_true", help="tiny sizes: a few seconds per step")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 3; 1 with --smoke)")
-    parser.add_argument("--only", action="append", help="only workloads whose name contains this")
+    parser.add_argument("--only", action="append", help="only workloads whose name contains this (cluster rows too)")
     parser.add_argument("--no-cluster", action="store_true", help="skip the 3-node cluster workload")
     parser.add_argument("--out", type=Path, help=f"report directory (default {DEFAULT_OUT})")
     parser.add_argument("--json", action="store_true",

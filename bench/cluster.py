@@ -2,23 +2,31 @@
 
 Three local nodes, each with its own PostgreSQL; for W = 1, 2, 3 the latency
 of a single synchronous add (one client, sequential) and the throughput of
-8 concurrent producers; W = 3 asynchronous throughput; and get + ack across
+8 concurrent producers; W = 3 asynchronous throughput; get + ack across
 nodes (consumers on node 2 draining jobs added on node 1, through
-federation). Medians over the rounds.
+federation); and, through node 1's RESP port (``pgq node start --resp``),
+the closed loop of ``ADDJOB queue body 0 REPLICATE 3`` with N connections,
+one request in flight each (issue "Any language"). Medians over the rounds.
+``only`` picks rows by name, as ``--only`` does for the other workloads.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pgq
-from pgq.localcluster import LocalCluster
+from pgq.localcluster import LocalCluster, free_port
+
+from .contenders import resp_client
+from .runner import RESP_CONNECTIONS, resp_key
 
 PRODUCERS = 8
+PYTHON_ROWS = ("W=1 sync", "W=2 sync", "W=3 sync", "W=3 async", "get+ack across nodes")
 
 
 def _latency(client: pgq.Client, queue: str, n: int, replicate: int) -> list[float]:
@@ -69,30 +77,96 @@ def _pct(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-def run_cluster(smoke: bool, rounds: int, log: Callable[[str], None]) -> dict[str, Any]:
+def resp_rows(smoke: bool) -> dict[str, int]:
+    """The RESP rows' names and their connections."""
+    return {resp_key("add, replicate 3", n): n for n in ((4,) if smoke else RESP_CONNECTIONS)}
+
+
+def _serving_resp(port: int) -> list[str]:
+    """A node launcher that adds ``--resp 127.0.0.1:port`` to ``pgq node
+    start``: LocalNode runs ``[*launcher, "node", "start", ...]`` and has no
+    option for a node's extra arguments, so this runs pgq's CLI itself with
+    the arguments it is given and ``--resp`` after them (so it is no
+    launcher for ``LocalNode.start_postgres``, which the bench never calls)."""
+    code = ("import sys; from pgq.cli import main; "
+            f"main(sys.argv[1:] + ['--resp', '127.0.0.1:{port}'], prog_name='pgq')")
+    return [sys.executable, "-c", code]
+
+
+def _python_round(first: str, second: str, client: pgq.Client, round_no: int, smoke: bool,
+                  wanted: Callable[[str], bool], rows: dict[str, list[dict[str, float | None]]],
+                  log: Callable[[str], None]) -> None:
+    """One round of the Python client's rows (those ``wanted``)."""
     adds = 20 if smoke else 300
     seconds = 1.0 if smoke else 5.0
-    across = 200 if smoke else 5000
-    rows: dict[str, list[dict[str, float]]] = {}
-    with LocalCluster(3, prefix="pgq-bench-cluster-") as cluster:
+    for replicate in (1, 2, 3):
+        if not wanted(f"W={replicate} sync"):
+            continue
+        samples = _latency(client, f"lat-{round_no}-{replicate}", adds, replicate)
+        rate = _throughput(first, f"tp-{round_no}-{replicate}", seconds, replicate, False)
+        rows.setdefault(f"W={replicate} sync", []).append(
+            {"p50_ms": statistics.median(samples) * 1000, "p99_ms": _pct(samples, 0.99) * 1000,
+             "rate": rate})
+        log(f"cluster round {round_no + 1} W={replicate} sync: p50 "
+            f"{statistics.median(samples) * 1000:.2f} ms, {rate:,.0f} adds/s")
+    if wanted("W=3 async"):
+        rate = _throughput(first, f"async-{round_no}", seconds, 3, True)
+        rows.setdefault("W=3 async", []).append({"rate": rate})
+        log(f"cluster round {round_no + 1} W=3 async: {rate:,.0f} adds/s")
+    if wanted("get+ack across nodes"):
+        rate = _across_nodes(first, second, f"across-{round_no}", 200 if smoke else 5000)
+        rows.setdefault("get+ack across nodes", []).append({"rate": rate})
+        log(f"cluster round {round_no + 1} get+ack across nodes: {rate:,.0f} jobs/s")
+
+
+def _resp_round(port: int, node_pid: int, round_no: int, smoke: bool, wanted: Callable[[str], bool],
+                rows: dict[str, list[dict[str, float | None]]], log: Callable[[str], None]) -> None:
+    """One round of the RESP rows (those ``wanted``): closed loop, ADDJOB
+    ... REPLICATE 3 on node 1's RESP port (with the share of a core node
+    1's process used meanwhile)."""
+    for name, connections in resp_rows(smoke).items():
+        if not wanted(name):
+            continue
+        operation = resp_client.add(f"resp-{round_no}-{connections}", b"0123456789abcdef", replicate=3)
+        cpu, began = resp_client.cpu_seconds(node_pid), time.perf_counter()
+        done = resp_client.closed_loop(port, connections, 0.5 if smoke else 5.0, operation)
+        used, elapsed = resp_client.cpu_seconds(node_pid), time.perf_counter() - began
+        rate = done["jobs"] / done["seconds"]
+        rows.setdefault(name, []).append({
+            "p50_ms": done["p50"] * 1000, "p99_ms": done["p99"] * 1000, "rate": rate,
+            "client_cpu": done["client_cpu"],
+            "server_cpu": (used - cpu) / elapsed if used is not None and cpu is not None else None})
+        log(f"cluster round {round_no + 1} {name}: {rate:,.0f} adds/s, p50 {done['p50'] * 1000:.2f} ms")
+
+
+def run_cluster(smoke: bool, rounds: int, log: Callable[[str], None],
+                only: list[str] | None = None) -> dict[str, Any]:
+    def wanted(name: str) -> bool:
+        return not only or any(o in name for o in only)
+
+    if not any(wanted(name) for name in (*PYTHON_ROWS, *resp_rows(smoke))):
+        return {}
+    rows: dict[str, list[dict[str, float | None]]] = {}
+    cluster = LocalCluster(3, prefix="pgq-bench-cluster-")
+    port = free_port()
+    cluster.nodes[0].launcher = _serving_resp(port)
+    try:
+        cluster.start()
+        node = cluster.nodes[0].process
+        assert node is not None
+        resp_client.wait_answering(port, resp_client.exited(node))
         first, second = cluster.nodes[0].dsn, cluster.nodes[1].dsn
         with pgq.Client(first) as client:
             client.add_job("warm", b"x", replicate=3)  # connections, prepared statements
             for round_no in range(rounds):
-                for replicate in (1, 2, 3):
-                    q = f"lat-{round_no}-{replicate}"
-                    samples = _latency(client, q, adds, replicate)
-                    rate = _throughput(first, f"tp-{round_no}-{replicate}", seconds, replicate, False)
-                    rows.setdefault(f"W={replicate} sync", []).append(
-                        {"p50_ms": statistics.median(samples) * 1000,
-                         "p99_ms": _pct(samples, 0.99) * 1000, "rate": rate})
-                    log(f"cluster round {round_no + 1} W={replicate} sync: p50 "
-                        f"{statistics.median(samples) * 1000:.2f} ms, {rate:,.0f} adds/s")
-                rate = _throughput(first, f"async-{round_no}", seconds, 3, True)
-                rows.setdefault("W=3 async", []).append({"rate": rate})
-                log(f"cluster round {round_no + 1} W=3 async: {rate:,.0f} adds/s")
-                rate = _across_nodes(first, second, f"across-{round_no}", across)
-                rows.setdefault("get+ack across nodes", []).append({"rate": rate})
-                log(f"cluster round {round_no + 1} get+ack across nodes: {rate:,.0f} jobs/s")
-    return {name: {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+                _python_round(first, second, client, round_no, smoke, wanted, rows, log)
+                _resp_round(port, node.pid, round_no, smoke, wanted, rows, log)
+    finally:
+        cluster.close()
+    return {name: {key: _median([r[key] for r in runs]) for key in runs[0]}
             for name, runs in rows.items()}
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .runner import REPEATS, Results, closed_loop_key
+from .runner import REPEATS, RESP_CONNECTIONS, Results, closed_loop_key, resp_key
 
 PEERS = ("pgqueuer", "procrastinate")
 BATCHED = "burn-down batched (COUNT 100)"
@@ -26,6 +26,10 @@ DISQUE_DURABLE = {
     ("add", 1): 3_301, ("add", 10): 15_130, ("add", 50): 35_309,
     ("get+ack", 1): 2_774, ("get+ack", 10): 8_992, ("get+ack", 50): 18_684,
 }
+# The same, replicated: ADDJOB ... REPLICATE 3 on a 3-node Disque cluster,
+# by clients (issue "Any language" sets the RESP rows' bar at 10 and 50).
+REPLICATED = "add, replicate 3"
+DISQUE_REPLICATED = {1: 1_779, 10: 6_052, 50: 15_529}
 REPEATED = f"burn-down x{REPEATS} on one database"
 HELD = REPEATED + ", horizon held"
 
@@ -57,6 +61,7 @@ def goals(results: Results) -> list[dict[str, Any]]:
             key = closed_loop_key(what, clients, shared)
             rows.append((f"{key}: pgq ≥ 0.5× durable Disque ({disque:,}/s)",
                          _ratio(m(key, "pgq"), disque), 0.5))
+    rows += resp_goals(results)
     for what in ("add", "get+ack"):
         p99 = m(closed_loop_key(what, 50, True), "pgq", "p99")
         rows.append((f"{what}, 50 clients: p99 ≤ 10 ms (value in ms)", p99 and p99 * 1000, ("≤", 10.0)))
@@ -71,6 +76,7 @@ def goals(results: Results) -> list[dict[str, Any]]:
         rows.append(("cluster: W=3 sync throughput ≥ 0.3× W=1", _ratio(w3.get("rate"), w1.get("rate")), 0.3))
         p50 = w3.get("p50_ms")
         rows.append(("cluster: W=3 p50 add latency ≤ 5 ms (value in ms)", p50, ("≤", 5.0)))
+        rows += resp_cluster_goals(results)
     out = []
     for name, value, target in rows:
         if isinstance(target, tuple):  # a bound on a latency: lower is better
@@ -79,6 +85,28 @@ def goals(results: Results) -> list[dict[str, Any]]:
             met = value is not None and value >= target
         out.append({"goal": name, "measured": value, "met": met})
     return out
+
+
+def resp_goals(results: Results) -> list[tuple[str, float | None, float]]:
+    """Issue "Any language": through the RESP port, add and get+ack at 10
+    and 50 connections at least as fast as durable Disque (ratio ≥ 1)."""
+    rows = []
+    for (what, clients), disque in DISQUE_DURABLE.items():
+        if clients in RESP_CONNECTIONS:
+            key = resp_key(what, clients)
+            rows.append((f"{key}: pgq ≥ durable Disque ({disque:,}/s)",
+                         _ratio(results.median(key, "pgq"), disque), 1.0))
+    return rows
+
+
+def resp_cluster_goals(results: Results) -> list[tuple[str, float | None, float]]:
+    """The same for ADDJOB ... REPLICATE 3 on the 3-node cluster."""
+    rows = []
+    for clients in RESP_CONNECTIONS:
+        key, disque = resp_key(REPLICATED, clients), DISQUE_REPLICATED[clients]
+        rows.append((f"cluster: {key}: pgq ≥ durable Disque, 3 nodes ({disque:,}/s)",
+                     _ratio(results.cluster.get(key, {}).get("rate"), disque), 1.0))
+    return rows
 
 
 def markdown(results: Results) -> str:
@@ -139,30 +167,62 @@ def markdown(results: Results) -> str:
 
 
 def closed_loop_table(results: Results) -> list[str]:
-    """pgq beside durable Disque and the raw floor, one request in flight per client."""
-    if not any(k.startswith(("add,", "get+ack,")) for k in results.runs):
+    """pgq beside durable Disque and the raw floor, one request in flight per
+    client: through the Python client and through the RESP port."""
+    if not any(k.startswith(("add,", "get+ack,")) for k in (*results.runs, *results.cluster)):
         return []
     lines = ["## Closed loop beside durable Disque", "",
-             "One request in flight per client thread; durable (fsync, synchronous commit; "
-             "Disque with appendfsync always, measured on this machine on 2026-11-23). "
-             "ops/s, and pgq's latency of one call.", "",
+             "One request in flight per client thread (per connection through the RESP port); "
+             "durable (fsync, synchronous commit; Disque with appendfsync always, measured on this "
+             "machine on 2026-11-23). ops/s, and pgq's latency of one call (of GETJOB + ACKJOB "
+             "for get+ack over RESP).", "",
              "| workload | clients | durable Disque | pgq, one shared Client | pgq, a Client per thread "
-             "| raw psycopg floor | shared / Disque |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "| raw psycopg floor | pgq, RESP port | shared / Disque | RESP / Disque |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     m = results.median
     for (what, clients), disque in DISQUE_DURABLE.items():
         shared, own = closed_loop_key(what, clients, True), closed_loop_key(what, clients, False)
+        resp = resp_key(what, clients)
+        lines.append(f"| {what} | {clients} | {disque:,} | {_cell(results, shared, 'pgq')} "
+                     f"| {_cell(results, own, 'pgq')} | {_cell(results, shared, 'raw SQL floor')} "
+                     f"| {_cell(results, resp, 'pgq')} | {_fmt(_ratio(m(shared, 'pgq'), disque), 2)} "
+                     f"| {_fmt(_ratio(m(resp, 'pgq'), disque), 2)} |")
+    for clients, disque in DISQUE_REPLICATED.items():
+        row = results.cluster.get(resp_key(REPLICATED, clients), {})
+        lines.append(f"| {REPLICATED} (3 nodes) | {clients} | {disque:,} | - | - | - "
+                     f"| {_cluster_cell(row)} | - | {_fmt(_ratio(row.get('rate'), disque), 2)} |")
+    return lines + [""] + _resp_cpu(results)
 
-        def cell(key: str, contender: str) -> str:
-            rate = m(key, contender)
-            if rate is None:
-                return "-"
-            p50, p99 = m(key, contender, "p50"), m(key, contender, "p99")
-            return (f"{_fmt(rate)} (p50 {_fmt(p50 and p50 * 1000, 2)} / p99 "
-                    f"{_fmt(p99 and p99 * 1000, 2)} ms)")
 
-        lines.append(f"| {what} | {clients} | {disque:,} | {cell(shared, 'pgq')} | {cell(own, 'pgq')} "
-                     f"| {cell(shared, 'raw SQL floor')} | {_fmt(_ratio(m(shared, 'pgq'), disque), 2)} |")
-    return lines + [""]
+def _resp_cpu(results: Results) -> list[str]:
+    """How busy the RESP rows' client (one process) and server were: a
+    client near one core would be measuring itself."""
+    lines = []
+    for key in results.runs:
+        if key.endswith("(RESP)") and results.median(key, "pgq", "client_cpu") is not None:
+            lines.append(f"* {key}: the client used {_fmt(results.median(key, 'pgq', 'client_cpu'), 2)} "
+                         f"of a core, `pgq serve` {_fmt(results.median(key, 'pgq', 'server_cpu'), 2)}")
+    for key, row in results.cluster.items():
+        if key.endswith("(RESP)") and row.get("client_cpu") is not None:
+            lines.append(f"* {key}: the client used {_fmt(row['client_cpu'], 2)} of a core, "
+                         f"node 1's process {_fmt(row.get('server_cpu'), 2)}")
+    return lines + [""] if lines else []
+
+
+def _cell(results: Results, key: str, contender: str) -> str:
+    """A closed-loop row's rate and latency, for one contender."""
+    rate = results.median(key, contender)
+    if rate is None:
+        return "-"
+    p50, p99 = results.median(key, contender, "p50"), results.median(key, contender, "p99")
+    return f"{_fmt(rate)} (p50 {_fmt(p50 and p50 * 1000, 2)} / p99 {_fmt(p99 and p99 * 1000, 2)} ms)"
+
+
+def _cluster_cell(row: dict[str, Any]) -> str:
+    if row.get("rate") is None:
+        return "-"
+    return (f"{_fmt(row['rate'])} (p50 {_fmt(row.get('p50_ms'), 2)} / p99 "
+            f"{_fmt(row.get('p99_ms'), 2)} ms)")
 
 
 def repeated_table(results: Results) -> list[str]:
@@ -191,6 +251,14 @@ def charts(results: Results, out: Path) -> list[Path]:
     made = []
     bars = [w for w in results.runs if w.startswith("burn-down") or w in ("bulk add", "single add", SPARK)
             or w.startswith("steady")]
+    if bars:  # none with --only on other rows
+        made.append(_throughput_chart(results, bars, out, plt))
+    if results.cluster:
+        made.append(_cluster_chart(results, out, plt))
+    return made
+
+
+def _throughput_chart(results: Results, bars: list[str], out: Path, plt: Any) -> Path:
     fig, axes = plt.subplots(1, len(bars), figsize=(4 * len(bars), 4), squeeze=False)
     for ax, workload in zip(axes[0], bars, strict=True):
         names = [c for c in results.runs[workload] if results.median(workload, c) is not None]
@@ -204,20 +272,22 @@ def charts(results: Results, out: Path) -> list[Path]:
     path = out / "throughput.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    made.append(path)
-    if results.cluster:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        names = [n for n in results.cluster if "p50_ms" in results.cluster[n]]
-        ax.bar([f"{n}\np50" for n in names], [results.cluster[n]["p50_ms"] for n in names], color="#1f77b4")
-        ax.bar([f"{n}\np99" for n in names], [results.cluster[n]["p99_ms"] for n in names], color="#aec7e8")
-        ax.set_ylabel("ms per synchronous add")
-        ax.set_title("cluster: add latency by replication level")
-        fig.tight_layout()
-        path = out / "cluster_latency.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        made.append(path)
-    return made
+    return path
+
+
+def _cluster_chart(results: Results, out: Path, plt: Any) -> Path:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    # one synchronous add at a time: the closed-loop RESP rows are not
+    names = [n for n in results.cluster if "p50_ms" in results.cluster[n] and "(RESP)" not in n]
+    ax.bar([f"{n}\np50" for n in names], [results.cluster[n]["p50_ms"] for n in names], color="#1f77b4")
+    ax.bar([f"{n}\np99" for n in names], [results.cluster[n]["p99_ms"] for n in names], color="#aec7e8")
+    ax.set_ylabel("ms per synchronous add")
+    ax.set_title("cluster: add latency by replication level")
+    fig.tight_layout()
+    path = out / "cluster_latency.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write(results: Results, out: Path) -> list[Path]:

@@ -90,6 +90,7 @@ def workloads(smoke: bool) -> list[Workload]:
         Workload("Spark ingest (W=1)", "spark_ingest", {"n": 20_000 if smoke else 1_000_000},
                  ("pgq", "plain COPY", "Spark JDBC floor")),
         *closed_loop_workloads(smoke),
+        *resp_workloads(smoke),
         *repeated_burn_workloads(smoke),
     ]
 
@@ -118,6 +119,27 @@ def closed_loop_workloads(smoke: bool) -> list[Workload]:
                                      {"clients": n, "seconds": seconds, "shared": shared, **extra},
                                      ("pgq", "raw SQL floor") if shared else ("pgq",),
                                      unit="adds/s" if what == "add" else "jobs/s"))
+    return rows
+
+
+RESP_CONNECTIONS = (10, 50)  # the connections of issue "Any language"'s RESP goals
+
+
+def resp_key(what: str, connections: int) -> str:
+    return f"{what}, {connections} connection{'s' if connections > 1 else ''} (RESP)"
+
+
+def resp_workloads(smoke: bool) -> list[Workload]:
+    """The closed loop through pgq's RESP port (issue "Any language"): each
+    connection a plain socket speaking Disque's protocol, one request in
+    flight; `pgq serve --resp` on the run's database, in its own process."""
+    seconds = 0.5 if smoke else 5.0
+    rows = []
+    for what, call, extra in (("add", "resp_add", {}),
+                              ("get+ack", "resp_get_ack", {"prefill": 5_000 if smoke else 150_000})):
+        for n in (4,) if smoke else RESP_CONNECTIONS:
+            rows.append(Workload(resp_key(what, n), call, {"connections": n, "seconds": seconds, **extra},
+                                 ("pgq",), unit="adds/s" if what == "add" else "jobs/s"))
     return rows
 
 
@@ -246,7 +268,7 @@ def run(smoke: bool, rounds: int, only: list[str] | None, log: Callable[[str], N
     if with_cluster:
         from .cluster import run_cluster
 
-        results.cluster = run_cluster(smoke, rounds, log)
+        results.cluster = run_cluster(smoke, rounds, log, only)
     return results
 
 

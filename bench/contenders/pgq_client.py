@@ -1,4 +1,6 @@
-"""Contender: pgq, through its AsyncClient (GETJOB / ACKJOB)."""
+"""Contender: pgq, through its AsyncClient (GETJOB / ACKJOB), its Client,
+its Worker, and through its RESP port (``pgq serve --resp``, Disque's
+protocol, driven by the raw client of :mod:`.resp_client`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import psycopg
 
 import pgq
 
+from . import resp_client
 from .common import BODY, age_of, burn_repeated_with, closed_loop, main, percentiles, stamped
 
 QUEUE = "bench"
@@ -137,6 +140,14 @@ def spark_ingest(dsn: str, n: int) -> dict[str, Any]:
     return {"jobs": result.jobs, "seconds": seconds}
 
 
+def _prefill(dsn: str, n: int) -> None:
+    """``n`` jobs in the queue, and fresh statistics for the planner."""
+    with pgq.Client(dsn) as client:
+        for start in range(0, n, 100_000):
+            client.add_jobs(QUEUE, [BODY] * min(100_000, n - start))
+    _analyze(dsn)
+
+
 def closed_add(dsn: str, clients: int, seconds: float, shared: bool = True) -> dict[str, Any]:
     """Closed loop: each client thread adds one job at a time (one shared
     pgq.Client, or a Client per thread)."""
@@ -153,10 +164,7 @@ def closed_add(dsn: str, clients: int, seconds: float, shared: bool = True) -> d
 def closed_get_ack(dsn: str, clients: int, seconds: float, prefill: int,
                    shared: bool = True) -> dict[str, Any]:
     """Closed loop: each client thread gets one job and acks it."""
-    with pgq.Client(dsn) as client:
-        for start in range(0, prefill, 100_000):
-            client.add_jobs(QUEUE, [BODY] * min(100_000, prefill - start))
-    _analyze(dsn)
+    _prefill(dsn, prefill)
     one = pgq.Client(dsn) if shared else None
 
     def get_ack(client: pgq.Client) -> None:
@@ -174,6 +182,19 @@ def closed_get_ack(dsn: str, clients: int, seconds: float, prefill: int,
     return result
 
 
+def resp_add(dsn: str, connections: int, seconds: float) -> dict[str, Any]:
+    """Closed loop through the RESP port: each connection sends ADDJOB and
+    waits for its reply (given after the commit)."""
+    return resp_client.served(dsn, connections, seconds, resp_client.add(QUEUE, BODY))
+
+
+def resp_get_ack(dsn: str, connections: int, seconds: float, prefill: int) -> dict[str, Any]:
+    """Closed loop through the RESP port: each connection sends GETJOB
+    NOHANG, then ACKJOB of the job it got."""
+    _prefill(dsn, prefill)
+    return resp_client.served(dsn, connections, seconds, resp_client.get_ack(QUEUE))
+
+
 def burn_repeated(dsn: str, n: int, batch: int, consumers: int, repeats: int,
                   hold: bool = False) -> dict[str, Any]:
     return burn_repeated_with(burn, dsn, n, batch, consumers, repeats, hold)
@@ -183,4 +204,5 @@ if __name__ == "__main__":
     main({"burn": burn, "burn_worker": burn_worker, "steady": steady,
           "enqueue_single": enqueue_single, "enqueue_bulk": enqueue_bulk,
           "spark_ingest": spark_ingest, "closed_add": closed_add,
-          "closed_get_ack": closed_get_ack, "burn_repeated": burn_repeated})
+          "closed_get_ack": closed_get_ack, "resp_add": resp_add, "resp_get_ack": resp_get_ack,
+          "burn_repeated": burn_repeated})
