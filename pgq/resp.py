@@ -16,6 +16,9 @@ in, commands out, no I/O), :func:`encode` (reply values to bytes), and
 * A connection's replies come in the order of its commands (pipelining).
 * A malformed request closes the connection after an ``-ERR Protocol
   error`` reply, as Redis and Disque do; a bad command is one ``-ERR``.
+* Whatever goes wrong in one command is that command's ``-ERR`` (logged),
+  and whatever goes wrong on one connection closes that connection only:
+  the server and its other connections go on.
 * A port beyond loopback requires AUTH (``--token-file``): until then
   every command but AUTH, PING and QUIT gets ``-NOAUTH``.
 """
@@ -23,6 +26,7 @@ in, commands out, no I/O), :func:`encode` (reply values to bytes), and
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +37,8 @@ from .job import Job
 
 __all__ = ["Parser", "ProtocolError", "Status", "Error", "NULL_ARRAY", "encode", "Session",
            "serve", "COMMANDS"]
+
+log = logging.getLogger("pgq.resp")
 
 MAX_BULK = 512 * 1024 * 1024  # Disque's (Redis's) limit on one argument
 MAX_ARGS = 1024 * 1024
@@ -248,6 +254,10 @@ class Session:
             return Error(str(exc))
         except errors.PgqError as exc:
             return _disque_error(exc)
+        except Exception as exc:  # a bug of ours: one -ERR, never the whole server
+            log.exception("pgq resp: %s failed", name.upper())
+            return Error(f"ERR internal error in {name.upper()} ({type(exc).__name__}): "
+                         "see the server's log")
 
     # -------------------------------------------------------------- server
 
@@ -570,6 +580,9 @@ async def serve(client: AsyncClient, host: str, port: int, password: str | None 
         ready()
 
     async def handle(stream: Any) -> None:
-        await _connection(stream, client, password)
+        try:
+            await _connection(stream, client, password)
+        except Exception:  # one connection's failure is its own
+            log.exception("pgq resp: a connection failed; it is closed")
 
     await listener.serve(handle)

@@ -246,3 +246,39 @@ def test_a_resp3_handshake_and_its_replies():
     reply = asyncio.run(session.run([b"HELLO", b"3", b"AUTH", b"default", b"pw"]))
     assert session.resp3 and reply["proto"] == 3 and encode(reply, True).startswith(b"%7\r\n")
     assert encode([None, NULL_ARRAY], True) == b"*2\r\n_\r\n_\r\n"
+
+
+def test_an_unexpected_error_is_one_err_reply_and_the_server_goes_on(dsn):
+    """A bug in one command (here a client whose QLEN raises RuntimeError, a
+    fault injected into a real client on a real database) must not take the
+    server down: the bench once crashed `pgq serve` with one bad statement."""
+    import anyio
+
+    import pgq
+    from pgq import resp
+
+    class Faulty(pgq.AsyncClient):
+        async def qlen(self, queue):  # type: ignore[override]
+            raise RuntimeError("injected")
+
+    async def call(stream, *args: bytes) -> bytes:
+        await stream.send(b"*%d\r\n" % len(args)
+                          + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
+        return await stream.receive(65536)
+
+    async def main():
+        port = free_port("127.0.0.1")
+        async with Faulty(dsn) as client, anyio.create_task_group() as group:
+            ready = anyio.Event()
+            group.start_soon(resp.serve, client, "127.0.0.1", port, None, ready.set)
+            await ready.wait()
+            async with await anyio.connect_tcp("127.0.0.1", port) as one:
+                reply = await call(one, b"QLEN", b"q")
+                assert reply.startswith(b"-ERR internal error in QLEN (RuntimeError)"), reply
+                assert await call(one, b"PING") == b"+PONG\r\n"  # the connection lives on
+            async with await anyio.connect_tcp("127.0.0.1", port) as two:
+                added = await call(two, b"ADDJOB", b"q", b"x", b"0")
+                assert added.startswith(b"+D-"), added  # the new job's ID
+            group.cancel_scope.cancel()
+
+    anyio.run(main)
