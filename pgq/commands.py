@@ -717,12 +717,15 @@ def _job_dict(row: Sequence[Any], node_id: str) -> dict[str, Any]:
 
 
 def _ack_dict(row: Sequence[Any]) -> dict[str, Any]:
-    job_id, queue, _acked_at, _dummy, ttl = row
+    """A tombstone as SHOW tells it: its holders are the nodes its ACK must
+    reach, confirmed as they answer (both empty when no other node held it)."""
+    job_id, queue, _acked_at, _dummy, ttl, holders, confirmed = row
     return {
         "id": job_id, "queue": queue, "state": "acked", "repl": None, "ttl": ttl,
         "ctime": None, "delay": None, "retry": None, "nacks": None,
         "additional_deliveries": None, "deliveries": None, "next_requeue_within": None,
-        "next_awake_within": ttl, "body": None, "nodes_delivered": [], "nodes_confirmed": [],
+        "next_awake_within": ttl, "body": None, "nodes_delivered": sorted(holders),
+        "nodes_confirmed": sorted(confirmed),
         "priority": None, "key": None,
     }
 

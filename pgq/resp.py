@@ -25,6 +25,7 @@ in, commands out, no I/O), :func:`encode` (reply values to bytes), and
 
 from __future__ import annotations
 
+import fnmatch
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
@@ -347,13 +348,16 @@ class Session:
                 options["asynchronous"] = True
                 i += 1
                 continue
-            if i + 1 >= len(rest) or word not in (b"replicate", b"delay", b"retry", b"ttl",
-                                                   b"maxlen"):
+            if i + 1 >= len(rest) or word not in _ADDJOB_OPTIONS:
                 raise _Syntax("ERR syntax error")
             value = rest[i + 1]
             key = word.decode()
-            options[key] = _int(value, key.upper()) if key in ("replicate", "maxlen") \
-                else _float(value, key.upper())
+            if key == "key":  # pgq: an idempotency key
+                options[key] = _text(value)
+            elif key in ("replicate", "maxlen", "priority"):
+                options[key] = _int(value, key.upper())
+            else:
+                options[key] = _float(value, key.upper())
             i += 2
         return Status(await self.client.add_job(queue, body, **options))
 
@@ -421,7 +425,33 @@ class Session:
         if len(args) != 1:
             raise _Syntax("ERR wrong number of arguments for 'show' command")
         info = await self.client.show(_text(args[0]))
-        return None if info is None else self._show_reply(info)
+        if info is None or self._collected(info):
+            return None
+        return self._show_reply(info)
+
+    def _collected(self, info: dict[str, Any]) -> bool:
+        """An acknowledged job Disque would have freed already: its ACK
+        reached every other holder (or none held it). pgq keeps the
+        tombstone a while longer (late copies, the Python API's SHOW), but
+        Disque's clients read a null SHOW as "done": goware/disque's Wait
+        polls SHOW until then."""
+        if info["state"] != "acked":
+            return False
+        others = set(info["nodes_delivered"]) - {self.client.node_id}
+        return others <= set(info["nodes_confirmed"])
+
+    async def waitjob(self, args: list[bytes]) -> Any:
+        """``WAITJOB id [TIMEOUT ms]`` (pgq): block until the job is done
+        with (acknowledged anywhere, deleted, expired): ``:1``; ``:0`` after
+        the timeout (0 or none: forever). A native form of what Disque's
+        clients do by polling SHOW (antirez/disque#168)."""
+        if len(args) not in (1, 3) or (len(args) == 3 and args[1].lower() != b"timeout"):
+            raise _Syntax("ERR syntax error, try WAITJOB <id> [TIMEOUT <ms>]")
+        timeout_ms = _int(args[2], "TIMEOUT") if len(args) == 3 else 0
+        if timeout_ms < 0:
+            raise _Syntax("ERR timeout is negative")
+        done = await self.client.wait_job(_text(args[0]), timeout_ms / 1000 if timeout_ms else None)
+        return int(done)
 
     # -------------------------------------------------------------- queues
 
@@ -508,6 +538,8 @@ class Session:
                 value = list(value or [])
             elif key in ("next_requeue_within", "next_awake_within") and value is not None:
                 value = int(float(value) * 1000)
+            elif key in ("ttl", "delay", "retry") and value is not None:
+                value = int(value)  # whole seconds, as Disque (its clients read integers)
             elif isinstance(value, float):
                 value = _number_or_null(value)
             reply += [key.replace("_", "-"), value]
@@ -529,6 +561,48 @@ class Session:
         raise _Syntax("ERR CLUSTER subcommands here: MYID, NODES, LEAVING "
                       "(membership changes: pgq cluster meet|forget|leaving)")
 
+    async def config(self, args: list[bytes]) -> Any:
+        """``CONFIG GET pattern``: what a Disque client or operator asks,
+        answered from pgq's state; settings are changed in PostgreSQL and on
+        the node's command line, so ``CONFIG SET`` says so."""
+        sub = args[0].lower() if args else b""
+        if sub == b"get" and len(args) == 2:
+            pattern = _text(args[1]).lower()
+            reply: list[Any] = []
+            for name, value in self._config().items():
+                if fnmatch.fnmatchcase(name, pattern):
+                    reply += [name, value]
+            return reply
+        if sub in (b"set", b"rewrite"):
+            return Error("ERR CONFIG SET/REWRITE: pgq's settings live in PostgreSQL "
+                         "(durability: synchronous_commit) and on the node's command line")
+        if sub == b"resetstat" and len(args) == 1:
+            return Status("OK")
+        raise _Syntax("ERR CONFIG subcommands here: GET <pattern>, RESETSTAT")
+
+    def _config(self) -> dict[str, str]:
+        # Durable like Disque's "appendonly yes, appendfsync always": every
+        # reply follows a PostgreSQL commit flushed to the WAL.
+        return {"appendonly": "yes", "appendfsync": "always",
+                "requirepass": "" if self.password is None else "(set)",
+                "maxmemory": "0", "maxmemory-policy": "noeviction"}
+
+    async def debug(self, args: list[bytes]) -> Any:
+        """``DEBUG SLEEP seconds`` and ``DEBUG ERROR message``: the harmless
+        part of Disque's DEBUG, which client test suites use. The rest
+        (segfault, restart, flushall...) has no pgq meaning or is a
+        database operation: refused with a clear error."""
+        sub = args[0].lower() if args else b""
+        if sub == b"sleep" and len(args) == 2:
+            import anyio
+
+            await anyio.sleep(max(0.0, _float(args[1], "seconds")))
+            return Status("OK")
+        if sub == b"error" and len(args) == 2:
+            return Error(_text(args[1]))
+        raise _Syntax("ERR DEBUG subcommands here: SLEEP <seconds>, ERROR <message> "
+                      "(to empty a queue, DELJOB its jobs or drop it in PostgreSQL)")
+
     async def pause(self, args: list[bytes]) -> Any:
         if len(args) < 2:
             raise _Syntax("ERR wrong number of arguments for 'pause' command")
@@ -540,8 +614,11 @@ COMMANDS: dict[str, Callable[[Session, list[bytes]], Awaitable[Any]]] = {
     name: getattr(Session, name) for name in (
         "ping", "auth", "hello", "info", "addjob", "getjob", "ackjob", "fastack", "nack",
         "enqueue", "dequeue", "deljob", "working", "show", "qlen", "qpeek", "qstat", "pause",
-        "qscan", "jscan", "cluster")
+        "qscan", "jscan", "cluster", "waitjob", "config", "debug")
 }
+
+# ADDJOB's options with a value: Disque's, then pgq's own (PRIORITY, KEY).
+_ADDJOB_OPTIONS = (b"replicate", b"delay", b"retry", b"ttl", b"maxlen", b"priority", b"key")
 
 
 async def _connection(stream: Any, client: AsyncClient, password: str | None) -> None:

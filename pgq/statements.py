@@ -690,9 +690,14 @@ SELECT {_SHOW_COLUMNS}
 FROM pgq.jobs WHERE id = %(id)s AND expires_at > pgq.now()
 """
 
-SHOW_ACKED = """
-SELECT id, queue, acked_at, dummy,
-       greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8 AS ttl
+# An acknowledged job's tombstone: ``nodes`` are the holders its ACK must
+# reach (cluster GC), ``confirmed`` those that answered.
+_ACK_COLUMNS = """id, queue, acked_at, dummy,
+       greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8 AS ttl,
+       coalesce(nodes, '{}'::text[]), coalesce(confirmed, '{}'::text[])"""
+
+SHOW_ACKED = f"""
+SELECT {_ACK_COLUMNS}
 FROM pgq.acks WHERE id = %(id)s AND expires_at > pgq.now()
 """
 
@@ -755,8 +760,7 @@ WHERE %(states)s::text[] IS NULL OR page.state = ANY (%(states)s::text[])
 """
 
 JSCAN_ACKS = f"""
-SELECT id, queue, acked_at, dummy,
-       greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8 AS ttl
+SELECT {_ACK_COLUMNS}
 FROM pgq.acks
 WHERE id > %(after)s AND expires_at > pgq.now()
 {_JSCAN_FILTERS}

@@ -13,7 +13,8 @@ def test_show_reports_disque_fields(client):
     info = client.show(job_id)
     assert set(info) == {"id", "queue", "state", "repl", "ttl", "ctime", "delay", "retry",
                          "nacks", "additional_deliveries", "deliveries", "nodes_delivered",
-                         "nodes_confirmed", "next_requeue_within", "next_awake_within", "body"}
+                         "nodes_confirmed", "next_requeue_within", "next_awake_within", "body",
+                         "priority", "key"}  # pgq's own two (schema 0013)
     assert info["state"] == "active" and info["deliveries"] == 1
     assert 9.5 < info["next_requeue_within"] <= 10.25
     assert info["next_awake_within"] == pytest.approx(info["next_requeue_within"], abs=0.01)
