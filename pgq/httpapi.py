@@ -3,7 +3,8 @@
 Routes (JSON in and out; bodies as ``"body"`` text, or ``"body_base64"``):
 
 ==========================================  ==========================================
-``POST /v1/queues/{queue}/jobs``            add one (``body``) or many (``jobs``: [...])
+``POST /v1/queues/{queue}/jobs``            add one (``body``) or many (``jobs``: [...]),
+                                            with ``priority`` and an idempotency ``key``
 ``POST /v1/lease``                          get jobs (``queues``, ``count``, ``timeout``)
 ``POST /v1/jobs/{id}/ack``                  acknowledge
 ``POST /v1/jobs/{id}/nack``                 back in its queue (``delay`` seconds)
@@ -47,7 +48,7 @@ from .jsonable import body_fields, jsonable
 
 __all__ = ["create_app", "OPENAPI"]
 
-_ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "timeout")
+_ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "timeout", "priority")
 
 
 
@@ -106,8 +107,19 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
             items = data["jobs"]
             if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
                 raise BadRequest('"jobs" must be a list of objects')
-            ids = await client.add_jobs(queue, [_body_of(i) for i in items], **options)
+            if "key" in data:
+                raise BadRequest('"key" names one job: give each item of "jobs" its own "key"')
+            if any("key" in i or "priority" in i for i in items):
+                # per-job keys or priorities: one add each (they still share
+                # commits with concurrent requests through the client)
+                ids = [await client.add_job(queue, _body_of(i), **{
+                    **options, **{k: i[k] for k in ("key", "priority") if k in i}})
+                       for i in items]
+            else:
+                ids = await client.add_jobs(queue, [_body_of(i) for i in items], **options)
         else:
+            if "key" in data:
+                options["key"] = data["key"]
             ids = [await client.add_job(queue, _body_of(data), **options)]
         return JSONResponse({"ids": ids}, status_code=201)
 
@@ -195,7 +207,11 @@ def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200") -> di
     return op
 
 
-_JOB_PROPERTIES: dict[str, Any] = {"body": {"type": "string"}, "body_base64": {"type": "string"}}
+_JOB_PROPERTIES: dict[str, Any] = {
+    "body": {"type": "string"}, "body_base64": {"type": "string"},
+    "key": {"type": "string", "description": "idempotency key: the live job holding it is "
+            "answered instead of adding"},
+    "priority": {"type": "integer", "minimum": 0, "description": "higher first"}}
 _JOB_IN: dict[str, Any] = {"type": "object", "properties": _JOB_PROPERTIES}
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
@@ -206,7 +222,8 @@ OPENAPI: dict[str, Any] = {
         "/v1/queues/{queue}/jobs": {"post": _op("Add one job, or many (jobs)", {
             "type": "object", "properties": {
                 **_JOB_PROPERTIES, "jobs": {"type": "array", "items": _JOB_IN},
-                **{k: {"type": "number"} for k in _ADD_OPTIONS}, "async": {"type": "boolean"}}},
+                **{k: {"type": "number"} for k in _ADD_OPTIONS if k != "priority"},
+                "async": {"type": "boolean"}}},
             ok="201")},
         "/v1/lease": {"post": _op("Get jobs from queues, left to right", {
             "type": "object", "required": ["queues"], "properties": {

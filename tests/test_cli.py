@@ -69,6 +69,20 @@ def test_add_get_ack_round_trip_with_json(dsn):
     assert {"queue": "cli-q", "length": 0} in queues
 
 
+def test_add_with_priority_and_an_idempotency_key(dsn):
+    plain = pgq("add", "cli-p", "plain", dsn=dsn).stdout.strip()
+    urgent = pgq("add", "cli-p", "urgent", "--priority", "3", "--key", "order-1", dsn=dsn).stdout.strip()
+    assert pgq("add", "cli-p", "retried", "--key", "order-1", dsn=dsn).stdout.strip() == urgent
+    jobs = json.loads(pgq("get", "cli-p", "--count", "5", "--json", dsn=dsn).stdout)
+    assert [j["id"] for j in jobs] == [urgent, plain]
+    shown = json.loads(pgq("show", urgent, "--json", dsn=dsn).stdout)
+    assert shown["priority"] == 3 and shown["key"] == "order-1"
+    refused = pgq("add", "cli-p", "a", "b", "--key", "k", dsn=dsn, check=False)
+    assert refused.returncode == 2 and "--key names one job" in refused.stderr
+    bad = pgq("add", "cli-p", "a", "--priority", "-2", dsn=dsn, check=False)
+    assert bad.returncode != 0 and "priority must be between 0" in bad.stderr
+
+
 def test_bulk_add_from_a_file_and_jscan(dsn, tmp_path):
     lines = tmp_path / "jobs.txt"
     lines.write_text("".join(f"job {i}\n" for i in range(7000)))

@@ -97,7 +97,27 @@ def test_a_blocking_lease_and_a_wait(api):
     assert call(api, "POST", f"/v1/jobs/{q(job)}/wait", {"timeout": 1})[0] == 404  # gone from here
 
 
+def test_priority_and_idempotency_keys(api):
+    plain = call(api, "POST", "/v1/queues/pk/jobs", {"body": "plain"})[1]["ids"][0]
+    status, added = call(api, "POST", "/v1/queues/pk/jobs",
+                         {"body": "urgent", "priority": 9, "key": "invoice-7"})
+    urgent = added["ids"][0]
+    assert status == 201
+    assert call(api, "POST", "/v1/queues/pk/jobs", {"body": "again", "key": "invoice-7"}) \
+        == (201, {"ids": [urgent]})
+    status, many = call(api, "POST", "/v1/queues/pk/jobs", {"jobs": [
+        {"body": "k1", "key": "a"}, {"body": "top", "priority": 20}, {"body": "k1 again", "key": "a"}]})
+    assert status == 201 and many["ids"][0] == many["ids"][2] != many["ids"][1]
+    leased = call(api, "POST", "/v1/lease", {"queues": ["pk"], "count": 10})[1]["jobs"]
+    assert [j["id"] for j in leased] == [many["ids"][1], urgent, plain, many["ids"][0]]
+    status, shown = call(api, "GET", f"/v1/jobs/{q(urgent)}")
+    assert shown["priority"] == 9 and shown["key"] == "invoice-7"
+
+
 @pytest.mark.parametrize("method,path,body,raw,status,kind", [
+    ("POST", "/v1/queues/q/jobs", {"body": "x", "priority": -1}, None, 400, "InvalidArgumentError"),
+    ("POST", "/v1/queues/q/jobs", {"body": "x", "key": 5}, None, 400, "InvalidTypeError"),
+    ("POST", "/v1/queues/q/jobs", {"jobs": [{"body": "x"}], "key": "k"}, None, 400, "bad_request"),
     ("POST", "/v1/queues/q/jobs", None, b"{not json", 400, "bad_request"),
     ("POST", "/v1/queues/q/jobs", {"bodyy": "x"}, None, 400, "bad_request"),
     ("POST", "/v1/queues/q/jobs", {"body_base64": "%%%"}, None, 400, "bad_request"),

@@ -40,19 +40,27 @@ def _progress() -> Progress:
 @click.option("--maxlen", type=int, help="Refuse if the queue already holds this many jobs.")
 @click.option("--async", "asynchronous", is_flag=True, help="Replicate in the background.")
 @click.option("--timeout", type=float, help="Seconds to wait for the copies.")
+@click.option("--priority", type=int, default=0, show_default=True,
+              help="Higher is delivered first (FIFO within a priority).")
+@click.option("--key", help="Idempotency key: while a job added with it lives in QUEUE, "
+                            "print that job's ID instead of adding (one BODY only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the IDs as JSON.")
 @target_options
 @handles_errors
 def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl, maxlen,  # type: ignore[no-untyped-def]
-        asynchronous, timeout, as_json, dsn, data) -> None:
+        asynchronous, timeout, priority, key, as_json, dsn, data) -> None:
     """Add jobs to QUEUE: each BODY argument is one job (or use --file)."""
     if not bodies and path is None:
         raise click.UsageError("give job bodies as arguments, or --file FILE")
+    if key is not None and (len(bodies) != 1 or path is not None):
+        raise click.UsageError("--key names one job: give exactly one BODY (and no --file)")
     options = dict(replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-                   asynchronous=asynchronous, timeout=timeout)
+                   asynchronous=asynchronous, timeout=timeout, priority=priority)
     ids: list[str] = []
     with client_for(dsn, data) as client:
-        if bodies:
+        if key is not None:
+            ids.append(client.add_job(queue, bodies[0].encode(), key=key, **options))
+        elif bodies:
             ids += client.add_jobs(queue, [b.encode() for b in bodies], **options)
         if path is not None:
             lines = [line.rstrip(b"\r\n") for line in path]
