@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from pgq.resp import Error, Status
+from pgq.resp import NULL_ARRAY, Error, Status
 
 from ..conftest import wait_until
 from ..test_resp import Resp
@@ -83,3 +83,80 @@ def test_pydisque_against_a_node(make_cluster):
     assert [(q, i, b) for q, i, b, *_ in got] == [(b"pyd-cluster", job, b"over the wire")]
     client.ack_job(job)
     assert client.qlen("pyd-cluster") == 0
+
+
+def test_every_command_across_a_3_node_cluster(make_cluster):
+    """Disque's commands as clients send them, through pydisque on one node
+    and a raw RESP client on another, against one 3-node cluster: the
+    commands pydisque has a method for, then the rest (and pgq's own)
+    raw. Cross-node parts: a job added on n1 is seen, waited for and keyed
+    on n2; an ACK on one node reaches the copy on the other."""
+    pydisque = pytest.importorskip("pydisque.client")
+    one, two = free_port("127.0.0.1"), free_port("127.0.0.1")
+    cluster = make_cluster(3, node_args={0: ["--resp", f"127.0.0.1:{one}"],
+                                         1: ["--resp", f"127.0.0.1:{two}"]})
+    wait_until(lambda: answers(one) and answers(two), 30, message="the RESP ports")
+    py = pydisque.Client([f"127.0.0.1:{one}"])
+    py.connect()
+    raw = Resp(two)
+    try:
+        # pydisque on n1
+        hello = py.hello()
+        assert hello[0] == 1 and len(hello) == 2 + 3  # version, my ID, three nodes
+        assert "disque_version" in str(py.info())
+        job = py.add_job("every", "first", retry=30, replicate=3, timeout=10_000)
+        job_id = job.decode() if isinstance(job, bytes) else job
+        assert cluster.copies(job_id) == 3
+        assert py.qlen("every") == 1
+        assert [j[1] for j in py.qpeek("every", 5)] == [job]
+        stat = py.qstat("every", return_dict=True)
+        assert stat.get("len", stat.get(b"len")) == 1, stat
+        cursor, queues = py.qscan(count=100)
+        assert b"every" in queues or "every" in queues
+        got = py.get_job(["every"], timeout=1000, withcounters=True)
+        assert [(q, i, b) for q, i, b, *_ in got] == [(b"every", job, b"first")]
+        assert py.working(job) == 30
+        py.nack_job(job)  # pydisque drops NACK's reply: the counter tells
+        shown = py.show(job, return_dict=True)
+        assert shown.get("nacks", shown.get(b"nacks")) == 1, shown
+        assert py.dequeue(job) == 1 and py.enqueue(job) == 1
+        assert py.jscan(queue="every")[1]
+        # PAUSE is local unless BCAST (Disque): n2 hears of it through the bus
+        assert py.pause("every", kw_in=True, kw_bcast=True) in (b"in", "in")
+        wait_until(lambda: raw.call("PAUSE", "every", "state") == Status("in"), 30,
+                   message="the paused state broadcast to n2")
+        assert raw.call("ADDJOB", "every", "refused", 0, "REPLICATE", 1).text.startswith("PAUSED")
+        assert py.pause("every", kw_none=True, kw_bcast=True) in (b"none", "none")
+        wait_until(lambda: raw.call("PAUSE", "every", "state") == Status("none"), 30,
+                   message="the resumed state broadcast to n2")
+
+        # the same job seen from n2 (which holds a copy)
+        shown = raw.call("SHOW", job_id)
+        fields = dict(zip(shown[::2], shown[1::2], strict=True))
+        assert len(shown) == 30 and len(fields[b"nodes-delivered"]) == 3
+        raw.send("WAITJOB", job_id, "TIMEOUT", 30_000)  # answered when the ACK arrives
+        py.ack_job(job)  # pydisque drops ACKJOB's reply: the waiter tells
+        assert raw.reply() == 1
+        wait_until(lambda: cluster.copies(job_id) == 0, 30, message="the ACK on every node")
+        # n2 answers SHOW null once its tombstone needs no more collection
+        wait_until(lambda: raw.call("SHOW", job_id) is None, 30, message="SHOW null on n2")
+
+        # keys and priorities across nodes: n1's keyed job is n2's too
+        keyed = py.execute_command("ADDJOB", "keyed", "pay", 10_000, "REPLICATE", 3,
+                                   "KEY", "pay-1", "PRIORITY", 2)
+        keyed_id = keyed.decode() if isinstance(keyed, bytes) else keyed
+        assert raw.call("ADDJOB", "keyed", "pay again", 0, "KEY", "pay-1").text == keyed_id
+
+        # the rest, raw on n2
+        fast = raw.call("ADDJOB", "rest", "x", 0, "REPLICATE", 2).text
+        assert raw.call("FASTACK", fast) == 1
+        deleted = raw.call("ADDJOB", "rest", "y", 0, "REPLICATE", 1).text
+        assert raw.call("DELJOB", deleted) == 1 and raw.call("QLEN", "rest") == 0
+        assert raw.call("GETJOB", "NOHANG", "COUNT", 3, "FROM", "rest") is NULL_ARRAY
+        assert raw.call("CLUSTER", "MYID").text == cluster[1].id()
+        assert raw.call("CLUSTER", "LEAVING") == Status("no")
+        assert raw.call("CONFIG", "GET", "appendonly") == [b"appendonly", b"yes"]
+        assert raw.call("DEBUG", "SLEEP", 0) == Status("OK")
+        assert raw.call("PING") == Status("PONG")
+    finally:
+        raw.close()
