@@ -379,6 +379,14 @@ class AsyncClient(ClientCore):
         """HELLO (see :meth:`pgq.Client.hello`)."""
         return await self._run(commands.hello)
 
+    async def cluster_meet(self, address: str) -> None:
+        """CLUSTER MEET (see :meth:`pgq.Client.cluster_meet`)."""
+        return await self._run(self.cluster_meet_command(address))
+
+    async def cluster_leaving(self, leaving: bool) -> None:
+        """CLUSTER LEAVING (see :meth:`pgq.Client.cluster_leaving`)."""
+        return await self._run(self.cluster_leaving_command(leaving))
+
     async def info(self) -> dict[str, Any]:
         """INFO (see :meth:`pgq.Client.info`)."""
         from . import __version__

@@ -394,6 +394,17 @@ class Client(ClientCore):
         """HELLO: this node's ID and the nodes it knows."""
         return self._run(commands.hello)
 
+    def cluster_meet(self, address: str) -> None:
+        """CLUSTER MEET: ask this node to contact the node at ``address``
+        (its bus, HOST:PORT) and join its cluster (what ``pgq cluster meet``
+        does). InvalidArgumentError on a database that is not a cluster node."""
+        return self._run(self.cluster_meet_command(address))
+
+    def cluster_leaving(self, leaving: bool) -> None:
+        """CLUSTER LEAVING: mark this node leaving (it takes no new copies
+        and hands its jobs over) or not (what ``pgq cluster leaving`` does)."""
+        return self._run(self.cluster_leaving_command(leaving))
+
     def info(self) -> dict[str, Any]:
         """INFO: the node, its PostgreSQL server and its jobs."""
         from . import __version__

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from . import contracts
 from . import statements as sql
 from .arguments import JobParams
 from .copydata import binary_copy
@@ -862,6 +863,36 @@ def hello(session: Session) -> Command[dict[str, Any]]:
         rows = yield Query(sql.HELLO_NODES, None, Result.ROWS)
         nodes = [{"id": r[0], "host": r[1], "port": r[2], "priority": r[3]} for r in rows]
     return {"version": 1, "id": session.node_id, "nodes": nodes}
+
+
+def _node_process_needed(view: ClusterView, what: str) -> None:
+    if not view.member:
+        raise InvalidArgumentError(
+            f"{what}: this database is not a cluster node (start one with `pgq node start`, "
+            "which also serves this protocol with --resp)")
+
+
+def cluster_meet(session: Session, address: str) -> Command[None]:
+    """CLUSTER MEET: ask this node's process to contact the node at
+    ``address`` (HOST:PORT, checked by the caller) and join its cluster."""
+    view = yield from cluster_view(session)
+    _node_process_needed(view, "CLUSTER MEET")
+    yield Query(contracts.TELL_NODE, {"kind": contracts.OUTBOX_MEET, "queue": None,
+                                      "arg": address}, Result.NONE)
+
+
+def cluster_leaving(session: Session, leaving: bool) -> Command[None]:
+    """CLUSTER LEAVING yes|no: the flag in this node's database (read by
+    every add from then on), then the word to its process, which tells the
+    cluster; in one transaction."""
+    view = yield from cluster_view(session)
+    _node_process_needed(view, "CLUSTER LEAVING")
+    yield Begin()
+    yield Query(contracts.SET_LEAVING, {"leaving": leaving}, Result.NONE)
+    yield Query(contracts.TELL_NODE, {"kind": contracts.OUTBOX_LEAVING, "queue": None,
+                                      "arg": "yes" if leaving else "no"}, Result.NONE)
+    yield Commit()
+    yield from cluster_view(session, fresh=True)
 
 
 def info(session: Session, version: str) -> Command[dict[str, Any]]:

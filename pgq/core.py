@@ -363,6 +363,21 @@ class ClientCore:
         data = bytes(value) if value is not None else None
         return lambda session: commands.store_result(session, checked, data, error, seconds)
 
+    @staticmethod
+    def cluster_meet_command(address: object) -> CommandFactory[None]:
+        from .cluster.addresses import parse_address
+
+        if not isinstance(address, str):
+            raise InvalidTypeError(f"address must be a 'HOST:PORT' str, not {type(address).__name__}")
+        parse_address(address)
+        return lambda session: commands.cluster_meet(session, address)
+
+    @staticmethod
+    def cluster_leaving_command(leaving: object) -> CommandFactory[None]:
+        if not isinstance(leaving, bool):
+            raise InvalidTypeError(f"leaving must be a bool, not {type(leaving).__name__}")
+        return lambda session: commands.cluster_leaving(session, leaving)
+
     def wait_job_command(self, job_id: object, timeout: object) -> CommandFactory[bool]:
         checked = validate_job_id(job_id)
         wait = None if timeout is None else args.seconds("timeout", timeout, maximum=args.MAX_TTL)

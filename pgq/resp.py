@@ -558,8 +558,16 @@ class Session:
         if sub == b"leaving" and len(args) == 1:  # HELLO shows a leaving node at priority 100
             me = [n for n in (await self.client.hello())["nodes"] if n["id"] == self.client.node_id]
             return Status("yes" if me and int(me[0]["priority"]) == 100 else "no")
-        raise _Syntax("ERR CLUSTER subcommands here: MYID, NODES, LEAVING "
-                      "(membership changes: pgq cluster meet|forget|leaving)")
+        if sub == b"leaving" and len(args) == 2 and args[1].lower() in (b"yes", b"no"):
+            await self.client.cluster_leaving(args[1].lower() == b"yes")
+            return Status("OK")
+        if sub == b"meet" and len(args) == 3:  # CLUSTER MEET ip port (the node's bus)
+            host = _text(args[1])
+            host = f"[{host}]" if ":" in host else host  # IPv6
+            await self.client.cluster_meet(f"{host}:{_int(args[2], 'port')}")
+            return Status("OK")
+        raise _Syntax("ERR CLUSTER subcommands here: MYID, NODES, MEET <ip> <port>, "
+                      "LEAVING [yes|no] (forget a node with `pgq cluster forget`)")
 
     async def config(self, args: list[bytes]) -> Any:
         """``CONFIG GET pattern``: what a Disque client or operator asks,

@@ -245,6 +245,8 @@ def test_config_and_debug_subset(resp):
     assert r.call("DEBUG", "SLEEP", 0) == Status("OK")
     assert r.call("DEBUG", "ERROR", "boom") == Error("boom")
     assert r.call("DEBUG", "SEGFAULT").text.startswith("ERR DEBUG subcommands here")
+    # one database served by pgq serve is no cluster node: nothing to meet with
+    assert "not a cluster node" in r.call("CLUSTER", "MEET", "127.0.0.1", 7711).text
 
 
 def test_pipelined_commands_are_answered_in_order(resp):

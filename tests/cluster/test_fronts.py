@@ -160,3 +160,28 @@ def test_every_command_across_a_3_node_cluster(make_cluster):
         assert raw.call("PING") == Status("PONG")
     finally:
         raw.close()
+
+
+def test_cluster_meet_and_leaving_over_resp(make_cluster):
+    """CLUSTER MEET ip port makes a lone node join a cluster, and CLUSTER
+    LEAVING yes|no marks it leaving and back, both through its RESP port."""
+    pair = make_cluster(2)
+    port = free_port("127.0.0.1")
+    make_cluster(1, mesh=False, node_args={0: ["--resp", f"127.0.0.1:{port}"]})  # a lone node
+    wait_until(lambda: answers(port), 30, message="the lone node's RESP port")
+    raw = Resp(port)
+    try:
+        host, bus_port = pair[0].bus.rsplit(":", 1)
+        assert raw.call("CLUSTER", "MEET", host, bus_port) == Status("OK")
+        wait_until(lambda: len(raw.call("CLUSTER", "NODES").decode().split("\n")) - 1 == 3, 30,
+                   message="the lone node to know the other two")
+        assert raw.call("CLUSTER", "LEAVING", "yes") == Status("OK")
+        wait_until(lambda: raw.call("CLUSTER", "LEAVING") == Status("yes"), 30,
+                   message="HELLO to show the node leaving")
+        assert raw.call("CLUSTER", "LEAVING", "no") == Status("OK")
+        wait_until(lambda: raw.call("CLUSTER", "LEAVING") == Status("no"), 30,
+                   message="HELLO to show the node back")
+        assert raw.call("CLUSTER", "MEET", "not a host", 1).text.startswith("ERR ")
+        assert raw.call("CLUSTER", "FORGET", "x").text.startswith("ERR CLUSTER subcommands")
+    finally:
+        raw.close()
