@@ -109,11 +109,22 @@ def resp_cluster_goals(results: Results) -> list[tuple[str, float | None, float]
     return rows
 
 
+def _verdict(goal: dict[str, Any], results: Results) -> str:
+    """met, **missed**, or (a partial run's row it did not measure) not run."""
+    if goal["met"]:
+        return "met"
+    if goal["measured"] is None and results.meta.get("only"):
+        return "not run (--only)"
+    return "**missed**"
+
+
 def markdown(results: Results) -> str:
     meta = results.meta
     lines = [
         f"# pgq benchmark ({meta.get('mode')} run, {meta.get('date')})",
         "",
+        *([f"Only the rows whose name contains one of: {', '.join(repr(o) for o in meta['only'])}.",
+           ""] if meta.get("only") else []),
         f"Machine: {meta.get('cpus')} CPUs, {meta.get('memory_gib')} GiB, {meta.get('platform')}; "
         f"Python {meta.get('python')}; PostgreSQL {meta.get('postgresql')} "
         f"({', '.join(f'{k}={v}' for k, v in sorted(meta.get('postgresql_settings', {}).items()))}).",
@@ -162,7 +173,7 @@ def markdown(results: Results) -> str:
     lines += ["## Goals", "", "| goal | measured | verdict |", "|---|---:|---|"]
     for goal in goals(results):
         value = goal["measured"]
-        lines.append(f"| {goal['goal']} | {_fmt(value, 2)} | {'met' if goal['met'] else '**missed**'} |")
+        lines.append(f"| {goal['goal']} | {_fmt(value, 2)} | {_verdict(goal, results)} |")
     return "\n".join(lines) + "\n"
 
 

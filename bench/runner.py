@@ -246,6 +246,9 @@ def run(smoke: bool, rounds: int, only: list[str] | None, log: Callable[[str], N
     server = Server()
     chosen = [w for w in workloads(smoke) if not only or any(o in w.key for o in only)]
     results.meta = machine(server, smoke, rounds)
+    if only:  # a partial run: its report says which rows and leaves the others "not run"
+        results.meta["mode"] = "partial" if not smoke else "smoke"
+        results.meta["only"] = list(only)
     total = rounds * sum(len(w.contenders) for w in chosen)
     step = 0
     try:
