@@ -161,7 +161,11 @@ class JobCopy:
 
     def to_wire(self) -> list[Any]:
         # Priority and key travel only when set: a copy without them is the
-        # 11 fields every earlier node reads (rolling upgrades).
+        # 11 fields every earlier node reads. A node from before schema 0013
+        # refuses a 13-field copy (its link drops and the add times out):
+        # upgrade every node before adding replicated jobs with a priority
+        # or a key. Fields past the 13th are ignored, so the next extension
+        # does not break this version the same way.
         extra = [self.priority, self.key] if self.priority or self.key is not None else []
         return [self.id, self.queue, self.body, self.ctime, self.repl, self.retry, self.delay,
                 self.expires_at, self.nacks, self.additional_deliveries, list(self.nodes),
@@ -169,10 +173,10 @@ class JobCopy:
 
     @classmethod
     def from_wire(cls, raw: Any) -> JobCopy:
-        r = _list(raw, 13)
-        _need(len(r) in (11, 13), "bad job copy")
+        r = _list(raw, 32)
+        _need(len(r) == 11 or len(r) >= 13, "bad job copy")
         _need(isinstance(r[2], bytes) and len(r[2]) <= MAX_BODY, "bad job body")
-        priority, key = (r[11], r[12]) if len(r) == 13 else (0, None)
+        priority, key = (r[11], r[12]) if len(r) >= 13 else (0, None)
         _need(key is None or (isinstance(key, str) and key != "" and "\x00" not in key
                               and len(key.encode("utf-8")) <= MAX_KEY_BYTES), "bad job key")
         return cls(_job(r[0]), _queue(r[1]), r[2], _int(r[3]), _int(r[4], 1, 65535),

@@ -133,7 +133,14 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
     ids = _new_ids(session, params, len(bodies))
     if replicated:
         existing = yield from _add_replicated(session, queue, ids, bodies, params, wanted, minimum)
-        return [existing] if existing else ids
+        if existing is None:
+            return ids
+        if session.owned and not params.asynchronous:
+            timeout = params.timeout if params.timeout is not None else session.replication_timeout
+            if not (yield from _await_copies_of(session, existing, timeout or params.ttl)):
+                # withdrawn (its own add failed) or done with: the key is free
+                return (yield from add_jobs(session, queue, bodies, params))
+        return [existing]
     existing = None
     if len(bodies) >= COPY_THRESHOLD:
         leaving = yield from _copy_jobs(session, queue, ids, bodies, params)
@@ -194,7 +201,10 @@ def _lock_for_add(queue: str, params: JobParams) -> Command[bool]:
     MAXLEN: producers of one queue, so two cannot both see room for one
     more job. An idempotency key: adds of that key in that queue, so the
     add's own statement, whose snapshot is taken after the lock, sees a job
-    a concurrent add of the key committed.
+    a concurrent add of the key committed. (Inside a caller's transaction
+    at REPEATABLE READ or SERIALIZABLE, the snapshot is the transaction's:
+    two such adds racing on one key may both add; READ COMMITTED, the
+    default, is exact.)
     """
     if params.maxlen is None and params.key is None:
         return False
@@ -346,6 +356,28 @@ def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Comman
         f"{lost} (too few live nodes? raise timeout= or lower replicate=)",
         removed=tuple(sorted(failed)), added=tuple(i for i in ids if i not in failed),
     ).for_cli(f"{lost} (too few live nodes? raise --timeout or lower --replicate)")
+
+
+def _await_copies_of(session: Session, job_id: str, timeout: float) -> Command[bool]:
+    """A synchronous keyed add found the key's job: answer its ID only once
+    that job has its copies (another add may still be waiting for them, and
+    withdraw it on failure). True when it has them; False when it vanished
+    (withdrawn, or replicated and done with since); NoReplError on timeout,
+    leaving that job to its own add."""
+    deadline = session.clock() + timeout
+    polls = 0
+    while True:
+        rows = yield Query(sql.REPLICATION_DONE, {"ids": [job_id]}, Result.ROWS)
+        _id, replicated, gone, _lag = rows[0]
+        if replicated or gone:
+            return bool(replicated)
+        if session.clock() >= deadline:
+            raise NoReplError(
+                f"job {job_id}, which holds this add's key, did not get its copies within "
+                f"{timeout:g} s (too few live nodes? raise timeout= or lower replicate=)",
+                removed=(), added=())
+        yield Wait(min(_poll_wait(polls, 0.5), max(deadline - session.clock(), 0.0)))
+        polls += 1
 
 
 def wait_replicated(session: Session, ids: list[str], timeout: float) -> Command[None]:
@@ -718,8 +750,9 @@ def _job_dict(row: Sequence[Any], node_id: str) -> dict[str, Any]:
 
 
 def _ack_dict(row: Sequence[Any]) -> dict[str, Any]:
-    """A tombstone as SHOW tells it: its holders are the nodes its ACK must
-    reach, confirmed as they answer (both empty when no other node held it)."""
+    """A tombstone as SHOW tells it: ``nodes_delivered`` are the holders the
+    node still has to reach with the ACK (empty once collected, or when no
+    other node held the job); ``nodes_confirmed`` is kept for Disque's shape."""
     job_id, queue, _acked_at, _dummy, ttl, holders, confirmed = row
     return {
         "id": job_id, "queue": queue, "state": "acked", "repl": None, "ttl": ttl,

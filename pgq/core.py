@@ -278,9 +278,11 @@ class ClientCore:
 
     def add_jobs_command(self, queue: object, bodies: Iterable[object], *, replicate: object,
                          delay: object, retry: object, ttl: object, maxlen: object,
-                         asynchronous: object, timeout: object) -> CommandFactory[list[str]]:
+                         asynchronous: object, timeout: object,
+                         priority: object = 0) -> CommandFactory[list[str]]:
         call = self.add_call(queue, bodies, replicate=replicate, delay=delay, retry=retry,
-                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout)
+                             ttl=ttl, maxlen=maxlen, asynchronous=asynchronous, timeout=timeout,
+                             priority=priority)
         return self.add_command(call)
 
     @staticmethod

@@ -49,6 +49,9 @@ from .jsonable import body_fields, jsonable
 __all__ = ["create_app", "OPENAPI"]
 
 _ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "timeout", "priority")
+# add_job's defaults, for checking an item before any is added
+_CALL_DEFAULTS: dict[str, Any] = {"replicate": None, "delay": 0, "retry": None, "ttl": None,
+                                  "maxlen": None, "asynchronous": False, "timeout": None}
 
 
 
@@ -111,10 +114,14 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
                 raise BadRequest('"key" names one job: give each item of "jobs" its own "key"')
             if any("key" in i or "priority" in i for i in items):
                 # per-job keys or priorities: one add each (they still share
-                # commits with concurrent requests through the client)
-                ids = [await client.add_job(queue, _body_of(i), **{
-                    **options, **{k: i[k] for k in ("key", "priority") if k in i}})
-                       for i in items]
+                # commits with concurrent requests through the client). Every
+                # item is checked first, so bad input adds nothing; a refusal
+                # while adding (PAUSED, MAXLEN) leaves the items before it.
+                each = [(_body_of(i), {**options, **{k: i[k] for k in ("key", "priority") if k in i}})
+                        for i in items]
+                for body, item_options in each:
+                    client.add_call(queue, [body], **{**_CALL_DEFAULTS, **item_options})
+                ids = [await client.add_job(queue, body, **item_options) for body, item_options in each]
             else:
                 ids = await client.add_jobs(queue, [_body_of(i) for i in items], **options)
         else:

@@ -691,7 +691,7 @@ FROM pgq.jobs WHERE id = %(id)s AND expires_at > pgq.now()
 """
 
 # An acknowledged job's tombstone: ``nodes`` are the holders its ACK must
-# reach (cluster GC), ``confirmed`` those that answered.
+# still reach (cluster GC; NULL when none), ``confirmed`` as the schema has it.
 _ACK_COLUMNS = """id, queue, acked_at, dummy,
        greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8 AS ttl,
        coalesce(nodes, '{}'::text[]), coalesce(confirmed, '{}'::text[])"""

@@ -118,6 +118,8 @@ def test_priority_and_idempotency_keys(api):
     ("POST", "/v1/queues/q/jobs", {"body": "x", "priority": -1}, None, 400, "InvalidArgumentError"),
     ("POST", "/v1/queues/q/jobs", {"body": "x", "key": 5}, None, 400, "InvalidTypeError"),
     ("POST", "/v1/queues/q/jobs", {"jobs": [{"body": "x"}], "key": "k"}, None, 400, "bad_request"),
+    ("POST", "/v1/queues/q/jobs", {"jobs": [{"body": "x", "key": "ok"}, {"body": "y", "key": ""}]},
+     None, 400, "InvalidArgumentError"),
     ("POST", "/v1/queues/q/jobs", None, b"{not json", 400, "bad_request"),
     ("POST", "/v1/queues/q/jobs", {"bodyy": "x"}, None, 400, "bad_request"),
     ("POST", "/v1/queues/q/jobs", {"body_base64": "%%%"}, None, 400, "bad_request"),
@@ -130,6 +132,7 @@ def test_priority_and_idempotency_keys(api):
 def test_bad_input_gets_a_typed_4xx(api, method, path, body, raw, status, kind):
     got_status, error = call(api, method, path, body, raw=raw)
     assert (got_status, error["error"]) == (status, kind) and error["message"]
+    assert call(api, "GET", "/v1/queues/q")[0] == 404  # nothing was added (every item checked first)
 
 
 def test_the_token_is_required_and_checked(api):

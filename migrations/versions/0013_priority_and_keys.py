@@ -22,7 +22,10 @@ Create Date: 2026-11-25
   same key meanwhile (adds are serialised per key by an advisory lock in
   the adding transaction instead; see ``pgq.commands``).
 
-Both columns have constant defaults: adding them rewrites nothing.
+Both columns have constant defaults: adding them rewrites nothing. But the
+migration runs in one transaction holding an exclusive lock on pgq.jobs
+while the check scans the table and the two indexes are built: on a node
+with a large backlog, migrate in a quiet moment.
 """
 
 from __future__ import annotations

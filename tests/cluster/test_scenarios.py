@@ -176,6 +176,38 @@ def test_replication_completes_when_a_dead_target_comes_back(sim_databases):
     assert copies(s, call.value[0]) == {"n1", "n2"}
 
 
+def test_a_keyed_add_answers_the_keys_job_only_once_it_has_its_copies(sim_databases):
+    # A synchronous add with a key finds the key's job still waiting for
+    # its copies (another add's): it must not answer that ID before the
+    # copies exist, and when that job is withdrawn the key is free again.
+    s = cluster(sim_databases, nodes=3)
+    s.crash("n2")
+    s.crash("n3")  # not yet suspected: adds wait for their copies
+    keyed = params(replicate=2, timeout=20, key="order-1")
+    first = s.start("n1", lambda ses: commands.add_jobs(ses, "q", [b"a"], keyed), "first keyed add")
+    s.run_for(1.0)
+    again = s.start("n1", lambda ses: commands.add_jobs(ses, "q", [b"b"], keyed), "same key")
+    s.run_for(2.0)
+    assert not first.done and not again.done  # the second waits for the first's copies
+    s.restart("n2")
+    s.until(lambda: first.done and again.done, 15.0, "both adds to return")
+    assert first.error is None and again.error is None and again.value == first.value
+    assert copies(s, first.value[0]) == {"n1", "n2"}
+
+    s.crash("n2")  # undetected again: the next keyed add is withdrawn after its timeout
+    doomed = s.start("n1", lambda ses: commands.add_jobs(
+        ses, "q", [b"c"], params(replicate=2, timeout=2, key="order-2")), "an add that fails")
+    s.run_for(0.5)
+    waiting = s.start("n1", lambda ses: commands.add_jobs(
+        ses, "q", [b"d"], params(replicate=2, timeout=30, key="order-2")), "same key, patient")
+    s.until(lambda: doomed.done, 10.0, "the first add to give up")
+    assert isinstance(doomed.error, NoReplError)
+    s.restart("n2")
+    s.until(lambda: waiting.done, 30.0, "the patient add to add its own job")
+    assert waiting.error is None and waiting.value[0] not in doomed.error.removed
+    assert copies(s, waiting.value[0]) == {"n1", "n2"}
+
+
 def test_norepl_follows_what_the_node_sees(sim_databases):
     s = cluster(sim_databases, nodes=3)
     s.crash("n2")

@@ -142,6 +142,8 @@ JOB = "D-aaaaaaaa-" + "A" * 24 + "-0001"
     m.Ping(3, (m.Member(A, "127.0.0.2", 7000, 2, "suspect", True, "n1"),)),
     m.Ack(3, B), m.PingReq(4, B), m.PushPull((m.Member(B, "h", 1, 0),), True), m.Forget(A),
     m.ReplJob((m.JobCopy(JOB, "q", b"\x00body", 10**18, 3, 5.0, 0.0, 1.7e9, 1, 2, (A, B)),)),
+    m.ReplJob((m.JobCopy(JOB, "q", b"b", 10**18, 3, 5.0, 0.0, 1.7e9, 0, 0, (A,), 7, "key-1"),)),
+    m.ReplJob((m.JobCopy(JOB, "q", b"b", 10**18, 3, 5.0, 0.0, 1.7e9, 0, 0, (A,), 0, "k"),)),
     m.GotJob((JOB,)), m.Enqueue((JOB,)), m.WillQueue((JOB,)), m.Queued((JOB,), "nacks"),
     m.WillQueue((JOB,), ((A, B),)), m.Queued((JOB,), "", ((A,),)),
     m.Working((JOB,)), m.SetAck(((JOB, (A, B)),)), m.GotAck(((JOB, True),)), m.DelJob((JOB,)),
@@ -200,6 +202,19 @@ LIMIT = 2**62
 def test_fields_are_checked_as_they_will_be_used(payload):
     with pytest.raises(m.MessageError):
         m.decode(payload)
+
+
+def test_job_copies_keep_the_earlier_shape_and_read_a_later_one():
+    plain = m.JobCopy(JOB, "q", b"b", 1, 1, 1.0, 0.0, 1.7e9)
+    assert len(plain.to_wire()) == 11  # what nodes before priorities and keys read
+    ranked = m.JobCopy(JOB, "q", b"b", 1, 1, 1.0, 0.0, 1.7e9, priority=3, key="k")
+    assert len(ranked.to_wire()) == 13
+    later = [*ranked.to_wire(), "a field of a later version"]
+    assert m.JobCopy.from_wire(later) == ranked  # extra fields are ignored
+    for bad in ([*plain.to_wire(), 3], [*plain.to_wire(), -1, None], [*plain.to_wire(), 0, ""],
+                [*plain.to_wire(), 0, "a\x00b"], [*plain.to_wire(), 0, 5]):
+        with pytest.raises(m.MessageError):
+            m.JobCopy.from_wire(bad)
 
 
 def test_the_largest_incarnation_still_round_trips():
