@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .runner import REPEATS, RESP_CONNECTIONS, Results, closed_loop_key, resp_key
+from .runner import REPEATS, RESP_CONNECTIONS, Results, closed_loop_key, http_key, resp_key
 
 PEERS = ("pgqueuer", "procrastinate")
 BATCHED = "burn-down batched (COUNT 100)"
@@ -183,25 +183,27 @@ def closed_loop_table(results: Results) -> list[str]:
     if not any(k.startswith(("add,", "get+ack,")) for k in (*results.runs, *results.cluster)):
         return []
     lines = ["## Closed loop beside durable Disque", "",
-             "One request in flight per client thread (per connection through the RESP port); "
+             "One request in flight per client thread (per connection through the RESP port and "
+             "the HTTP API); "
              "durable (fsync, synchronous commit; Disque with appendfsync always, measured on this "
              "machine on 2026-11-23). ops/s, and pgq's latency of one call (of GETJOB + ACKJOB "
-             "for get+ack over RESP).", "",
+             "for get+ack over RESP, of lease + ack over HTTP).", "",
              "| workload | clients | durable Disque | pgq, one shared Client | pgq, a Client per thread "
-             "| raw psycopg floor | pgq, RESP port | shared / Disque | RESP / Disque |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| raw psycopg floor | pgq, RESP port | pgq, HTTP API | shared / Disque | RESP / Disque |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     m = results.median
     for (what, clients), disque in DISQUE_DURABLE.items():
         shared, own = closed_loop_key(what, clients, True), closed_loop_key(what, clients, False)
         resp = resp_key(what, clients)
         lines.append(f"| {what} | {clients} | {disque:,} | {_cell(results, shared, 'pgq')} "
                      f"| {_cell(results, own, 'pgq')} | {_cell(results, shared, 'raw SQL floor')} "
-                     f"| {_cell(results, resp, 'pgq')} | {_fmt(_ratio(m(shared, 'pgq'), disque), 2)} "
+                     f"| {_cell(results, resp, 'pgq')} | {_cell(results, http_key(what, clients), 'pgq')} "
+                     f"| {_fmt(_ratio(m(shared, 'pgq'), disque), 2)} "
                      f"| {_fmt(_ratio(m(resp, 'pgq'), disque), 2)} |")
     for clients, disque in DISQUE_REPLICATED.items():
         row = results.cluster.get(resp_key(REPLICATED, clients), {})
         lines.append(f"| {REPLICATED} (3 nodes) | {clients} | {disque:,} | - | - | - "
-                     f"| {_cluster_cell(row)} | - | {_fmt(_ratio(row.get('rate'), disque), 2)} |")
+                     f"| {_cluster_cell(row)} | - | - | {_fmt(_ratio(row.get('rate'), disque), 2)} |")
     return lines + [""] + _resp_cpu(results)
 
 
@@ -210,7 +212,7 @@ def _resp_cpu(results: Results) -> list[str]:
     client near one core would be measuring itself."""
     lines = []
     for key in results.runs:
-        if key.endswith("(RESP)") and results.median(key, "pgq", "client_cpu") is not None:
+        if key.endswith(("(RESP)", "(HTTP)")) and results.median(key, "pgq", "client_cpu") is not None:
             lines.append(f"* {key}: the client used {_fmt(results.median(key, 'pgq', 'client_cpu'), 2)} "
                          f"of a core, `pgq serve` {_fmt(results.median(key, 'pgq', 'server_cpu'), 2)}")
     for key, row in results.cluster.items():

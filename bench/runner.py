@@ -125,21 +125,29 @@ def closed_loop_workloads(smoke: bool) -> list[Workload]:
 RESP_CONNECTIONS = (10, 50)  # the connections of issue "Any language"'s RESP goals
 
 
-def resp_key(what: str, connections: int) -> str:
-    return f"{what}, {connections} connection{'s' if connections > 1 else ''} (RESP)"
+def resp_key(what: str, connections: int, front: str = "RESP") -> str:
+    return f"{what}, {connections} connection{'s' if connections > 1 else ''} ({front})"
+
+
+def http_key(what: str, connections: int) -> str:
+    return resp_key(what, connections, "HTTP")
 
 
 def resp_workloads(smoke: bool) -> list[Workload]:
-    """The closed loop through pgq's RESP port (issue "Any language"): each
-    connection a plain socket speaking Disque's protocol, one request in
-    flight; `pgq serve --resp` on the run's database, in its own process."""
+    """The closed loop through pgq's RESP port and its HTTP API (issue "Any
+    language"): each connection a plain socket speaking Disque's protocol
+    (or HTTP/1.1, keep-alive), one request in flight; `pgq serve --resp`
+    (or `--http`) on the run's database, in its own process."""
     seconds = 0.5 if smoke else 5.0
     rows = []
-    for what, call, extra in (("add", "resp_add", {}),
-                              ("get+ack", "resp_get_ack", {"prefill": 5_000 if smoke else 150_000})):
-        for n in (4,) if smoke else RESP_CONNECTIONS:
-            rows.append(Workload(resp_key(what, n), call, {"connections": n, "seconds": seconds, **extra},
-                                 ("pgq",), unit="adds/s" if what == "add" else "jobs/s"))
+    for front, key in (("resp", resp_key), ("http", http_key)):
+        for what, call, extra in (("add", f"{front}_add", {}),
+                                  ("get+ack", f"{front}_get_ack",
+                                   {"prefill": 5_000 if smoke else 150_000})):
+            for n in (4,) if smoke else RESP_CONNECTIONS:
+                rows.append(Workload(key(what, n), call,
+                                     {"connections": n, "seconds": seconds, **extra},
+                                     ("pgq",), unit="adds/s" if what == "add" else "jobs/s"))
     return rows
 
 

@@ -32,7 +32,8 @@ def test_bench_smoke_run_reports_every_contender(tmp_path):
     closed = data["runs"]["add, 4 clients (one shared Client)"]
     assert set(closed) == {"pgq", "raw SQL floor"} and all(r["p99"] > 0 for r in closed["pgq"])
     assert set(data["runs"]["get+ack, 1 client (a Client per thread)"]) == {"pgq"}
-    for key in ("add, 4 connections (RESP)", "get+ack, 4 connections (RESP)"):  # issue "Any language"
+    for key in ("add, 4 connections (RESP)", "get+ack, 4 connections (RESP)",  # issue "Any language"
+                "add, 4 connections (HTTP)", "get+ack, 4 connections (HTTP)"):
         resp = data["runs"][key]
         assert set(resp) == {"pgq"} and all(r["rate"] > 0 and r["p99"] > 0 for r in resp["pgq"])
     assert data["cluster"]["add, replicate 3, 4 connections (RESP)"]["rate"] > 0
@@ -43,5 +44,6 @@ def test_bench_smoke_run_reports_every_contender(tmp_path):
     markdown = (tmp_path / "results.md").read_text()
     assert "| burn-down batched (COUNT 100) |" in markdown and "## Goals" in markdown
     assert "| add, 4 connections (RESP) | " in markdown and "| pgq, RESP port |" in markdown
+    assert "| add, 4 connections (HTTP) | " in markdown and "| pgq, HTTP API |" in markdown
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert (tmp_path / "cluster_latency.png").stat().st_size > 1000

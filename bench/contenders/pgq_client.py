@@ -12,7 +12,7 @@ import psycopg
 
 import pgq
 
-from . import resp_client
+from . import http_client, resp_client
 from .common import BODY, age_of, burn_repeated_with, closed_loop, main, percentiles, stamped
 
 QUEUE = "bench"
@@ -195,6 +195,19 @@ def resp_get_ack(dsn: str, connections: int, seconds: float, prefill: int) -> di
     return resp_client.served(dsn, connections, seconds, resp_client.get_ack(QUEUE))
 
 
+def http_add(dsn: str, connections: int, seconds: float) -> dict[str, Any]:
+    """Closed loop through the HTTP API: each connection POSTs one job and
+    waits for its 201 (given after the commit)."""
+    return http_client.served(dsn, connections, seconds, http_client.add(QUEUE, BODY))
+
+
+def http_get_ack(dsn: str, connections: int, seconds: float, prefill: int) -> dict[str, Any]:
+    """Closed loop through the HTTP API: a lease without waiting, then the
+    ack of the job it got."""
+    _prefill(dsn, prefill)
+    return http_client.served(dsn, connections, seconds, http_client.get_ack(QUEUE))
+
+
 def burn_repeated(dsn: str, n: int, batch: int, consumers: int, repeats: int,
                   hold: bool = False) -> dict[str, Any]:
     return burn_repeated_with(burn, dsn, n, batch, consumers, repeats, hold)
@@ -205,4 +218,5 @@ if __name__ == "__main__":
           "enqueue_single": enqueue_single, "enqueue_bulk": enqueue_bulk,
           "spark_ingest": spark_ingest, "closed_add": closed_add,
           "closed_get_ack": closed_get_ack, "resp_add": resp_add, "resp_get_ack": resp_get_ack,
+          "http_add": http_add, "http_get_ack": http_get_ack,
           "burn_repeated": burn_repeated})

@@ -119,11 +119,16 @@ def get_ack(queue: str) -> Callable[[], Operation]:
 
 # ------------------------------------------------------------ closed loop
 
+# A reply parser: (reply, bytes used) once the buffer holds a whole reply.
+Parse = Callable[[bytearray], "tuple[Any, int] | None"]
+
+
 class _Connection(asyncio.Protocol):
     """One connection's closed loop: an operation at a time until ``stop``."""
 
-    def __init__(self, operation: Callable[[], Operation], done: asyncio.Future[None]) -> None:
-        self.operation, self.done = operation, done
+    def __init__(self, operation: Callable[[], Operation], done: asyncio.Future[None],
+                 parse_reply: Parse) -> None:
+        self.operation, self.done, self.parse_reply = operation, done, parse_reply
         self.latencies: list[float] = []
         self.buffer = bytearray()
         self.stop = 0.0
@@ -153,7 +158,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        parsed = parse(self.buffer)
+        parsed = self.parse_reply(self.buffer)
         if parsed is None:
             return
         reply, used = parsed
@@ -189,14 +194,14 @@ class _Connection(asyncio.Protocol):
 
 
 async def _drive(port: int, connections: int, seconds: float,
-                 operation: Callable[[], Operation]) -> dict[str, Any]:
+                 operation: Callable[[], Operation], parse_reply: Parse) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     made: list[_Connection] = []
     try:
         for _ in range(connections):  # all connected before the clock starts
             done: asyncio.Future[None] = loop.create_future()
-            _, protocol = await loop.create_connection(lambda d=done: _Connection(operation, d),
-                                                       HOST, port)
+            _, protocol = await loop.create_connection(
+                lambda d=done: _Connection(operation, d, parse_reply), HOST, port)
             made.append(protocol)
         cpu, began = time.process_time(), time.perf_counter()
         for protocol in made:
@@ -212,12 +217,13 @@ async def _drive(port: int, connections: int, seconds: float,
 
 
 def closed_loop(port: int, connections: int, seconds: float,
-                operation: Callable[[], Operation]) -> dict[str, Any]:
+                operation: Callable[[], Operation], parse_reply: Parse = parse) -> dict[str, Any]:
     """``connections`` connections to ``HOST:port``, each running
     ``operation`` again and again, one request in flight, for ``seconds``:
     the count, the time, the client's CPU share and the latency of one
-    operation (p50/p99)."""
-    return asyncio.run(_drive(port, connections, seconds, operation))
+    operation (p50/p99). Replies are RESP unless ``parse_reply`` says
+    otherwise (:mod:`.http_client`)."""
+    return asyncio.run(_drive(port, connections, seconds, operation, parse_reply))
 
 
 # ------------------------------------------------------------ the server
@@ -244,16 +250,18 @@ def answers_ping(port: int) -> bool:
         return False
 
 
-def wait_answering(port: int, ended: Callable[[float], bool], timeout: float = 90) -> None:
-    """Wait until the server on ``port`` answers PING. ``ended(t)`` waits
-    up to ``t`` seconds for the server's process to end and says whether it
-    did (then this raises at once, instead of waiting out ``timeout``)."""
+def wait_answering(port: int, ended: Callable[[float], bool], timeout: float = 90,
+                   answers: Callable[[int], bool] = answers_ping) -> None:
+    """Wait until the server on ``port`` answers (PING, or ``answers``).
+    ``ended(t)`` waits up to ``t`` seconds for the server's process to end
+    and says whether it did (then this raises at once, instead of waiting
+    out ``timeout``)."""
     deadline = time.monotonic() + timeout
-    while not answers_ping(port):
+    while not answers(port):
         if ended(0.05):
-            raise RuntimeError(f"the RESP server on port {port} exited before it answered")
+            raise RuntimeError(f"the server on port {port} exited before it answered")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"the RESP server on port {port} did not answer PING in {timeout:g} s")
+            raise TimeoutError(f"the server on port {port} did not answer in {timeout:g} s")
 
 
 def exited(process: subprocess.Popen[bytes]) -> Callable[[float], bool]:
@@ -268,14 +276,15 @@ def exited(process: subprocess.Popen[bytes]) -> Callable[[float], bool]:
     return wait
 
 
-def served(dsn: str, connections: int, seconds: float,
-           operation: Callable[[], Operation]) -> dict[str, Any]:
-    """:func:`closed_loop` against ``pgq serve --resp`` on ``dsn``, with the
-    share of one core the server process used meanwhile (``server_cpu``;
-    None where /proc is not there)."""
-    with serving(dsn) as (port, pid):
+def served(dsn: str, connections: int, seconds: float, operation: Callable[[], Operation],
+           front: str = "resp", parse_reply: Parse = parse,
+           answers: Callable[[int], bool] = answers_ping) -> dict[str, Any]:
+    """:func:`closed_loop` against ``pgq serve --resp`` (or ``--http``:
+    ``front``) on ``dsn``, with the share of one core the server process
+    used meanwhile (``server_cpu``; None where /proc is not there)."""
+    with serving(dsn, front, answers) as (port, pid):
         cpu, began = cpu_seconds(pid), time.perf_counter()
-        result = closed_loop(port, connections, seconds, operation)
+        result = closed_loop(port, connections, seconds, operation, parse_reply)
         used, elapsed = cpu_seconds(pid), time.perf_counter() - began
     share = None if cpu is None or used is None else (used - cpu) / elapsed
     return {**result, "server_cpu": share}
@@ -291,17 +300,19 @@ def cpu_seconds(pid: int) -> float | None:
 
 
 @contextmanager
-def serving(dsn: str) -> Iterator[tuple[int, int]]:
-    """``pgq serve --resp`` on ``dsn`` in its own process, answering on the
-    port this yields (with the process id); terminated (and waited for) on
-    the way out."""
+def serving(dsn: str, front: str = "resp",
+            answers: Callable[[int], bool] = answers_ping) -> Iterator[tuple[int, int]]:
+    """``pgq serve --resp`` (or ``--http``) on ``dsn`` in its own process,
+    answering on the port this yields (with the process id); terminated
+    (and waited for) on the way out."""
     port = free_port()
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen([sys.executable, "-m", "pgq.cli", "serve", "--dsn", dsn,
-                                    "--resp", f"{HOST}:{port}"], stdout=log, stderr=subprocess.STDOUT)
+                                    f"--{front}", f"{HOST}:{port}"], stdout=log,
+                                   stderr=subprocess.STDOUT)
         try:
             try:
-                wait_answering(port, exited(process))
+                wait_answering(port, exited(process), answers=answers)
             except (RuntimeError, TimeoutError) as exc:
                 log.seek(0)
                 raise RuntimeError(f"{exc}: {log.read()[-300:].decode(errors='replace')}") from None
