@@ -136,8 +136,8 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         if existing is None:
             return ids
         if session.owned and not params.asynchronous:
-            timeout = params.timeout if params.timeout is not None else session.replication_timeout
-            if not (yield from _await_copies_of(session, existing, timeout or params.ttl)):
+            if not (yield from _await_copies_of(session, existing,
+                                                _replication_timeout(session, params))):
                 # withdrawn (its own add failed) or done with: the key is free
                 return (yield from add_jobs(session, queue, bodies, params))
         return [existing]
@@ -308,10 +308,15 @@ def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequen
         yield Commit()
     yield from _ring(session, len(ids))
     if sync:
-        timeout = params.timeout if params.timeout is not None else session.replication_timeout
-        # timeout 0: wait until replicated or expired (Disque)
-        yield from _wait_for_copies(session, ids, timeout or params.ttl)
+        yield from _wait_for_copies(session, ids, _replication_timeout(session, params))
     return None
+
+
+def _replication_timeout(session: Session, params: JobParams) -> float:
+    """How long a synchronous add waits for copies: its timeout, else the
+    client's; 0 means until replicated or expired (Disque)."""
+    timeout = params.timeout if params.timeout is not None else session.replication_timeout
+    return timeout or params.ttl
 
 
 def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Command[None]:
@@ -371,12 +376,11 @@ def _await_copies_of(session: Session, job_id: str, timeout: float) -> Command[b
         _id, replicated, gone, _lag = rows[0]
         if replicated or gone:
             return bool(replicated)
-        if session.clock() >= deadline:
+        if not (yield from _pause(session, deadline, polls)):
             raise NoReplError(
                 f"job {job_id}, which holds this add's key, did not get its copies within "
                 f"{timeout:g} s (too few live nodes? raise timeout= or lower replicate=)",
                 removed=(), added=())
-        yield Wait(min(_poll_wait(polls, 0.5), max(deadline - session.clock(), 0.0)))
         polls += 1
 
 
@@ -753,13 +757,13 @@ def _ack_dict(row: Sequence[Any]) -> dict[str, Any]:
     """A tombstone as SHOW tells it: ``nodes_delivered`` are the holders the
     node still has to reach with the ACK (empty once collected, or when no
     other node held the job); ``nodes_confirmed`` is kept for Disque's shape."""
-    job_id, queue, _acked_at, _dummy, ttl, holders, confirmed = row
+    job_id, queue, _acked_at, _dummy, ttl, holders = row
     return {
         "id": job_id, "queue": queue, "state": "acked", "repl": None, "ttl": ttl,
         "ctime": None, "delay": None, "retry": None, "nacks": None,
         "additional_deliveries": None, "deliveries": None, "next_requeue_within": None,
         "next_awake_within": ttl, "body": None, "nodes_delivered": sorted(holders),
-        "nodes_confirmed": sorted(confirmed),
+        "nodes_confirmed": [],
         "priority": None, "key": None,
     }
 
@@ -960,7 +964,7 @@ def sweep(session: Session) -> Command[tuple[int, int, int]]:
 
 
 def _pause(session: Session, deadline: float | None, polls: int) -> Command[bool]:
-    """Between two polls of a wait (WAIT_JOB, results): False once
+    """Between two polls of a wait (WAIT_JOB, results, a keyed add's): False once
     ``deadline`` passed, else wait 50 ms doubling to the poll interval
     (never past the deadline) and True."""
     now = session.clock()

@@ -430,15 +430,12 @@ class Session:
         return self._show_reply(info)
 
     def _collected(self, info: dict[str, Any]) -> bool:
-        """An acknowledged job Disque would have freed already: its ACK
-        reached every other holder (or none held it). pgq keeps the
+        """An acknowledged job Disque would have freed already: no other
+        holder is left for its ACK to reach (or none held it). pgq keeps the
         tombstone a while longer (late copies, the Python API's SHOW), but
         Disque's clients read a null SHOW as "done": goware/disque's Wait
         polls SHOW until then."""
-        if info["state"] != "acked":
-            return False
-        others = set(info["nodes_delivered"]) - {self.client.node_id}
-        return others <= set(info["nodes_confirmed"])
+        return info["state"] == "acked" and not set(info["nodes_delivered"]) - {self.client.node_id}
 
     async def waitjob(self, args: list[bytes]) -> Any:
         """``WAITJOB id [TIMEOUT ms]`` (pgq): block until the job is done

@@ -691,10 +691,10 @@ FROM pgq.jobs WHERE id = %(id)s AND expires_at > pgq.now()
 """
 
 # An acknowledged job's tombstone: ``nodes`` are the holders its ACK must
-# still reach (cluster GC; NULL when none), ``confirmed`` as the schema has it.
+# still reach (cluster GC; NULL when none).
 _ACK_COLUMNS = """id, queue, acked_at, dummy,
        greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8 AS ttl,
-       coalesce(nodes, '{}'::text[]), coalesce(confirmed, '{}'::text[])"""
+       coalesce(nodes, '{}'::text[])"""
 
 SHOW_ACKED = f"""
 SELECT {_ACK_COLUMNS}
