@@ -52,6 +52,9 @@ class AsyncClient(ClientCore):
         # statements and commits (see pgq.combine).
         self._adds: AsyncCombiner[commands.AddCall] = AsyncCombiner(
             lambda client, calls: client._run(lambda s: commands.add_batch(s, calls)))
+        self._replicated: AsyncCombiner[commands.AddCall] = AsyncCombiner(
+            lambda client, calls: client._run(lambda s: commands.add_replicated_batch(s, calls)),
+            parallel=commands.REPLICATED_FLUSHES)
         self._claims: AsyncCombiner[commands.ClaimCall] = AsyncCombiner(
             lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)))
         self._acks: AsyncCombiner[list[str]] = AsyncCombiner(
@@ -232,16 +235,10 @@ class AsyncClient(ClientCore):
     async def _add_untraced(self, call: commands.AddCall, conn: object) -> list[str]:
         """As :meth:`pgq.Client._add`: batched when it can be; through the
         next node when this one's process is down."""
-        if conn is None and call.bodies and commands.batchable(call):
-            if self._pool is None:
-                await self.open()
-            outcome = await self._adds.submit(call, self)
-            if outcome is not commands.REROUTE:
-                return outcome  # type: ignore[no-any-return]
         make = self.add_command(call)
         for others in range(len(self._dsns) - 1, -1, -1):
             try:
-                return await self._run(make, conn)
+                return await self._add_once(call, make, conn)
             except NoReplError as exc:
                 if not (exc.node_down and not exc.added and others and conn is None):
                     raise
@@ -251,6 +248,20 @@ class AsyncClient(ClientCore):
                 version, self._node_id = await self._run_on_pool(self._read_node)
                 check_schema(version)
         raise AssertionError("unreachable")
+
+    async def _add_once(self, call: commands.AddCall, make: CommandFactory[list[str]],
+                        conn: object) -> list[str]:
+        """As :meth:`pgq.Client._add_once`."""
+        batches = commands.batches_for(call, self._cluster)
+        if conn is None and call.bodies and batches:
+            if self._pool is None:
+                await self.open()
+            for name in batches:
+                combiner = self._replicated if name == "replicated" else self._adds
+                outcome = await combiner.submit(call, self)
+                if outcome is not commands.REROUTE:
+                    return outcome  # type: ignore[no-any-return]
+        return await self._run(make, conn)
 
     async def get_job(self, *queues: str, count: int = 1, timeout: float | None = None,
                       nohang: bool = False, withcounters: bool = False,

@@ -49,11 +49,14 @@ class _Reconnect(Exception):
 
 
 class _Combiners:
-    """The three group-commit queues of one database (see Client._combiners)."""
+    """The group-commit queues of one database (see Client._combiners)."""
 
     def __init__(self) -> None:
         self.adds: SyncCombiner[commands.AddCall] = SyncCombiner(
             lambda client, calls: client._run(lambda s: commands.add_batch(s, calls)))
+        self.replicated: SyncCombiner[commands.AddCall] = SyncCombiner(
+            lambda client, calls: client._run(lambda s: commands.add_replicated_batch(s, calls)),
+            parallel=commands.REPLICATED_FLUSHES)
         self.claims: SyncCombiner[commands.ClaimCall] = SyncCombiner(
             lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)))
         self.acks: SyncCombiner[list[str]] = SyncCombiner(
@@ -246,14 +249,10 @@ class Client(ClientCore):
         """Run an add: in a batch with other callers' when it can be, else on
         its own; when this node's process is down and nothing was kept, add
         through the next node DSN (each tried at most once)."""
-        if conn is None and call.bodies and commands.batchable(call):
-            outcome = self._combiners().adds.submit(call, self)
-            if outcome is not commands.REROUTE:
-                return outcome  # type: ignore[no-any-return]
         make = self.add_command(call)
         for others in range(len(self._dsns) - 1, -1, -1):
             try:
-                return self._run(make, conn)
+                return self._add_once(call, make, conn)
             except NoReplError as exc:
                 if not (exc.node_down and not exc.added and others and conn is None):
                     raise
@@ -262,6 +261,21 @@ class Client(ClientCore):
                 version, self._node_id = self._run_on_pool(self._read_node)
                 check_schema(version)
         raise AssertionError("unreachable")
+
+    def _add_once(self, call: commands.AddCall, make: CommandFactory[list[str]],
+                  conn: object) -> list[str]:
+        """One attempt on this node: the jobs kept here only in the adds'
+        batch, synchronous replicated ones in the replicated batch, and
+        whatever neither takes on its own."""
+        batches = commands.batches_for(call, self._cluster)
+        if conn is None and call.bodies and batches:
+            combiners = self._combiners()
+            for name in batches:
+                combiner = combiners.replicated if name == "replicated" else combiners.adds
+                outcome = combiner.submit(call, self)
+                if outcome is not commands.REROUTE:
+                    return outcome  # type: ignore[no-any-return]
+        return self._run(make, conn)
 
     def get_job(self, *queues: str, count: int = 1, timeout: float | None = None,
                 nohang: bool = False, withcounters: bool = False, conn: object = None) -> list[Job]:

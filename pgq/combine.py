@@ -60,7 +60,7 @@ class _Slot(Generic[C]):
     context: Any = None
     outcome: Outcome = None
     done: bool = False
-    lead: bool = False  # woken to make the next flush
+    lead: bool = False  # chosen to make a flush (on arrival, or woken for the next one)
 
 
 @dataclass
@@ -76,19 +76,26 @@ class _Queue(Generic[C]):
         self.waiting.append(slot)
         if self.flushing < self.parallel:
             self.flushing += 1
+            slot.lead = True
             return True
         return False
 
-    def take(self) -> list[_Slot[C]]:
-        batch, self.waiting = self.waiting, []
+    def take(self, leader: _Slot[C]) -> list[_Slot[C]]:
+        """The leader's batch: its own call and every waiting call that no
+        other leader is about to flush (with ``parallel`` > 1, a leader that
+        was just chosen may not have taken its batch yet: its call stays
+        for it, or that leader would flush an empty batch and the count of
+        flushes in flight would drift)."""
+        batch = [s for s in self.waiting if s is leader or not s.lead]
+        self.waiting = [s for s in self.waiting if s.lead and s is not leader]
         return batch
 
     def finish(self) -> _Slot[C] | None:
         """A flush ended: the slot whose caller makes the next one, if any."""
-        if self.waiting:
-            nxt = self.waiting[0]
-            nxt.lead = True
-            return nxt
+        for slot in self.waiting:
+            if not slot.lead:
+                slot.lead = True
+                return slot
         self.flushing -= 1
         return None
 
@@ -125,12 +132,12 @@ class SyncCombiner(Generic[C]):
                 self._wake.wait()
             lead = lead or (slot.lead and not slot.done)
         if lead:
-            self._lead(context)
+            self._lead(slot, context)
         return _result(slot)
 
-    def _lead(self, context: Any) -> None:
+    def _lead(self, slot: _Slot[C], context: Any) -> None:
         with self._lock:
-            batch = self._queue.take()
+            batch = self._queue.take(slot)
         try:
             outcomes: Sequence[Outcome] | BaseException = self._flush(
                 context, [s.call for s in batch])
@@ -166,15 +173,15 @@ class AsyncCombiner(Generic[C]):
                     self._notify()
             raise
         if lead or (slot.lead and not slot.done):
-            await self._lead(context)
+            await self._lead(slot, context)
         return _result(slot)
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
         changed.set()
 
-    async def _lead(self, context: Any) -> None:
-        batch = self._queue.take()
+    async def _lead(self, slot: _Slot[C], context: Any) -> None:
+        batch = self._queue.take(slot)
         try:
             # Shielded: a caller cancelled mid-flush must not leave the
             # other callers of its batch without outcomes.

@@ -228,6 +228,12 @@ class AddCall:
 # The outcome of a call a batch cannot take (copies, MAXLEN, a leaving
 # node...): its caller runs :func:`add_jobs` on its own.
 REROUTE = "reroute"
+# Replicated batches in flight at once per database and client process:
+# a batch holds its connection while it waits for copies (a few ms), and
+# the calls that arrive meanwhile gather for the next one. More than one
+# keeps the node process fed while a batch waits; a few are enough, since
+# each drain and each bus message already carries a whole batch.
+REPLICATED_FLUSHES = 2
 
 
 def batchable(call: AddCall) -> bool:
@@ -279,6 +285,88 @@ def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
     return outcomes
 
 
+def replicated_batchable(call: AddCall) -> bool:
+    """Worth a replicated batch: small and unlocked (:func:`batchable`),
+    synchronous, and not kept here only."""
+    return batchable(call) and not call.params.asynchronous and call.params.replicate != 1
+
+
+def batches_for(call: AddCall, view: ClusterView) -> tuple[str, ...]:
+    """The group-commit batches that may take this call, the likeliest
+    first, as far as the client's cached cluster view tells (a wrong guess
+    costs one REROUTE): "adds" (:func:`add_batch`, jobs kept here only) and
+    "replicated" (:func:`add_replicated_batch`). Empty: the call runs alone."""
+    if not batchable(call):
+        return ()
+    if not replicated_batchable(call):
+        return ("adds",)
+    if view.active and view.member and not view.leaving and _copies(call.params, view)[0] > 1:
+        return ("replicated", "adds")
+    return ("adds", "replicated")
+
+
+def add_replicated_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
+    """Synchronous replicated ADDJOBs of many callers: one statement and one
+    commit store them all, the node process copies them in one drain, and
+    this connection waits once for every copy (group commit for the
+    replicated path: callers that arrive while a batch waits share the
+    next one, so the statements, commits, outbox drains and bus messages
+    per add fall as callers grow).
+
+    Each call gets its IDs; a PausedError; a NoReplError naming its jobs
+    that were withdrawn (they missed their copies within its timeout: the
+    same rule as :func:`add_jobs`); or REROUTE (anything :func:`add_jobs`
+    must decide alone: W of 1, too few reachable nodes, a leaving node or
+    one without its process, big bodies, MAXLEN, a key; and a timeout other
+    than the first call's, since the batch waits for all its copies at once
+    and each caller must give up at its own moment). Nothing of a rerouted
+    call was stored.
+    """
+    view = yield from cluster_view(session)
+    outcomes: list[Any] = [REROUTE] * len(calls)
+    if not (view.active and view.member) or view.leaving or not calls:
+        return outcomes
+    timeout = _replication_timeout(session, calls[0].params)
+    taken: list[tuple[int, list[str], int, int]] = []
+    for index, call in enumerate(calls):
+        wanted, minimum = _copies(call.params, view)
+        if (not replicated_batchable(call) or wanted < 2 or wanted > view.available
+                or _replication_timeout(session, call.params) != timeout
+                or any(len(body) > MAX_REPLICATED_BODY for body in call.bodies)):
+            continue
+        taken.append((index, _new_ids(session, call.params, len(call.bodies)), wanted, minimum))
+    if not taken:
+        return outcomes
+    if session.can_listen:
+        yield ListenReplication()
+    rows = [(calls[i], job_id, body, wanted, minimum) for i, ids, wanted, minimum in taken
+            for job_id, body in zip(ids, calls[i].bodies, strict=True)]
+    paused, leaving, events = yield Query(sql.ADD_MANY_REPLICATED, {
+        "ids": [r[1] for r in rows], "queues": [r[0].queue for r in rows],
+        "bodies": [r[2] for r in rows], "repls": [r[3] for r in rows],
+        "repl_mins": [r[4] if r[4] < r[3] else None for r in rows],
+        "retries": [r[0].params.retry for r in rows], "delays": [r[0].params.delay for r in rows],
+        "ttls": [r[0].params.ttl for r in rows], "priorities": [r[0].params.priority for r in rows],
+        "names": sorted({calls[i].queue for i, *_rest in taken}), "myself": session.node_id,
+    }, Result.ROW)
+    if leaving:
+        return outcomes  # nothing stored: every call goes the long way
+    yield from _ring(session, events)
+    refused = set(paused)
+    stored = [ids for i, ids, *_rest in taken if calls[i].queue not in refused]
+    failed, stuck = yield from _copies_or_withdraw(
+        session, [job_id for ids in stored for job_id in ids], timeout)
+    for index, ids, *_rest in taken:
+        queue = calls[index].queue
+        if queue in refused:
+            outcomes[index] = paused_error(queue)
+        elif failed.isdisjoint(ids):
+            outcomes[index] = ids
+        else:
+            outcomes[index] = _withdrawn(ids, failed & set(ids), timeout, stuck)
+    return outcomes
+
+
 def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
                     params: JobParams, wanted: int, minimum: int) -> Command[str | None]:
     """Store the jobs here with an outbox event for the node process.
@@ -320,12 +408,23 @@ def _replication_timeout(session: Session, params: JobParams) -> float:
 
 
 def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Command[None]:
-    """Wait for the node process to confirm W copies of every job, or give up.
+    """Wait for the node process to confirm W copies of every job, or give
+    up: the jobs still lacking copies are withdrawn and NoReplError says so
+    (see :func:`_copies_or_withdraw`)."""
+    failed, stuck = yield from _copies_or_withdraw(session, ids, timeout)
+    if failed:
+        raise _withdrawn(ids, failed, timeout, stuck)
+
+
+def _copies_or_withdraw(session: Session, ids: list[str],
+                        timeout: float) -> Command[tuple[set[str], bool]]:
+    """Wait for W copies of every job; withdraw those still waiting at the
+    end. Returns (the IDs withdrawn, whether the node process is stuck).
 
     Gives up early when the node process is stuck: its outbox, which it
     drains continuously, holds an event older than ``NODE_STUCK_AFTER``
-    seconds (killed or paused process). The jobs are then withdrawn, and a
-    client with several node DSNs can add them through another node.
+    seconds (killed or paused process). A client with several node DSNs
+    can then add the withdrawn jobs through another node.
     """
     deadline = session.clock() + timeout
     pending = set(ids)
@@ -342,14 +441,17 @@ def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Comman
             pending -= {r[0] for r in rows if r[1] or r[2]}
             stuck = bool(rows) and (rows[0][3] or 0.0) > NODE_STUCK_AFTER
     if not pending:
-        return
+        return set(), False
     removed = yield Query(sql.ABORT_REPLICATION, {"ids": sorted(pending)}, Result.ROWS)
-    failed = {r[0] for r in removed}
+    failed = {r[0] for r in removed}  # a job confirmed in the meantime stays (and counts)
     yield from _ring(session, len(failed))
-    if not failed:
-        return  # confirmed in the meantime: nothing was withdrawn
+    return failed, stuck
+
+
+def _withdrawn(ids: list[str], failed: set[str], timeout: float, stuck: bool) -> NoReplError:
+    """NOREPL for an add whose ``failed`` jobs were withdrawn, with the way out."""
     if stuck:
-        raise NoReplError(
+        return NoReplError(
             f"the node process of this database stopped draining its outbox (for over "
             f"{NODE_STUCK_AFTER:g} s), so {len(failed)} of {len(ids)} jobs could not be "
             "copied and were withdrawn: is it running? (a client given several node DSNs "
@@ -357,7 +459,7 @@ def _wait_for_copies(session: Session, ids: list[str], timeout: float) -> Comman
             removed=tuple(sorted(failed)), added=tuple(i for i in ids if i not in failed),
             node_down=True)
     lost = f"{len(failed)} of {len(ids)} jobs did not reach their copies within {timeout:g} s and were withdrawn"
-    raise NoReplError(
+    return NoReplError(
         f"{lost} (too few live nodes? raise timeout= or lower replicate=)",
         removed=tuple(sorted(failed)), added=tuple(i for i in ids if i not in failed),
     ).for_cli(f"{lost} (too few live nodes? raise --timeout or lower --replicate)")

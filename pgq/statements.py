@@ -186,6 +186,47 @@ SELECT ARRAY(SELECT name FROM paused) AS paused,
        (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
 """
 
+# ADD_MANY for synchronous replicated adds of many callers (group commit on
+# a node served by a node process): one statement and one commit store
+# every caller's jobs as 'wait-repl' with an outbox event each, as
+# ADD_JOBS_CLUSTER does for one caller. The node process copies them in one
+# drain and wakes this connection (pgq_r<pid>) as each job is confirmed.
+# A leaving node stores nothing: every call goes the long way (it replicates
+# externally), as with ADD_MANY.
+ADD_MANY_REPLICATED = f"""
+WITH leaving AS (
+    SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
+), input AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
+                         %(repls)s::int[], %(repl_mins)s::int[], %(retries)s::float8[],
+                         %(delays)s::float8[], %(ttls)s::float8[], %(priorities)s::int[])
+        WITH ORDINALITY AS u(id, queue, body, repl, repl_min, retry, delay, ttl, priority, n)
+), paused AS (
+    SELECT p.name FROM pgq.queues p
+    WHERE p.name = ANY (%(names)s::text[]) AND p.paused IN ('in', 'all')
+), inserted AS (
+    INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
+                          requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
+                          repl_waiter, priority)
+    SELECT i.id, i.queue, 'wait-repl', i.body, i.repl, i.repl_min, i.retry, i.delay,
+           pgq.now() + i.ttl * interval '1 second',
+           CASE WHEN i.delay > 0 THEN pgq.now() + i.delay * interval '1 second' END,
+           NULL, 0, ARRAY[%(myself)s]::text[], ARRAY[%(myself)s]::text[],
+           pg_backend_pid(), i.priority
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM leaving)
+      AND NOT EXISTS (SELECT 1 FROM paused p WHERE p.name = i.queue)
+    ORDER BY i.n  -- ctime follows arrival order
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id
+), events AS (
+    INSERT INTO pgq.outbox (kind, job_id) SELECT '{OUTBOX_REPLICATE}', id FROM inserted RETURNING 1
+)
+SELECT ARRAY(SELECT name FROM paused) AS paused,
+       EXISTS (SELECT 1 FROM leaving) AS leaving,
+       (SELECT count(*) FROM events) AS events
+"""
+
 # ADDJOB of a replicated job on a node served by a node process. The job is
 # stored here first (durably, before anything is announced) and an outbox
 # event asks the node process for copies:

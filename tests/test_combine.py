@@ -5,11 +5,12 @@ kept to their callers, cancellation that strands nobody."""
 from __future__ import annotations
 
 import threading
+import time
 
 import anyio
 import pytest
 
-from pgq.combine import AsyncCombiner, SyncCombiner
+from pgq.combine import AsyncCombiner, SyncCombiner, _Queue, _Slot
 
 
 def test_a_lone_caller_flushes_alone_and_at_once():
@@ -157,3 +158,47 @@ def test_each_flush_runs_with_the_leading_callers_context():
     assert combiner.submit(1, context="client A") == 1
     assert combiner.submit(2, context="client B") == 2
     assert contexts == ["client A", "client B"]
+
+
+def test_parallel_leaders_each_flush_their_own_call_and_the_count_never_drifts():
+    # Two callers arrive together with parallel=2: both lead. If the first
+    # to take its batch took the other leader's call too, that leader would
+    # flush nothing and the count of flushes in flight would stay one too
+    # high for ever (parallel 2 would act as 1).
+    queue: _Queue[int] = _Queue(parallel=2)
+    a, b, c = _Slot(1), _Slot(2), _Slot(3)
+    assert queue.arrive(a) and queue.arrive(b)
+    assert queue.take(a) == [a]  # b stays for its own leader
+    assert not queue.arrive(c)  # two flushes in flight: c waits
+    assert queue.finish() is c  # a's flush ended: c makes the next one, not b
+    assert queue.take(b) == [b] and queue.take(c) == [c]
+    assert queue.finish() is None and queue.finish() is None
+    assert queue.flushing == 0 and queue.waiting == []
+
+
+def test_parallel_flushes_run_at_once_and_batch_the_rest():
+    gate = threading.Event()
+    running: list[int] = []
+    batches: list[list[int]] = []
+    lock = threading.Lock()
+
+    def flush(_ctx: object, calls: list[int]) -> list[int]:
+        with lock:
+            batches.append(list(calls))
+            running.append(len(batches))
+        assert gate.wait(10)
+        return calls
+
+    combiner = SyncCombiner(flush, parallel=3)
+    threads = [threading.Thread(target=combiner.submit, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while (len(running) < 3 or len(combiner._queue.waiting) < 9) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert len(running) == 3  # three flushes in flight, the other nine calls wait
+    gate.set()
+    for thread in threads:
+        thread.join(10)
+    assert sorted(c for batch in batches for c in batch) == list(range(12))
+    assert max(len(batch) for batch in batches) > 1 and combiner._queue.flushing == 0

@@ -6,10 +6,15 @@ tests/cluster/test_scenarios.py."""
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
+
 import psycopg
 import pytest
 
 import pgq
+from pgq import commands
 
 
 def test_replicate_1_and_3_sync_copy_counts(make_cluster):
@@ -26,6 +31,44 @@ def test_replicate_1_and_3_sync_copy_counts(make_cluster):
     with cluster[0].client() as client:
         info = client.show(three)
     assert info["repl"] == 3 and len(info["nodes_delivered"]) == 3 and len(info["nodes_confirmed"]) == 3
+
+
+def test_concurrent_replicated_adds_share_batches_and_each_gets_its_copies(make_cluster,
+                                                                          monkeypatch):
+    cluster = make_cluster(3)
+    sizes: list[int] = []
+    batch = commands.add_replicated_batch
+
+    def recorded(session, calls):
+        sizes.append(len(calls))
+        return (yield from batch(session, calls))
+
+    monkeypatch.setattr(commands, "add_replicated_batch", recorded)
+    results: dict[int, list[str]] = {}
+    with cluster[0].client(pool_size=20) as client:
+        replicated = client._combiners().replicated
+        origin = cluster[0].process
+        # While n1's node process is stopped, the batches in flight wait
+        # for copies and the next callers gather: a shared batch for sure.
+        origin.send_signal(signal.SIGSTOP)
+        try:
+            threads = [threading.Thread(target=lambda i=i: results.__setitem__(
+                i, client.add_jobs("rb", [b"%d" % i, b"%d'" % i], replicate=3)))
+                for i in range(16)]
+            for thread in threads:
+                thread.start()
+            deadline = time.monotonic() + 2.5  # under NODE_STUCK_AFTER (3 s): no withdrawal
+            while len(replicated._queue.waiting) < 8 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert len(replicated._queue.waiting) >= 8, "callers did not gather behind the batches"
+        finally:
+            origin.send_signal(signal.SIGCONT)
+        for thread in threads:
+            thread.join(30)
+    assert sorted(results) == list(range(16)) and max(sizes) >= 8 and sum(sizes) == 16
+    jobs = [job for ids in results.values() for job in ids]
+    assert len(set(jobs)) == 32
+    assert all(cluster.copies(job) == 3 for job in jobs)
 
 
 def test_replicate_async_copies_arrive_in_the_background(make_cluster):

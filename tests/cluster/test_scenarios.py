@@ -208,6 +208,50 @@ def test_a_keyed_add_answers_the_keys_job_only_once_it_has_its_copies(sim_databa
     assert copies(s, waiting.value[0]) == {"n1", "n2"}
 
 
+def batch(s: Scenario, which: str, calls: list[commands.AddCall]):
+    """Start the group-commit batch of synchronous replicated adds."""
+    return s.start(which, lambda ses: commands.add_replicated_batch(ses, calls), "a batch")
+
+
+def test_a_replicated_batch_answers_each_call_once_its_jobs_have_their_copies(sim_databases):
+    s = cluster(sim_databases, nodes=3)
+    s.do("n1", lambda ses: commands.pause(ses, "closed", ["in"]), "pause closed")
+    calls = [commands.AddCall("q", [b"a"], params()),
+             commands.AddCall("q", [b"b", b"c"], params(replicate=2)),
+             commands.AddCall("closed", [b"d"], params()),
+             commands.AddCall("q", [b"e"], params(replicate=1)),  # kept here only: not this batch
+             commands.AddCall("q", [b"f"], params(timeout=9)),  # another timeout: alone
+             commands.AddCall("q", [b"g"], params(timeout=5))]  # the client's: batched
+    call = batch(s, "n1", calls)
+    s.until(lambda: call.done, 10.0, "the batch")
+    first, second, paused, single, own, same = call.value
+    assert isinstance(paused, PausedError)
+    assert single is commands.REROUTE and own is commands.REROUTE and len(same) == 1
+    assert [copies(s, job) for job in first] == [{"n1", "n2", "n3"}]
+    assert [len(copies(s, job)) for job in second] == [2, 2]
+    assert {s.holders(job)["n1"] for job in first + second} == {"queued"}
+    assert {job.id for job in s.get("n1", count=10)} == set(first + second + same)  # on n1 once
+
+
+def test_a_replicated_batch_that_misses_its_copies_withdraws_each_calls_jobs(sim_databases):
+    s = cluster(sim_databases, nodes=3)
+    s.crash("n3")  # not yet suspected: W=3 waits for it
+    calls = [commands.AddCall("q", [b"a"], params(replicate=3)),
+             commands.AddCall("q", [b"b", b"c"], params(replicate=2)),
+             commands.AddCall("q", [b"d"], params(replicate=3))]
+    call = batch(s, "n1", calls)
+    s.until(lambda: call.done, 10.0, "the batch to give up after the replication timeout")
+    first, second, third = call.value
+    assert isinstance(first, NoReplError) and isinstance(third, NoReplError)
+    assert len(first.removed) == 1 and first.added == ()
+    assert len(second) == 2 and all(copies(s, job) == {"n1", "n2"} for job in second)
+    s.restart("n3")
+    s.until(s.meshed, 10.0, "n3 back")
+    withdrawn = first.removed + third.removed
+    s.holds(lambda: all(s.holders(job) == {} for job in withdrawn), 2.0,
+            "no copy of a withdrawn job anywhere")
+
+
 def test_norepl_follows_what_the_node_sees(sim_databases):
     s = cluster(sim_databases, nodes=3)
     s.crash("n2")
