@@ -186,13 +186,14 @@ SELECT ARRAY(SELECT name FROM paused) AS paused,
        (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
 """
 
-# ADD_MANY for synchronous replicated adds of many callers (group commit on
-# a node served by a node process): one statement and one commit store
-# every caller's jobs as 'wait-repl' with an outbox event each, as
-# ADD_JOBS_CLUSTER does for one caller. The node process copies them in one
-# drain and wakes this connection (pgq_r<pid>) as each job is confirmed.
-# A leaving node stores nothing: every call goes the long way (it replicates
-# externally), as with ADD_MANY.
+# ADD_MANY for replicated adds of many callers (group commit on a node
+# served by a node process): one statement and one commit store every
+# caller's jobs with an outbox event each, as ADD_JOBS_CLUSTER does for one
+# caller. Synchronous (wait): 'wait-repl' until the node process, which
+# copies them in one drain, confirms each and wakes this connection
+# (pgq_r<pid>). Asynchronous: queued at once (or active until their delay)
+# and copied in the background. A leaving node stores nothing: every call
+# goes the long way (it replicates externally), as with ADD_MANY.
 ADD_MANY_REPLICATED = f"""
 WITH leaving AS (
     SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
@@ -208,23 +209,32 @@ WITH leaving AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
                           requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
                           repl_waiter, priority)
-    SELECT i.id, i.queue, 'wait-repl', i.body, i.repl, i.repl_min, i.retry, i.delay,
+    SELECT i.id, i.queue,
+           CASE WHEN %(wait)s THEN 'wait-repl' WHEN i.delay > 0 THEN 'active' ELSE 'queued' END,
+           i.body, i.repl, i.repl_min, i.retry, i.delay,
            pgq.now() + i.ttl * interval '1 second',
            CASE WHEN i.delay > 0 THEN pgq.now() + i.delay * interval '1 second' END,
-           NULL, 0, ARRAY[%(myself)s]::text[], ARRAY[%(myself)s]::text[],
-           pg_backend_pid(), i.priority
+           CASE WHEN %(wait)s OR i.delay > 0 THEN NULL ELSE pgq.now() END,
+           CASE WHEN %(wait)s OR i.delay > 0 THEN 0 ELSE 1 END,
+           ARRAY[%(myself)s]::text[], ARRAY[%(myself)s]::text[],
+           CASE WHEN %(wait)s THEN pg_backend_pid() END, i.priority
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM leaving)
       AND NOT EXISTS (SELECT 1 FROM paused p WHERE p.name = i.queue)
     ORDER BY i.n  -- ctime follows arrival order
     ON CONFLICT (id) DO NOTHING
-    RETURNING id
+    RETURNING id, queue, state
 ), events AS (
     INSERT INTO pgq.outbox (kind, job_id) SELECT '{OUTBOX_REPLICATE}', id FROM inserted RETURNING 1
+), woken AS (
+    SELECT pg_notify('{JOBS_CHANNEL}', q.queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
+    WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
 )
 SELECT ARRAY(SELECT name FROM paused) AS paused,
        EXISTS (SELECT 1 FROM leaving) AS leaving,
-       (SELECT count(*) FROM events) AS events
+       (SELECT count(*) FROM events) AS events,
+       (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
 """
 
 # ADDJOB of a replicated job on a node served by a node process. The job is

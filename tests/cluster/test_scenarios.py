@@ -252,6 +252,20 @@ def test_a_replicated_batch_that_misses_its_copies_withdraws_each_calls_jobs(sim
             "no copy of a withdrawn job anywhere")
 
 
+def test_a_batch_queues_asynchronous_replicated_adds_at_once_and_copies_them(sim_databases):
+    s = cluster(sim_databases, nodes=3)
+    calls = [commands.AddCall("q", [b"a", b"b"], params(asynchronous=True)),
+             commands.AddCall("q", [b"c"], params(replicate=1)),
+             commands.AddCall("q", [b"d"], params(replicate=3))]  # synchronous: not this batch
+    copied, here, synchronous = s.do("n1", lambda ses: commands.add_batch(ses, calls), "a batch")
+    assert synchronous is commands.REROUTE
+    assert {s.holders(job)["n1"] for job in copied + here} == {"queued"}  # at once
+    s.until(lambda: all(copies(s, job) == {"n1", "n2", "n3"} for job in copied), 5.0,
+            "the copies made in the background")
+    assert copies(s, here[0]) == {"n1"}
+    assert {job.id for job in s.get("n1", count=10)} == set(copied + here)
+
+
 def test_norepl_follows_what_the_node_sees(sim_databases):
     s = cluster(sim_databases, nodes=3)
     s.crash("n2")
