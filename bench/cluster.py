@@ -4,10 +4,14 @@ Three local nodes, each with its own PostgreSQL; for W = 1, 2, 3 the latency
 of a single synchronous add (one client, sequential) and the throughput of
 8 concurrent producers; W = 3 asynchronous throughput; get + ack across
 nodes (consumers on node 2 draining jobs added on node 1, through
-federation); and, through node 1's RESP port (``pgq node start --resp``),
-the closed loop of ``ADDJOB queue body 0 REPLICATE 3`` with N connections,
-one request in flight each (issue "Any language"). Medians over the rounds.
-``only`` picks rows by name, as ``--only`` does for the other workloads.
+federation); the closed loop of issue "Speed that scales" on node 1, N
+client threads sharing one ``pgq.Client``, one call in flight each:
+``add_job(..., replicate=3)``, and get + ack of 3-copy jobs from a
+prefilled queue (N = 1, 10, 50; 1 and 4 in smoke runs); and, through node
+1's RESP port (``pgq node start --resp``), the closed loop of ``ADDJOB
+queue body 0 REPLICATE 3`` with N connections, one request in flight each
+(issue "Any language"). Medians over the rounds. ``only`` picks rows by
+name, as ``--only`` does for the other workloads.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
+
 import pgq
 from pgq.localcluster import LocalCluster, free_port
 
 from .contenders import resp_client
-from .runner import RESP_CONNECTIONS, resp_key
+from .contenders.common import BODY, closed_loop
+from .report import REPLICATED, REPLICATED_GET_ACK
+from .runner import CLIENTS, RESP_CONNECTIONS, closed_loop_key, resp_key
 
 PRODUCERS = 8
 PYTHON_ROWS = ("W=1 sync", "W=2 sync", "W=3 sync", "W=3 async", "get+ack across nodes")
@@ -79,7 +87,13 @@ def _pct(samples: list[float], q: float) -> float:
 
 def resp_rows(smoke: bool) -> dict[str, int]:
     """The RESP rows' names and their connections."""
-    return {resp_key("add, replicate 3", n): n for n in ((4,) if smoke else RESP_CONNECTIONS)}
+    return {resp_key(REPLICATED, n): n for n in ((4,) if smoke else RESP_CONNECTIONS)}
+
+
+def closed_rows(smoke: bool) -> dict[str, tuple[str, int]]:
+    """The closed-loop rows' names, each with its operation and its client threads."""
+    return {closed_loop_key(what, n, True): (what, n)
+            for what in (REPLICATED, REPLICATED_GET_ACK) for n in ((1, 4) if smoke else CLIENTS)}
 
 
 def _serving_resp(port: int) -> list[str]:
@@ -139,12 +153,58 @@ def _resp_round(port: int, node_pid: int, round_no: int, smoke: bool, wanted: Ca
         log(f"cluster round {round_no + 1} {name}: {rate:,.0f} adds/s, p50 {done['p50'] * 1000:.2f} ms")
 
 
+def _prefill(client: pgq.Client, dsn: str, queue: str, n: int, log: Callable[[str], None]) -> None:
+    """``n`` 3-copy jobs in ``queue``, and fresh statistics for the planner."""
+    began = time.perf_counter()
+    for start in range(0, n, 1000):
+        client.add_jobs(queue, [BODY] * min(1000, n - start), replicate=3)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ANALYZE")
+    log(f"cluster: prefilled {queue} with {n:,} 3-copy jobs in {time.perf_counter() - began:.1f} s")
+
+
+def _closed_call(client: pgq.Client, dsn: str, what: str, queue: str, smoke: bool,
+                 log: Callable[[str], None]) -> Callable[[pgq.Client], Any]:
+    """A closed-loop row's call: one replicated add, or (``queue`` prefilled
+    first) one get + ack of a 3-copy job."""
+    if what == REPLICATED:
+        return lambda c: c.add_job(queue, BODY, replicate=3)
+    _prefill(client, dsn, queue, 2_000 if smoke else 60_000, log)
+
+    def get_ack(c: pgq.Client) -> None:
+        jobs = c.get_job(queue, nohang=True)
+        if not jobs:
+            raise RuntimeError("the queue ran dry: prefill more")
+        c.ack_job(jobs[0].id)
+
+    return get_ack
+
+
+def _closed_round(dsn: str, round_no: int, smoke: bool, wanted: Callable[[str], bool],
+                  rows: dict[str, list[dict[str, float | None]]], log: Callable[[str], None]) -> None:
+    """One round of the closed-loop rows (those ``wanted``) on node 1: N
+    threads share one Client, each with one call in flight; each row on a
+    fresh queue."""
+    for name, (what, clients) in closed_rows(smoke).items():
+        if not wanted(name):
+            continue
+        queue = f"closed-{'add' if what == REPLICATED else 'get'}-{round_no}-{clients}"
+        with pgq.Client(dsn, pool_size=max(10, clients)) as client:
+            call = _closed_call(client, dsn, what, queue, smoke, log)
+            done = closed_loop(clients, 0.5 if smoke else 5.0, setup=lambda i: client, call=call)
+        rate = done["jobs"] / done["seconds"]
+        rows.setdefault(name, []).append(
+            {"p50_ms": done["p50"] * 1000, "p99_ms": done["p99"] * 1000, "rate": rate})
+        unit = "adds/s" if what == REPLICATED else "jobs/s"
+        log(f"cluster round {round_no + 1} {name}: {rate:,.0f} {unit}, p50 {done['p50'] * 1000:.2f} ms")
+
+
 def run_cluster(smoke: bool, rounds: int, log: Callable[[str], None],
                 only: list[str] | None = None) -> dict[str, Any]:
     def wanted(name: str) -> bool:
         return not only or any(o in name for o in only)
 
-    if not any(wanted(name) for name in (*PYTHON_ROWS, *resp_rows(smoke))):
+    if not any(wanted(name) for name in (*PYTHON_ROWS, *closed_rows(smoke), *resp_rows(smoke))):
         return {}
     rows: dict[str, list[dict[str, float | None]]] = {}
     cluster = LocalCluster(3, prefix="pgq-bench-cluster-")
@@ -160,6 +220,7 @@ def run_cluster(smoke: bool, rounds: int, log: Callable[[str], None],
             client.add_job("warm", b"x", replicate=3)  # connections, prepared statements
             for round_no in range(rounds):
                 _python_round(first, second, client, round_no, smoke, wanted, rows, log)
+                _closed_round(first, round_no, smoke, wanted, rows, log)
                 _resp_round(port, node.pid, round_no, smoke, wanted, rows, log)
     finally:
         cluster.close()

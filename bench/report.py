@@ -27,9 +27,12 @@ DISQUE_DURABLE = {
     ("get+ack", 1): 2_774, ("get+ack", 10): 8_992, ("get+ack", 50): 18_684,
 }
 # The same, replicated: ADDJOB ... REPLICATE 3 on a 3-node Disque cluster,
-# by clients (issue "Any language" sets the RESP rows' bar at 10 and 50).
+# and GETJOB + ACKJOB of jobs with 3 copies, by clients (issue "Any
+# language" sets the RESP rows' bar at 10 and 50).
 REPLICATED = "add, replicate 3"
 DISQUE_REPLICATED = {1: 1_779, 10: 6_052, 50: 15_529}
+REPLICATED_GET_ACK = "get+ack of 3-copy jobs"
+DISQUE_REPLICATED_GET_ACK = {1: 2_129, 10: 5_231, 50: 10_095}
 REPEATED = f"burn-down x{REPEATS} on one database"
 HELD = REPEATED + ", horizon held"
 
@@ -76,6 +79,9 @@ def goals(results: Results) -> list[dict[str, Any]]:
         rows.append(("cluster: W=3 sync throughput ≥ 0.3× W=1", _ratio(w3.get("rate"), w1.get("rate")), 0.3))
         p50 = w3.get("p50_ms")
         rows.append(("cluster: W=3 p50 add latency ≤ 5 ms (value in ms)", p50, ("≤", 5.0)))
+        rows += replicated_goals(results)
+        p50 = cluster.get(closed_loop_key(REPLICATED, 1, True), {}).get("p50_ms")
+        rows.append((f"cluster: {REPLICATED}, 1 client: p50 ≤ 1.5 ms (value in ms)", p50, ("≤", 1.5)))
         rows += resp_cluster_goals(results)
     out = []
     for name, value, target in rows:
@@ -96,6 +102,19 @@ def resp_goals(results: Results) -> list[tuple[str, float | None, float]]:
             key = resp_key(what, clients)
             rows.append((f"{key}: pgq ≥ durable Disque ({disque:,}/s)",
                          _ratio(results.median(key, "pgq"), disque), 1.0))
+    return rows
+
+
+def replicated_goals(results: Results) -> list[tuple[str, float | None, float]]:
+    """Issue "Speed that scales" on the 3-node cluster: replicated add and
+    get+ack of 3-copy jobs through one shared Client at least half as fast
+    as durable Disque's 3-node cluster."""
+    rows = []
+    for what, bar in ((REPLICATED, DISQUE_REPLICATED), (REPLICATED_GET_ACK, DISQUE_REPLICATED_GET_ACK)):
+        for clients, disque in bar.items():
+            key = closed_loop_key(what, clients, True)
+            rows.append((f"cluster: {key}: pgq ≥ 0.5× durable Disque, 3 nodes ({disque:,}/s)",
+                         _ratio(results.cluster.get(key, {}).get("rate"), disque), 0.5))
     return rows
 
 
@@ -164,7 +183,7 @@ def markdown(results: Results) -> str:
               "(steady state) or of one add call (single add).", ""]
     if results.cluster:
         lines += ["## Cluster (3 local nodes, pgq only)", "",
-                  "| workload | p50 add | p99 add | throughput |", "|---|---:|---:|---:|"]
+                  "| workload | p50 of one call | p99 of one call | throughput |", "|---|---:|---:|---:|"]
         for name, row in results.cluster.items():
             lines.append(f"| {name} | {_fmt(row.get('p50_ms'), 2)} ms | {_fmt(row.get('p99_ms'), 2)} ms "
                          f"| {_fmt(row.get('rate'))} /s |".replace("- ms", "-"))
@@ -179,8 +198,9 @@ def markdown(results: Results) -> str:
 
 def closed_loop_table(results: Results) -> list[str]:
     """pgq beside durable Disque and the raw floor, one request in flight per
-    client: through the Python client and through the RESP port."""
-    if not any(k.startswith(("add,", "get+ack,")) for k in (*results.runs, *results.cluster)):
+    client: through the Python client and through the RESP port, on one node
+    and (replicated) on the 3-node cluster."""
+    if not any(k.startswith(("add,", "get+ack,", REPLICATED_GET_ACK)) for k in (*results.runs, *results.cluster)):
         return []
     lines = ["## Closed loop beside durable Disque", "",
              "One request in flight per client thread (per connection through the RESP port and "
@@ -200,10 +220,13 @@ def closed_loop_table(results: Results) -> list[str]:
                      f"| {_cell(results, resp, 'pgq')} | {_cell(results, http_key(what, clients), 'pgq')} "
                      f"| {_fmt(_ratio(m(shared, 'pgq'), disque), 2)} "
                      f"| {_fmt(_ratio(m(resp, 'pgq'), disque), 2)} |")
-    for clients, disque in DISQUE_REPLICATED.items():
-        row = results.cluster.get(resp_key(REPLICATED, clients), {})
-        lines.append(f"| {REPLICATED} (3 nodes) | {clients} | {disque:,} | - | - | - "
-                     f"| {_cluster_cell(row)} | - | - | {_fmt(_ratio(row.get('rate'), disque), 2)} |")
+    for what, bar in ((REPLICATED, DISQUE_REPLICATED), (REPLICATED_GET_ACK, DISQUE_REPLICATED_GET_ACK)):
+        for clients, disque in bar.items():
+            shared = results.cluster.get(closed_loop_key(what, clients, True), {})
+            resp = results.cluster.get(resp_key(what, clients), {})
+            lines.append(f"| {what} (3 nodes) | {clients} | {disque:,} | {_cluster_cell(shared)} | - | - "
+                         f"| {_cluster_cell(resp)} | - | {_fmt(_ratio(shared.get('rate'), disque), 2)} "
+                         f"| {_fmt(_ratio(resp.get('rate'), disque), 2)} |")
     return lines + [""] + _resp_cpu(results)
 
 
@@ -290,8 +313,9 @@ def _throughput_chart(results: Results, bars: list[str], out: Path, plt: Any) ->
 
 def _cluster_chart(results: Results, out: Path, plt: Any) -> Path:
     fig, ax = plt.subplots(figsize=(6, 4))
-    # one synchronous add at a time: the closed-loop RESP rows are not
-    names = [n for n in results.cluster if "p50_ms" in results.cluster[n] and "(RESP)" not in n]
+    # one synchronous add at a time: the closed-loop rows (RESP, one shared Client) are not
+    names = [n for n in results.cluster if "p50_ms" in results.cluster[n]
+             and not n.endswith(("(RESP)", "(one shared Client)"))]
     ax.bar([f"{n}\np50" for n in names], [results.cluster[n]["p50_ms"] for n in names], color="#1f77b4")
     ax.bar([f"{n}\np99" for n in names], [results.cluster[n]["p99_ms"] for n in names], color="#aec7e8")
     ax.set_ylabel("ms per synchronous add")
