@@ -264,7 +264,8 @@ class Worker:
             raise InvalidArgumentError("nothing to do: register a handler with @worker.task(queue)")
         self._stopping = anyio.Event()
         self._ready: collections.deque[Job] = collections.deque()  # claimed, not started
-        self._job_arrived = anyio.Event()
+        self._idle: collections.deque[anyio.Event] = collections.deque()  # parked runners
+        self._waking = 0  # runners woken that have not run yet (at most one)
         self._room = anyio.Event()  # a slot was freed
         self._acks: list[str] = []
         self._acks_ready = anyio.Event()
@@ -373,8 +374,7 @@ class Worker:
                 self._in_flight[job.id] = job
                 self._ready.append(job)
             if got:
-                arrived, self._job_arrived = self._job_arrived, anyio.Event()
-                arrived.set()
+                self._wake_runner()
             elif self._until_empty:
                 if not self._in_flight:
                     return  # nothing ready, nothing running: done
@@ -383,11 +383,35 @@ class Worker:
                     await self._room.wait()
 
     async def _runner(self) -> None:
-        """Run claimed jobs one after the other, for as long as the worker runs."""
+        """Run claimed jobs one after the other, for as long as the worker runs.
+
+        With nothing ready a runner parks until :meth:`_wake_runner` picks
+        it. At most one runner is being woken at a time, and a runner that
+        takes a job while more are ready wakes the next: a handler that
+        never yields lets one runner run a whole claim (waking a runner per
+        job, or every runner per claim, cost more than such jobs), and one
+        that awaits I/O gets another runner on the next job at its first
+        await, so the runners in use grow with the jobs that wait. A runner
+        always looks at the ready jobs before it parks, so no job waits
+        while a runner is busy or awake."""
         while True:
             while not self._ready:
-                await self._job_arrived.wait()
-            await self._process(self._ready.popleft())
+                parked = anyio.Event()
+                self._idle.append(parked)
+                try:
+                    await parked.wait()
+                finally:
+                    self._waking -= parked.is_set()
+            job = self._ready.popleft()
+            if self._ready:
+                self._wake_runner()
+            await self._process(job)
+
+    def _wake_runner(self) -> None:
+        """Wake an idle runner for the ready jobs, unless one is waking."""
+        if self._idle and not self._waking:
+            self._waking += 1
+            self._idle.popleft().set()
 
     async def _drain(self, jobs: anyio.abc.TaskGroup) -> None:
         """Shutdown: in-flight jobs get `grace` seconds; the rest are NACKed."""

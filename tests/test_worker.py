@@ -49,6 +49,26 @@ def test_sync_handlers_run_concurrently(dsn, client):
     assert client.show(client.add_job("conc", b"x")) is not None  # queue still usable
 
 
+def test_async_handlers_that_await_fill_every_slot(dsn, client):
+    # Runners are woken one at a time (a handler that never yields runs a
+    # whole claim on one runner): one that awaits must still get a runner
+    # for each ready job, up to the concurrency.
+    client.add_jobs("aconc", [b"%d" % i for i in range(12)])
+    running, peak = [0], [0]
+
+    async def handler(job):
+        running[0] += 1
+        peak[0] = max(peak[0], running[0])
+        with anyio.move_on_after(5):  # at most: the other three should start within ms
+            while peak[0] < 4:  # wait until every slot is taken
+                await anyio.sleep(0.005)
+        running[0] -= 1
+
+    worker = pgq.Worker(client, queues=["aconc"], handler=handler, concurrency=4)
+    stats = run_until(worker, lambda: worker.stats.succeeded == 12)
+    assert peak[0] == 4 and stats.claimed == 12 and client.qlen("aconc") == 0
+
+
 def test_decorator_and_async_handlers(dsn, client):
     worker = pgq.Worker(client, concurrency=10)
     seen = []
