@@ -54,14 +54,16 @@ def test_async_handlers_that_await_fill_every_slot(dsn, client):
     # whole claim on one runner): one that awaits must still get a runner
     # for each ready job, up to the concurrency.
     client.add_jobs("aconc", [b"%d" % i for i in range(12)])
-    running, peak = [0], [0]
+    running, peak, full = [0], [0], {}
 
     async def handler(job):
+        every_slot = full.setdefault("event", anyio.Event())  # made in the worker's loop
         running[0] += 1
         peak[0] = max(peak[0], running[0])
+        if peak[0] == 4:
+            every_slot.set()
         with anyio.move_on_after(5):  # at most: the other three should start within ms
-            while peak[0] < 4:  # wait until every slot is taken
-                await anyio.sleep(0.005)
+            await every_slot.wait()
         running[0] -= 1
 
     worker = pgq.Worker(client, queues=["aconc"], handler=handler, concurrency=4)
