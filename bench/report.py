@@ -17,6 +17,8 @@ BATCHED = "burn-down batched (COUNT 100)"
 PER_JOB = "burn-down per job (COUNT 1)"
 BULK = "bulk add"
 SPARK = "Spark ingest (W=1)"
+WORKER = "burn-down batched, pgq.Worker"
+STEADY = "steady state (4 producers, 4 consumers)"
 CONTENDERS = ("pgq", "pgqueuer", "procrastinate", "raw SQL floor", "plain COPY", "Spark JDBC floor")
 
 # Durable Disque (appendfsync always), closed loop, on this machine: the
@@ -58,6 +60,13 @@ def goals(results: Results) -> list[dict[str, Any]]:
         ("burn-down per job: pgq ≥ 1.5× the better peer", _ratio(m(PER_JOB, "pgq"), best_per_job), 1.5),
         ("bulk add: pgq ≥ 0.5× plain COPY", _ratio(m(BULK, "pgq"), m(BULK, "plain COPY")), 0.5),
         ("Spark ingest (W=1): pgq ≥ 0.5× plain COPY", _ratio(m(SPARK, "pgq"), m(SPARK, "plain COPY")), 0.5),
+        # issue "Speed that scales": the worker, and the steady state
+        ("pgq.Worker burn-down ≥ 0.8× the bare client's batched burn-down",
+         _ratio(m(WORKER, "pgq"), m(BATCHED, "pgq")), 0.8),
+        ("steady state: pgq ≥ 2× the better peer",
+         _ratio(m(STEADY, "pgq"), max((m(STEADY, p) or 0 for p in PEERS), default=0) or None), 2.0),
+        ("steady state: pgq ≥ 0.6× the raw-SQL floor",
+         _ratio(m(STEADY, "pgq"), m(STEADY, "raw SQL floor")), 0.6),
     ]
     for (what, clients), disque in DISQUE_DURABLE.items():
         for shared in (True, False):
