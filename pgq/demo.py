@@ -186,7 +186,10 @@ def run(nodes: list[LocalNode], opts: argparse.Namespace, verdict: dict[str, Any
     if withdrawn:
         print(f"  NOREPL          {len(withdrawn)} adds withdrawn while a node process was down"
               f" ({stray} delivered anyway: removing partial copies is best effort)")
-    print(f"  duplicates      {duplicates} (at-least-once: re-deliveries around the kill)")
+    # At-least-once: a job is delivered again when the killed node held it,
+    # or when it waited queued past its retry (2 s) and a holder re-queued it.
+    print(f"  duplicates      {duplicates} (at-least-once: re-deliveries around the kill, "
+          "or of jobs that waited past their 2 s retry)")
     print(f"  lost            {len(lost)}")
     # From the first add to the first delivery of the last job: what a user
     # waits for. The verdict then waits for the killed node to be declared
