@@ -145,22 +145,32 @@ WITH leaving AS (  -- a leaving node keeps no new copy (the client re-routes the
        EXISTS (SELECT 1 FROM leaving) AS leaving
 """
 
+# The parts of a many-caller add (ADD_MANY, ADD_MANY_REPLICATED) that
+# refuse jobs (a leaving node stores none; a paused queue none of its
+# own) and wake blocked consumers of queues that got ready jobs.
+_MANY_REFUSALS = """leaving AS (
+    SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
+), paused AS (
+    SELECT p.name FROM pgq.queues p
+    WHERE p.name = ANY (%(names)s::text[]) AND p.paused IN ('in', 'all')
+)"""
+_MANY_WOKEN = f"""woken AS (
+    SELECT pg_notify('{JOBS_CHANNEL}', q.queue)
+    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
+    WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
+)"""
+
 # ADDJOB of many callers at once (group commit): jobs held here only, each
 # row with its own queue and parameters, one statement and one commit for
 # all. Safe for the same reasons as ADD_JOBS (idempotent by client-made IDs;
 # PAUSED checked in the statement; a leaving node stores nothing: every
 # call is then re-routed). MAXLEN adds never come here (they lock).
 ADD_MANY = f"""
-WITH leaving AS (
-    SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
-), input AS (
+WITH {_MANY_REFUSALS}, input AS (
     SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
                          %(retries)s::float8[], %(delays)s::float8[], %(ttls)s::float8[],
                          %(priorities)s::int[])
         WITH ORDINALITY AS u(id, queue, body, retry, delay, ttl, priority, n)
-), paused AS (
-    SELECT p.name FROM pgq.queues p
-    WHERE p.name = ANY (%(names)s::text[]) AND p.paused IN ('in', 'all')
 ), inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, retry, delay,
                           expires_at, requeue_at, queued_at, enqueues, priority)
@@ -176,11 +186,7 @@ WITH leaving AS (
     ORDER BY i.n  -- ctime follows arrival order
     ON CONFLICT (id) DO NOTHING
     RETURNING queue, state
-), woken AS (
-    SELECT pg_notify('{JOBS_CHANNEL}', q.queue)
-    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
-    WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
-)
+), {_MANY_WOKEN}
 SELECT ARRAY(SELECT name FROM paused) AS paused,
        EXISTS (SELECT 1 FROM leaving) AS leaving,
        (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
@@ -195,16 +201,11 @@ SELECT ARRAY(SELECT name FROM paused) AS paused,
 # and copied in the background. A leaving node stores nothing: every call
 # goes the long way (it replicates externally), as with ADD_MANY.
 ADD_MANY_REPLICATED = f"""
-WITH leaving AS (
-    SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true'
-), input AS (
+WITH {_MANY_REFUSALS}, input AS (
     SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
                          %(repls)s::int[], %(repl_mins)s::int[], %(retries)s::float8[],
                          %(delays)s::float8[], %(ttls)s::float8[], %(priorities)s::int[])
         WITH ORDINALITY AS u(id, queue, body, repl, repl_min, retry, delay, ttl, priority, n)
-), paused AS (
-    SELECT p.name FROM pgq.queues p
-    WHERE p.name = ANY (%(names)s::text[]) AND p.paused IN ('in', 'all')
 ), inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
                           requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
@@ -226,11 +227,7 @@ WITH leaving AS (
     RETURNING id, queue, state
 ), events AS (
     INSERT INTO pgq.outbox (kind, job_id) SELECT '{OUTBOX_REPLICATE}', id FROM inserted RETURNING 1
-), woken AS (
-    SELECT pg_notify('{JOBS_CHANNEL}', q.queue)
-    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
-    WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
-)
+), {_MANY_WOKEN}
 SELECT ARRAY(SELECT name FROM paused) AS paused,
        EXISTS (SELECT 1 FROM leaving) AS leaving,
        (SELECT count(*) FROM events) AS events,
