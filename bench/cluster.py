@@ -23,12 +23,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
 import pgq
 from pgq.localcluster import LocalCluster, free_port
 
-from .contenders import resp_client
+from .contenders import pgq_client, resp_client
 from .contenders.common import BODY, closed_loop
 from .report import REPLICATED, REPLICATED_GET_ACK
 from .runner import CLIENTS, RESP_CONNECTIONS, closed_loop_key, resp_key
@@ -158,8 +156,7 @@ def _prefill(client: pgq.Client, dsn: str, queue: str, n: int, log: Callable[[st
     began = time.perf_counter()
     for start in range(0, n, 1000):
         client.add_jobs(queue, [BODY] * min(1000, n - start), replicate=3)
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("ANALYZE")
+    pgq_client.analyze(dsn)
     log(f"cluster: prefilled {queue} with {n:,} 3-copy jobs in {time.perf_counter() - began:.1f} s")
 
 
@@ -170,14 +167,7 @@ def _closed_call(client: pgq.Client, dsn: str, what: str, queue: str, smoke: boo
     if what == REPLICATED:
         return lambda c: c.add_job(queue, BODY, replicate=3)
     _prefill(client, dsn, queue, 2_000 if smoke else 60_000, log)
-
-    def get_ack(c: pgq.Client) -> None:
-        jobs = c.get_job(queue, nohang=True)
-        if not jobs:
-            raise RuntimeError("the queue ran dry: prefill more")
-        c.ack_job(jobs[0].id)
-
-    return get_ack
+    return lambda c: pgq_client.get_ack(c, queue)
 
 
 def _closed_round(dsn: str, round_no: int, smoke: bool, wanted: Callable[[str], bool],

@@ -346,7 +346,7 @@ def batches_for(call: AddCall, view: ClusterView) -> tuple[str, ...]:
         return ()
     if not replicated_batchable(call):
         return ("adds",)
-    if view.active and view.member and not view.leaving and _copies(call.params, view)[0] > 1:
+    if not view.leaving and _copyable(call, _copies(call.params, view)[0], view):
         return ("replicated", "adds")
     return ("adds", "replicated")
 

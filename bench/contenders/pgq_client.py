@@ -18,7 +18,7 @@ from .common import BODY, age_of, burn_repeated_with, closed_loop, main, percent
 QUEUE = "bench"
 
 
-def _analyze(dsn: str) -> None:
+def analyze(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("ANALYZE")
 
@@ -28,7 +28,7 @@ def burn(dsn: str, n: int, batch: int, consumers: int = 2,
     with pgq.Client(dsn) as client:
         for start in range(0, n, 50_000):
             client.add_jobs(QUEUE, [BODY] * min(50_000, n - start))
-    _analyze(dsn)
+    analyze(dsn)
 
     async def run() -> tuple[int, float]:
         done = [0]
@@ -61,7 +61,7 @@ def burn_worker(dsn: str, n: int, batch: int, consumers: int = 2, max_seconds: f
     with pgq.Client(dsn) as client:
         for start in range(0, n, 50_000):
             client.add_jobs(QUEUE, [BODY] * min(50_000, n - start))
-    _analyze(dsn)
+    analyze(dsn)
     worker = pgq.Worker(dsn, concurrency=batch * consumers, batch=batch, poll_timeout=0.2)
     done = [0]
     started = time.perf_counter()
@@ -145,7 +145,7 @@ def _prefill(dsn: str, n: int) -> None:
     with pgq.Client(dsn) as client:
         for start in range(0, n, 100_000):
             client.add_jobs(QUEUE, [BODY] * min(100_000, n - start))
-    _analyze(dsn)
+    analyze(dsn)
 
 
 def closed_add(dsn: str, clients: int, seconds: float, shared: bool = True) -> dict[str, Any]:
@@ -161,21 +161,23 @@ def closed_add(dsn: str, clients: int, seconds: float, shared: bool = True) -> d
     return result
 
 
+def get_ack(client: pgq.Client, queue: str) -> None:
+    """One closed-loop get+ack: the next job of ``queue``, acknowledged."""
+    jobs = client.get_job(queue, nohang=True)
+    if not jobs:
+        raise RuntimeError("the queue ran dry: prefill more")
+    client.ack_job(jobs[0].id)
+
+
 def closed_get_ack(dsn: str, clients: int, seconds: float, prefill: int,
                    shared: bool = True) -> dict[str, Any]:
     """Closed loop: each client thread gets one job and acks it."""
     _prefill(dsn, prefill)
     one = pgq.Client(dsn) if shared else None
 
-    def get_ack(client: pgq.Client) -> None:
-        jobs = client.get_job(QUEUE, nohang=True)
-        if not jobs:
-            raise RuntimeError("the queue ran dry: prefill more")
-        client.ack_job(jobs[0].id)
-
     result = closed_loop(clients, seconds,
                          setup=lambda i: one if shared else pgq.Client(dsn),
-                         call=get_ack,
+                         call=lambda client: get_ack(client, QUEUE),
                          teardown=lambda client: None if shared else client.close())
     if one is not None:
         one.close()
