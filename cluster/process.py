@@ -15,6 +15,10 @@ and leaves nothing behind:
 5. serve. A failure in 4 or 5 before the node served stops the PostgreSQL
    this start launched.
 
+SIGUSR1 writes every thread's Python stack to the node's standard error
+(its log under ``pgq demo`` and the local clusters), without stopping it:
+how to see where a node that does not come up is waiting.
+
 Invariants: the node's identity (40-hex id) lives in its database, so a
 restart with the same data keeps it; SIGTERM or SIGINT stop the node within
 a couple of seconds (``state`` becomes ``stopped``, clients see the node
@@ -24,6 +28,7 @@ process gone); the database is migrated before the node serves.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import logging
 import os
@@ -129,6 +134,7 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
     from pgq.migrate import migrate
 
     setup_logging(name)
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     host, port = parse_address(bus)
     peers = [parse_address(j) for j in joins]
     if dsn is None and data is None:

@@ -196,14 +196,19 @@ class Nemesis:
         """Start what is not running (a server whose node process lives, or
         the node process, which starts its own server), then wait until each
         node serves and its database answers."""
+        restarted = set()
         for node in nodes:
             if node.alive() and not node.postgres_running():
                 node.start_postgres()
             elif not node.alive():
                 node.start()
+                restarted.add(node.name)
         for node in nodes:
-            wait_for(lambda node=node: node.serving() and _answers(node), RESTART_TIMEOUT,
-                     f"{node.name} to serve again")
+            answers = lambda node=node: _answers(node)  # noqa: E731
+            if node.name in restarted:
+                node.serve_or_restart(2 * RESTART_TIMEOUT, also=answers)
+            else:
+                node.wait_serving(RESTART_TIMEOUT, also=answers)
 
 
 def _state(node: LocalNode) -> str | None:

@@ -1,0 +1,60 @@
+"""The local cluster harness (pgq.localcluster) when a node does not come up:
+the failure says why (the node's log), and a cluster start survives one bad
+start of a node while saying so (a StartRetried warning)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+from pgq.localcluster import LocalCluster, StartRetried
+
+# The launcher of the test node: its first start exits at once, as a node
+# whose bus address was taken would; the next ones run the CLI.
+FLAKY = textwrap.dedent("""
+    import runpy, sys
+    from pathlib import Path
+    marker = Path(sys.argv[1])
+    if not marker.exists():
+        marker.write_text("failed once")
+        print("first start refused on purpose", flush=True)
+        sys.exit(3)
+    sys.argv = [sys.argv[2], *sys.argv[3:]]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+""")
+
+
+def test_a_node_that_exits_is_reported_with_its_log_and_started_once_more():
+    cluster = LocalCluster(1, prefix="pgq-harness-")
+    node = cluster.nodes[0]
+    script = cluster.root / "flaky.py"
+    script.write_text(FLAKY)
+    node.launcher = [sys.executable, str(script), str(cluster.root / "failed-once"), "pgq.cli"]
+    try:
+        node.start()
+        # 600 s: far beyond any start here, so only the exit's detection (not
+        # the wait running out) can produce the "exited" message below.
+        with pytest.warns(StartRetried) as warned:
+            node.serve_or_restart(600)
+        message = str(warned[0].message)
+        assert "n1's process exited with status 3 before serving" in message
+        assert "first start refused on purpose" in message
+        assert node.serving() and node.alive()
+    finally:
+        cluster.close()
+
+
+def test_a_node_that_exits_twice_fails_the_start_with_its_log():
+    cluster = LocalCluster(1, prefix="pgq-harness-")
+    node = cluster.nodes[0]
+    node.launcher = [sys.executable, "-c", "print('refusing every start'); raise SystemExit(4)"]
+    try:
+        node.start()
+        with pytest.warns(StartRetried), pytest.raises(RuntimeError) as failed:
+            node.serve_or_restart(600)
+        assert "exited with status 4" in str(failed.value)
+        assert "refusing every start" in str(failed.value)
+    finally:
+        cluster.close()
