@@ -15,7 +15,8 @@ or ``pgq.Worker(client, queues=["emails"], handler=send_email).run()``, or
 What a worker guarantees:
 
 * It claims only as many jobs as it has free slots (``concurrency``), so no
-  claimed job waits unstarted; sync handlers run in threads, async ones in
+  claimed job waits unstarted; sync handlers run in daemon threads kept
+  between jobs (:mod:`pgq.handlerthreads`), async ones in
   ``concurrency`` long-lived runner tasks (a task per job, and a semaphore
   step per slot, cost more than a no-op handler: 21k -> 38k jobs/s here).
 * Before a job's lease (its ``retry``) runs out, the worker extends it with
@@ -53,7 +54,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
-import anyio.from_thread
 import anyio.lowlevel
 import anyio.to_thread
 import psycopg
@@ -63,6 +63,7 @@ from .aio import AsyncClient
 from .client import Client
 from .dsn import redact
 from .errors import InvalidArgumentError, InvalidTypeError, NoJobError, PgqError, TooLateError
+from .handlerthreads import HandlerThreads
 from .job import Job
 from .leases import LeaseSchedule
 
@@ -192,6 +193,7 @@ class Worker:
         self.metrics = metrics
         self._stop = threading.Event()
         self._stopping: anyio.Event | None = None
+        self._threads = HandlerThreads()  # where `def` handlers run (pgq.handlerthreads)
         if handler is not None:
             if not queues:
                 raise InvalidArgumentError("name the queues the handler serves: queues=[...]")
@@ -480,7 +482,7 @@ class Worker:
                 if task.is_async:
                     value = await task.handler(job)
                 else:
-                    value = await _in_thread(task.handler, job)
+                    value = await self._threads.run(task.handler, job)
                 return _Returned(value)
         except TimeoutError as exc:
             raise _JobFailed(f"timed out after {timeout:g} s") from exc
@@ -505,7 +507,7 @@ class Worker:
                 acker.ack_job(job.id, conn=conn)
                 conn.commit()
 
-        await _in_thread(run)
+        await self._threads.run(run)
 
     def _sync_client(self) -> Client:
         client = getattr(self, "_sync", None)
@@ -606,36 +608,6 @@ class Worker:
         log.log(self.job_log_level, "job %s of %s %s", job.id, job.queue, outcome)
         if self.metrics is not None:
             self.metrics.job_done(job.queue, outcome)
-
-
-async def _in_thread(fn: Callable[..., Any], *args: Any) -> Any:
-    """Run a sync handler in a daemon thread of its own.
-
-    anyio's worker threads are not daemons: a handler abandoned at shutdown
-    (still running after the grace period, its job already NACKed) would keep
-    the process alive until it returns. Concurrency is bounded by the
-    worker's slots, so one thread per running job is what we want anyway.
-    """
-    done = anyio.Event()
-    box: dict[str, Any] = {}
-    token = anyio.lowlevel.current_token()
-
-    def target() -> None:
-        try:
-            box["result"] = fn(*args)
-        except BaseException as exc:  # handed to the awaiting task
-            box["error"] = exc
-        finally:
-            try:
-                anyio.from_thread.run_sync(done.set, token=token)
-            except Exception:
-                pass  # the worker stopped waiting for us long ago
-
-    threading.Thread(target=target, daemon=True, name="pgq-handler").start()
-    await done.wait()
-    if "error" in box:
-        raise box["error"]
-    return box.get("result")
 
 
 class _no_timeout:
