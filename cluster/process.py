@@ -40,6 +40,7 @@ from typing import Any
 
 import anyio
 
+from pgq.contracts import NODE_LOCK_KEY  # held by the node process serving a database
 from pgq.errors import InvalidArgumentError, PgqError
 from pgq.fronts import Fronts, FrontsThread
 
@@ -51,7 +52,6 @@ __all__ = ["parse_address", "load_secret", "run_node", "read_state", "bind_bus",
            "NODE_LOCK_KEY", "BusAddressInUse"]
 
 log = logging.getLogger("pgq.cluster")
-NODE_LOCK_KEY = 0x7067716E  # "pgqn": held by the node process serving a database
 
 
 class BusAddressInUse(PgqError):

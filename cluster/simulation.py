@@ -62,6 +62,7 @@ import psycopg
 from pgq import arguments, commands
 from pgq import embedded as embedded_server
 from pgq import statements as client_sql
+from pgq.contracts import NODE_LOCK_KEY
 from pgq.driver import extract
 from pgq.errors import PgqError
 from pgq.migrate import SCHEMA_VERSION, schema_version
@@ -187,6 +188,7 @@ class SimDatabases:
         ids = []
         for i, (node_conn, client_conn) in enumerate(self.connections):
             node_id = hashlib.sha1(f"pgq-sim-{seed}-{i}".encode()).hexdigest()
+            node_conn.execute("SELECT pg_advisory_unlock_all()")  # no node runs yet
             node_conn.execute(f"TRUNCATE {self._tables} RESTART IDENTITY")
             node_conn.execute("DELETE FROM pgq.meta")
             node_conn.execute("INSERT INTO pgq.meta (key, value) VALUES ('node_id', %s)", (node_id,))
@@ -355,6 +357,9 @@ class Simulation:
                                           Config()), node.clock,
                              random.Random(f"{self.options.seed}-{node.name}-{node.generation}"))
         self.trace(f"{node.name} start (generation {node.generation})")
+        # As a node process does: its database's node lock while it runs
+        # (pgq.contracts), which synchronous adders read to stop waiting.
+        node.conn.execute("SELECT pg_advisory_unlock_all(), pg_advisory_lock(%s)", (NODE_LOCK_KEY,))
         self._node_step(node, node.core.load(), "load")
         generation = node.generation
         for name, period in PERIODS.items():
@@ -367,6 +372,7 @@ class Simulation:
         node.up = False
         node.core = None
         node.generation += 1
+        node.conn.execute("SELECT pg_advisory_unlock_all()")  # its backend would end with it
         self.trace(f"{node.name} CRASH")
 
     def _periodic(self, node: SimNode, name: str, generation: int) -> None:

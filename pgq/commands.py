@@ -449,10 +449,11 @@ def _copies_or_withdraw(session: Session, ids: list[str],
     """Wait for W copies of every job; withdraw those still waiting at the
     end. Returns (the IDs withdrawn, whether the node process is stuck).
 
-    Gives up early when the node process is stuck: its outbox, which it
-    drains continuously, holds an event older than ``NODE_STUCK_AFTER``
-    seconds (killed or paused process). A client with several node DSNs
-    can then add the withdrawn jobs through another node.
+    Gives up early when the node process is not running (its node lock is
+    free: killed, crashed, stopped) or stuck (its outbox, which it drains
+    continuously, holds an event older than ``NODE_STUCK_AFTER`` seconds: a
+    paused process). A client with several node DSNs can then add the
+    withdrawn jobs through another node at once.
     """
     deadline = session.clock() + timeout
     pending = set(ids)
@@ -467,7 +468,7 @@ def _copies_or_withdraw(session: Session, ids: list[str],
             # A job that vanished was replicated first (a 'wait-repl' job is
             # never delivered), then acknowledged, deleted or expired.
             pending -= {r[0] for r in rows if r[1] or r[2]}
-            stuck = bool(rows) and (rows[0][3] or 0.0) > NODE_STUCK_AFTER
+            stuck = bool(rows) and _node_stuck(*rows[0][3:5])
     if not pending:
         return set(), False
     removed = yield Query(sql.ABORT_REPLICATION, {"ids": sorted(pending)}, Result.ROWS)
@@ -476,12 +477,17 @@ def _copies_or_withdraw(session: Session, ids: list[str],
     return failed, stuck
 
 
+def _node_stuck(outbox_lag: float | None, node_running: bool) -> bool:
+    """Is the node process gone or stuck (see REPLICATION_DONE)?"""
+    return not node_running or (outbox_lag or 0.0) > NODE_STUCK_AFTER
+
+
 def _withdrawn(ids: list[str], failed: set[str], timeout: float, stuck: bool) -> NoReplError:
     """NOREPL for an add whose ``failed`` jobs were withdrawn, with the way out."""
     if stuck:
         return NoReplError(
-            f"the node process of this database stopped draining its outbox (for over "
-            f"{NODE_STUCK_AFTER:g} s), so {len(failed)} of {len(ids)} jobs could not be "
+            f"the node process of this database is not running (or stopped draining its outbox "
+            f"for over {NODE_STUCK_AFTER:g} s), so {len(failed)} of {len(ids)} jobs could not be "
             "copied and were withdrawn: is it running? (a client given several node DSNs "
             "adds through another node)",
             removed=tuple(sorted(failed)), added=tuple(i for i in ids if i not in failed),
@@ -503,7 +509,7 @@ def _await_copies_of(session: Session, job_id: str, timeout: float) -> Command[b
     polls = 0
     while True:
         rows = yield Query(sql.REPLICATION_DONE, {"ids": [job_id]}, Result.ROWS)
-        _id, replicated, gone, _lag = rows[0]
+        _id, replicated, gone, _lag, _running = rows[0]
         if replicated or gone:
             return bool(replicated)
         if not (yield from _pause(session, deadline, polls)):

@@ -12,6 +12,10 @@ apart:
   :data:`REPLICATION_CHANNEL_PREFIX` + a client backend's pid (payload: a
   job ID) tells a synchronous adder that its job got its W copies. A lost
   notification costs latency only: every waiter also polls.
+* **The node lock.** A node process holds the session advisory lock
+  :data:`NODE_LOCK_KEY` on its database while it runs (one process per
+  database); its backend ends with the process, so a free lock means no
+  node process runs: a synchronous adder stops waiting for copies at once.
 * **Outbox events** (``pgq.outbox``: kind, job_id, queue, arg), written by
   client statements in the transaction of the change they announce, and
   read by the node process in ``seq`` order (:data:`OUTBOX_KINDS`; the
@@ -45,10 +49,11 @@ __all__ = [
     "OUTBOX_REPLICATE", "OUTBOX_ABORT", "OUTBOX_ACK", "OUTBOX_FASTACK", "OUTBOX_QUEUED",
     "OUTBOX_WORKING", "OUTBOX_PAUSE", "OUTBOX_MEET", "OUTBOX_FORGET", "OUTBOX_LEAVING",
     "TELL_NODE", "SET_LEAVING", "NODE_ID", "HELD_BY_NODE", "CLUSTER_STATE", "NODES",
-    "holders_arg", "split_holders", "notice_arg", "split_notice",
+    "holders_arg", "split_holders", "notice_arg", "split_notice", "NODE_LOCK_KEY",
 ]
 
 JOBS_CHANNEL = "pgq"
+NODE_LOCK_KEY = 0x7067716E  # "pgqn": pg_advisory_lock(bigint) of the node process
 DOORBELL_CHANNEL = "pgq_node"
 REPLICATION_CHANNEL_PREFIX = "pgq_r"
 

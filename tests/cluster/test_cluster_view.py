@@ -119,6 +119,22 @@ def test_a_client_adds_through_another_node_when_its_node_process_is_down(make_c
             cluster[0].process.send_signal(signal.SIGCONT)
 
 
+def test_a_synchronous_add_stops_waiting_at_once_when_its_node_process_was_killed(make_cluster):
+    cluster = make_cluster(3)
+    node = cluster[0]
+    with node.client() as client:
+        assert client.add_job("gone", b"warm", replicate=2) is not None
+        node.kill(signal.SIGKILL)  # its heartbeat still says "active" for 10 s
+        started = time.monotonic()
+        with pytest.raises(pgq.errors.NoReplError, match="is not running .or stopped draining") as info:
+            client.add_job("gone", b"x", replicate=2, timeout=60)
+        # The node lock is free at the first poll (50 ms); without it only
+        # the outbox's age would tell, after NODE_STUCK_AFTER (3 s).
+        assert time.monotonic() - started < pgq.commands.NODE_STUCK_AFTER
+    assert info.value.node_down and len(info.value.removed) == 1 and not info.value.added
+    assert node.sql("SELECT count(*) FROM pgq.jobs WHERE id = %s", info.value.removed) == [(0,)]
+
+
 def test_a_cluster_node_without_its_process_refuses_adds_that_need_copies(make_cluster):
     cluster = make_cluster(2)
     node = cluster[0]
