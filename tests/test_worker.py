@@ -190,6 +190,29 @@ def test_transactional_mode_commits_writes_and_ack_together(dsn, client, db):
     assert [d["id"] for d in client.dead_letters("tx")] == [bad]
 
 
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_transactional_handlers_share_pooled_connections(client, db, kind):
+    """One connection per slot at most, reused from job to job (a connection
+    per job cost ~5 ms of connect and authentication each)."""
+    db.execute("CREATE TABLE seen (job text, backend int)")
+    ids = client.add_jobs("pooled", [b"x"] * 40, retry=30)
+    record = "INSERT INTO seen SELECT %s, pg_backend_pid()"
+    if kind == "def":
+        def handler(job, conn):
+            conn.execute(record, (job.id,))
+    else:
+        async def handler(job, conn):
+            await conn.execute(record, (job.id,))
+
+    worker = pgq.Worker(client, queues=["pooled"], handler=handler, transactional=True,
+                        concurrency=4)
+    run_until(worker, lambda: worker.stats.succeeded == 40)
+    rows = db.execute("SELECT job, backend FROM seen").fetchall()
+    assert sorted(job for job, _ in rows) == sorted(ids)  # each committed once, with its ACK
+    assert len({backend for _, backend in rows}) <= 4
+    assert all(client.show(job_id) is None for job_id in ids)
+
+
 def test_nack_with_delay_requeues_later_without_counting_a_delivery(client):
     job_id = client.add_job("later", b"x", retry=30)
     client.get_job("later")
