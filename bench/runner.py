@@ -50,6 +50,7 @@ CONTENDERS = [
     Contender("procrastinate", "bench.contenders.procrastinate_peer", peer=True),
     Contender("raw SQL floor", "bench.contenders.raw_sql"),
     Contender("plain COPY", "bench.contenders.plain_copy"),
+    Contender("indexed COPY", "bench.contenders.indexed_copy"),
     Contender("Spark JDBC floor", "bench.contenders.spark_jdbc"),
 ]
 
@@ -86,9 +87,9 @@ def workloads(smoke: bool) -> list[Workload]:
         Workload("single add", "enqueue_single", {"n": 30 if smoke else 2000},
                  peers_and_floor, unit="adds/s"),
         Workload("bulk add", "enqueue_bulk", {"n": 2000 if smoke else 1_000_000},
-                 ("pgq", "pgqueuer", "procrastinate", "raw SQL floor", "plain COPY")),
+                 ("pgq", "pgqueuer", "procrastinate", "raw SQL floor", "plain COPY", "indexed COPY")),
         Workload("Spark ingest (W=1)", "spark_ingest", {"n": 20_000 if smoke else 1_000_000},
-                 ("pgq", "plain COPY", "Spark JDBC floor")),
+                 ("pgq", "plain COPY", "indexed COPY", "Spark JDBC floor")),
         *closed_loop_workloads(smoke),
         *resp_workloads(smoke),
         *repeated_burn_workloads(smoke),
@@ -227,7 +228,9 @@ class Server:
 
 def run_once(server: Server, contender: Contender, workload: Workload, peer_python: Path,
              timeout: float) -> dict[str, Any]:
-    database = server.fresh(pgq_schema=contender.name == "pgq", turbo=workload.turbo)
+    # The indexed COPY floor copies the job table's definition (LIKE pgq.jobs).
+    database = server.fresh(pgq_schema=contender.name in ("pgq", "indexed COPY"),
+                            turbo=workload.turbo)
     params = {"workload": workload.call, "dsn": server.instance.dsn_for(database), **workload.params}
     python = str(peer_python) if contender.peer else sys.executable
     try:

@@ -25,10 +25,11 @@ def test_bench_smoke_run_reports_every_contender(tmp_path):
     burn = data["runs"]["burn-down batched (COUNT 100)"]
     assert set(burn) == {"pgq", "pgqueuer", "procrastinate", "raw SQL floor"}
     assert all(r["rate"] > 0 for runs in burn.values() for r in runs)
-    assert set(data["runs"]["bulk add"]) >= {"pgq", "plain COPY"}
-    assert set(data["runs"]["Spark ingest (W=1)"]) == {"pgq", "plain COPY", "Spark JDBC floor"}
+    assert set(data["runs"]["bulk add"]) >= {"pgq", "plain COPY", "indexed COPY"}
+    assert set(data["runs"]["Spark ingest (W=1)"]) == {"pgq", "plain COPY", "indexed COPY",
+                                                        "Spark JDBC floor"}
     assert {"W=1 sync", "W=2 sync", "W=3 sync", "W=3 async", "get+ack across nodes"} <= set(data["cluster"])
-    assert len(data["goals"]) == 41 and all("met" in g for g in data["goals"])
+    assert len(data["goals"]) == 43 and all("met" in g for g in data["goals"])
     closed = data["runs"]["add, 4 clients (one shared Client)"]
     assert set(closed) == {"pgq", "raw SQL floor"} and all(r["p99"] > 0 for r in closed["pgq"])
     assert set(data["runs"]["get+ack, 1 client (a Client per thread)"]) == {"pgq"}
