@@ -43,7 +43,7 @@ from anyio.abc import SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from .addresses import valid_host, valid_port
-from .messages import Message, MessageError, decode, encode
+from .messages import Message, MessageError, UnknownKind, decode, encode
 from .secret import stretch
 from .wire import (
     ACCEPT_SIZE,
@@ -234,7 +234,12 @@ class Bus:
                 await self._dispatch(peer, payload)
 
     async def _dispatch(self, peer: str, payload: bytes) -> None:
-        message = decode(payload)  # MessageError closes the connection
+        try:
+            message = decode(payload)  # any other MessageError closes the connection
+        except UnknownKind:
+            # A newer node's kind, authenticated: drop it, keep the link.
+            self.stats.rejected["unknown kind"] += 1
+            return
         self.stats.messages_in[message.KIND] += 1
         try:
             await self.handler(peer, message)

@@ -19,6 +19,10 @@ Steps and when a driver runs them (:data:`PERIODS`, seconds):
   :meth:`timers` every 0.1; :meth:`federate` every 0.1 (0.02 while
   importing: :meth:`federation_period`);
 * :meth:`drain_outbox` when a client rings the doorbell, and every 0.2;
+* ADVERT (this node's database DSN, for other nodes' clients to write
+  copies into) to each peer that comes alive, and to every live peer each
+  :data:`ADVERT_EVERY` (from :meth:`persist`); a peer's ADVERT is kept in
+  memory and written with the members;
 * :meth:`gossip` for every membership message, at once; job messages that
   :meth:`accepts` are queued by the driver and applied in arrival order by
   :meth:`apply_run`, a run of one kind (:meth:`runs`) in one statement.
@@ -69,12 +73,13 @@ MESSAGE_BATCH = 2000  # ids per DELJOB / SETACK message
 PERIODS = {"tick": 0.05, "persist": 0.25, "replicate": 0.025, "collect_acks": 0.1,
            "timers": 0.1, "federate": 0.1, "drain_outbox": 0.2}
 HEARTBEAT_EVERY = 1.0
+ADVERT_EVERY = 30.0  # repairs a lost ADVERT; a changed DSN comes with a restart (alive again)
 IMPORT_STATS_EVERY = 1.0
 
 # Messages applied through the inbox, in arrival order: a run of one kind in one statement.
 BATCHED = (m.ReplJob, m.GotJob, m.SetAck, m.GotAck, m.DelJob)
 ONE_BY_ONE = (m.WillQueue, m.Queued, m.Working, m.Enqueue, m.NeedJobs, m.YourJobs, m.Pause)
-GOSSIP = (m.Ping, m.Ack, m.PingReq, m.PushPull, m.Forget)
+GOSSIP = (m.Ping, m.Ack, m.PingReq, m.PushPull, m.Forget, m.Advert)
 
 
 @dataclass
@@ -84,6 +89,7 @@ class CoreSettings:
     bus_port: int
     joins: list[tuple[str, int]] = field(default_factory=list)
     membership: Config = field(default_factory=Config)
+    advertise_dsn: str = ""  # this node's database, for other nodes' clients ("": none)
 
 
 def _csv(nodes: Iterable[str]) -> str:
@@ -188,7 +194,9 @@ class NodeCore:
         self._members_dirty = True
         self._forgotten: list[str] = []
         self._beat_at = float("-inf")
+        self._advert_at = float("-inf")
         self._import_stats_at = float("-inf")
+        self.adverts: dict[str, str] = {}  # peer id -> the DSN it advertised ("": none)
         self.bus_stats: Callable[[], dict[str, Any]] = dict
 
     # ------------------------------------------------------------ lifecycle
@@ -207,9 +215,11 @@ class NodeCore:
         now = self.clock.monotonic()
         joins = list(self.settings.joins)
         for row in (yield _rows(sql.LOAD_MEMBERS)):
-            member_id, name, host, port, _status, member_incarnation, member_leaving = row
+            member_id, name, host, port, _status, member_incarnation, member_leaving, dsn = row
             if member_id == node_id:
                 continue
+            if dsn is not None:
+                self.adverts[member_id] = dsn
             self.membership.members[member_id] = m.Member(
                 member_id, host, int(port), int(member_incarnation), "alive",
                 bool(member_leaving), name)
@@ -263,8 +273,23 @@ class NodeCore:
             elif isinstance(action, Changed):
                 self._members_dirty = True
                 self.changes.append(action)
-                if action.member.status == "left" and action.member.id != self.node_id:
-                    self._forgotten.append(action.member.id)
+                member, previous = action.member, action.previous
+                if member.status == "left" and member.id != self.node_id:
+                    self._forgotten.append(member.id)
+                    self.adverts.pop(member.id, None)
+                if member.status == "alive" and member.id != self.node_id and \
+                        (previous is None or previous.status != "alive"):
+                    # A peer (re)joined: it may have lost what we advertised,
+                    # or be new; it learns our DSN now, not in ADVERT_EVERY.
+                    self.outgoing.append((member.host, member.port, self._advert()))
+
+    def _advert(self) -> m.Advert:
+        return m.Advert(self.settings.advertise_dsn)
+
+    def _on_advert(self, peer: str, message: m.Advert) -> None:
+        if self.adverts.get(peer) != message.dsn:
+            self.adverts[peer] = message.dsn
+            self._members_dirty = True
 
     def take_outgoing(self) -> list[tuple[str, int, m.Message]]:
         out, self.outgoing = self.outgoing, []
@@ -281,6 +306,10 @@ class NodeCore:
         """Members and flags to the database; heartbeat and bus stats once a second."""
         assert self.membership is not None
         now = self.clock.monotonic()
+        if now - self._advert_at >= ADVERT_EVERY:
+            self._advert_at = now
+            for peer in self.membership.live_peers():
+                self.outgoing.append((peer.host, peer.port, self._advert()))
         if self._members_dirty or self._forgotten:
             self._members_dirty = False
             members = list(self.membership.members.values())
@@ -291,6 +320,7 @@ class NodeCore:
                 "statuses": [x.status for x in members],
                 "incarnations": [x.incarnation for x in members],
                 "leavings": [x.leaving for x in members], "forgotten": forgotten,
+                "dsns": [self.adverts.get(x.id) or None for x in members],
             })
             me = self.membership.me
             yield from self.set_meta(incarnation=str(me.incarnation),
@@ -649,6 +679,10 @@ class NodeCore:
         """Apply a membership message at once; a FORGET may finish ACK GCs
         (the step returned, if any, records it)."""
         assert self.membership is not None and self.acks is not None
+        if isinstance(message, m.Advert):
+            if self.membership.get(peer) is not None:  # from members we know, as job messages
+                self._on_advert(peer, message)
+            return None
         self._act(self.membership.receive(peer, message, self.clock.monotonic()))
         if isinstance(message, m.Forget):
             return self._finish_gcs(self.acks.forget_node(message.node))

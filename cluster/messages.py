@@ -16,6 +16,13 @@ Kinds (Disque's inter-node protocol plus SWIM membership):
 * jobs: REPLJOB / GOTJOB (replication), ENQUEUE, WILLQUEUE / QUEUED /
   WORKING (one queued copy), SETACK / GOTACK / DELJOB (acks and GC),
   NEEDJOBS / YOURJOBS (federation), PAUSE
+* ADVERT: the DSN of the sender's database, where clients of other nodes
+  write copies directly (schema 0014)
+
+A kind this version does not know raises :class:`UnknownKind` (a
+:class:`MessageError`): the bus drops that message and keeps the link, so a
+later version may add kinds without cutting this one off. (Versions before
+ADVERT closed the link on an unknown kind: see :class:`Advert`.)
 """
 
 from __future__ import annotations
@@ -35,8 +42,8 @@ __all__ = [
     "MessageError", "Member", "JobCopy", "Message", "encode", "decode",
     "Ping", "Ack", "PingReq", "PushPull", "Forget",
     "ReplJob", "GotJob", "Enqueue", "WillQueue", "Queued", "Working",
-    "SetAck", "GotAck", "DelJob", "NeedJobs", "YourJobs", "Pause",
-    "MEMBER_STATES",
+    "SetAck", "GotAck", "DelJob", "NeedJobs", "YourJobs", "Pause", "Advert",
+    "UnknownKind", "MEMBER_STATES", "MAX_DSN",
 ]
 
 _NODE_RE = re.compile(r"[0-9a-f]{40}\Z")
@@ -50,10 +57,16 @@ MAX_QUEUE_BYTES = 512
 MAX_SECONDS = 10 * 365 * 86400.0  # the longest TTL
 MAX_BODY = 64 * 1024 * 1024
 MAX_INT = 2**62
+MAX_DSN = 4096
 
 
 class MessageError(Exception):
     """A payload is not a valid message."""
+
+
+class UnknownKind(MessageError):
+    """A well-formed payload of a kind this version does not know (a newer
+    node's): dropped, the link kept."""
 
 
 # ----------------------------------------------------------------- checks
@@ -477,10 +490,30 @@ class Pause(Message):
         return cls(_queue(raw.get("q")), state)
 
 
+@dataclass(frozen=True, slots=True)
+class Advert(Message):
+    """The DSN of my database, for your clients to write copies into
+    (empty: write none, send them through me). Sent to each peer when it
+    comes alive and every :data:`cluster.core.ADVERT_EVERY` seconds. A
+    node from before this kind closes the link on it (it is unknown
+    there), which the bus opens again: upgrade every node, as the guide
+    says, before relying on direct copies."""
+
+    KIND: ClassVar[str] = "advert"
+    dsn: str = ""
+
+    def fields(self) -> dict[str, Any]:
+        return {"d": self.dsn}
+
+    @classmethod
+    def parse(cls, raw: dict[str, Any]) -> Advert:
+        return cls(_str(raw.get("d"), MAX_DSN))
+
+
 KINDS: dict[str, type[Message]] = {
     cls.KIND: cls for cls in (Ping, Ack, PingReq, PushPull, Forget, ReplJob, GotJob, Enqueue,
                               WillQueue, Queued, Working, SetAck, GotAck, DelJob, NeedJobs,
-                              YourJobs, Pause)
+                              YourJobs, Pause, Advert)
 }
 
 
@@ -498,7 +531,9 @@ def decode(payload: bytes) -> Message:
         raise MessageError(f"undecodable payload: {type(exc).__name__}") from None
     _need(isinstance(raw, dict), "payload is not a map")
     kind = raw.get("k")
-    _need(isinstance(kind, str) and kind in KINDS, "unknown message kind")
+    _need(isinstance(kind, str), "bad message kind")
+    if kind not in KINDS:
+        raise UnknownKind(f"unknown message kind {kind[:32]!r}")
     try:
         return KINDS[kind].parse(raw)
     except MessageError:

@@ -65,6 +65,7 @@ class NodeSettings:
     membership: Config = field(default_factory=Config)
     pool_size: int = 8
     metrics: str | None = None  # HOST:PORT of the Prometheus endpoint
+    advertise_dsn: str = ""  # for other nodes' clients to write copies into ("": none)
 
 
 def _weight(message: m.Message) -> int:
@@ -84,7 +85,8 @@ class Node:
         self.listener = listener  # the bus socket, bound before the node started
         self.clock = clock or SystemClock()
         self.core = NodeCore(CoreSettings(settings.name, settings.bus_host, settings.bus_port,
-                                          list(settings.joins), settings.membership),
+                                          list(settings.joins), settings.membership,
+                                          settings.advertise_dsn),
                              self.clock, rng, on_replicated=self._replicated)
         self._make_transport = transport
         self.pool: AsyncConnectionPool | None = None

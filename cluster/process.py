@@ -46,6 +46,7 @@ from pgq.fronts import Fronts, FrontsThread
 
 from . import secret as cluster_secret
 from .addresses import parse_address
+from .messages import MAX_DSN
 from .nodedir import NodeDirectory, read_state
 
 __all__ = ["parse_address", "load_secret", "run_node", "read_state", "bind_bus",
@@ -127,9 +128,11 @@ def _database_lock(dsn: str, name: str) -> Any:
 
 def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = None,
              joins: tuple[str, ...] = (), secret_file: str | None = None,
-             metrics: str | None = None, fronts: Fronts | None = None) -> int:
+             metrics: str | None = None, fronts: Fronts | None = None,
+             advertise_dsn: str | None = None) -> int:
     """Start a node in the foreground until SIGTERM/SIGINT; returns the exit code
-    (``fronts``: its HTTP API, RESP port and dashboard, :mod:`pgq.fronts`)."""
+    (``fronts``: its HTTP API, RESP port and dashboard, :mod:`pgq.fronts`;
+    ``advertise_dsn``: see :func:`advertised`)."""
     from pgq import embedded
     from pgq.migrate import migrate
 
@@ -137,6 +140,7 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     host, port = parse_address(bus)
     peers = [parse_address(j) for j in joins]
+    advertised(advertise_dsn, "")  # a bad DSN fails before anything starts
     if dsn is None and data is None:
         raise InvalidArgumentError("give the node a database: --data DIR or --dsn DSN")
     directory = NodeDirectory(Path(data).absolute()) if data else None
@@ -160,7 +164,8 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
         served = True
         served_fronts = FrontsThread(dsn, fronts).start() if fronts else None
         try:
-            return _serve(name, dsn, host, port, peers, secret, metrics, listener, directory)
+            return _serve(name, dsn, host, port, peers, secret, metrics, listener, directory,
+                          advertised(advertise_dsn, dsn))
         finally:
             if served_fronts is not None:
                 served_fronts.stop()
@@ -182,13 +187,33 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
             directory.release()
 
 
+def advertised(option: str | None, dsn: str) -> str:
+    """The DSN a node advertises to the cluster's clients (``--advertise-dsn``):
+    its own by default, none for ``none`` (""), else the option, checked."""
+    if option is None:
+        return dsn
+    if option.strip().lower() == "none":
+        return ""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        conninfo_to_dict(option)
+    except Exception as exc:
+        raise InvalidArgumentError(f"--advertise-dsn is not a libpq DSN ({exc}); give a "
+                                   "postgresql:// URL or key=value string, or none") from None
+    if len(option) > MAX_DSN:
+        raise InvalidArgumentError(f"--advertise-dsn is longer than {MAX_DSN} characters")
+    return option
+
+
 def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int]],
            secret: bytes, metrics: str | None, listener: socket.socket,
-           directory: NodeDirectory | None) -> int:
+           directory: NodeDirectory | None, advertise_dsn: str) -> int:
     from .node import Node, NodeSettings
 
     settings = NodeSettings(name=name, dsn=dsn, bus_host=host, bus_port=port,
-                            secret=secret, joins=peers, metrics=metrics)
+                            secret=secret, joins=peers, metrics=metrics,
+                            advertise_dsn=advertise_dsn)
     node = Node(settings, listener=listener)
 
     async def main() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from pgq import contracts
 from pgq.contracts import JOBS_CHANNEL, REPLICATION_CHANNEL_PREFIX
 
 # ------------------------------------------------------------------- identity
@@ -36,19 +37,21 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value
 """
 
 LOAD_MEMBERS = """
-SELECT id, name, host, port, status, incarnation, leaving FROM pgq.nodes
+SELECT id, name, host, port, status, incarnation, leaving, dsn FROM pgq.nodes
 """
 
 SAVE_MEMBERS = """
 WITH saved AS (
-    INSERT INTO pgq.nodes AS n (id, name, host, port, status, incarnation, leaving, updated_at)
+    INSERT INTO pgq.nodes AS n (id, name, host, port, status, incarnation, leaving, dsn,
+                                updated_at)
     SELECT *, pgq.now()
     FROM unnest(%(ids)s::text[], %(names)s::text[], %(hosts)s::text[], %(ports)s::int[],
-                %(statuses)s::text[], %(incarnations)s::bigint[], %(leavings)s::boolean[])
+                %(statuses)s::text[], %(incarnations)s::bigint[], %(leavings)s::boolean[],
+                %(dsns)s::text[])
     ON CONFLICT (id) DO UPDATE SET
         name = excluded.name, host = excluded.host, port = excluded.port,
         status = excluded.status, incarnation = excluded.incarnation,
-        leaving = excluded.leaving, updated_at = pgq.now()
+        leaving = excluded.leaving, dsn = excluded.dsn, updated_at = pgq.now()
     RETURNING 1
 ), removed AS (
     DELETE FROM pgq.nodes WHERE id = ANY (%(forgotten)s::text[]) RETURNING 1
@@ -165,49 +168,10 @@ WHERE repl > 1 AND left(split_part(id, '-', 2), 8) = left(%(myself)s, 8)
 # ---------------------------------------------------------------- replication
 
 # REPLJOB: store copies durably, then the caller answers GOTJOB for `stored`
-# and SETACK for `acked`. A copy is refused (no answer: the origin widens)
-# when its queue is paused for input or this node is leaving (read from
-# pgq.meta at statement time: the flag counts from the moment it is set). A re-sent copy
-# merges its holder list into ours. The copy is 'active' with a re-queue
-# timer run by the node process: retry (+ delay) from now, jittered 0..500 ms
-# so copies do not fire together.
-STORE_COPIES = """
-WITH incoming AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
-                         %(ctimes)s::bigint[], %(repls)s::int[], %(retries)s::float8[],
-                         %(delays)s::float8[], %(expires)s::float8[], %(nacks)s::int[],
-                         %(adds)s::int[], %(nodes)s::text[], %(priorities)s::int[],
-                         %(keys)s::text[])
-        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes, priority,
-             key)
-), acked AS (  -- id = ANY: an index probe per copy, never a scan of pgq.acks
-    SELECT i.id, coalesce(array_to_string(a.nodes, ','), i.nodes) AS nodes
-    FROM pgq.acks a JOIN incoming i ON i.id = a.id
-    WHERE a.id = ANY (%(ids)s::text[])
-), accepted AS (
-    SELECT i.* FROM incoming i
-    WHERE NOT coalesce(pgq.meta_value('leaving')::boolean, false)
-      AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.id = i.id)
-      AND NOT EXISTS (SELECT 1 FROM pgq.queues p WHERE p.name = i.queue AND p.paused IN ('in', 'all'))
-      AND to_timestamp(i.expires) > pgq.now()
-), stored AS (
-    INSERT INTO pgq.jobs AS j (id, queue, state, ctime, body, repl, retry, delay, expires_at,
-                               cluster_requeue_at, nacks, additional_deliveries,
-                               nodes_delivered, nodes_confirmed, priority, key)
-    SELECT id, queue, 'active', ctime, body, repl, retry, delay, to_timestamp(expires),
-           CASE WHEN retry > 0 THEN pgq.now()
-                + (delay + retry + random() * 0.5) * interval '1 second' END,
-           nacks, adds, string_to_array(nodes, ','), ARRAY[%(myself)s]::text[], priority, key
-    FROM accepted
-    ON CONFLICT (id) DO UPDATE SET nodes_delivered = ARRAY(
-        SELECT DISTINCT n FROM unnest(j.nodes_delivered || excluded.nodes_delivered) AS n
-        WHERE n IS NOT NULL ORDER BY n)
-    RETURNING j.id
-)
-SELECT 'stored', id, NULL FROM stored
-UNION ALL
-SELECT 'acked', id, nodes FROM acked
-"""
+# and SETACK for `acked`. The statement is a contract (pgq.contracts): a
+# client writing the copies of its own add straight into this database runs
+# the same one.
+STORE_COPIES = contracts.STORE_COPIES
 
 # Synchronous replication achieved: queue the job (or keep it active until
 # its delay), record its holders, wake the client waiting for it. Commits

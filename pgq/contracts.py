@@ -50,6 +50,7 @@ __all__ = [
     "OUTBOX_WORKING", "OUTBOX_PAUSE", "OUTBOX_MEET", "OUTBOX_FORGET", "OUTBOX_LEAVING",
     "TELL_NODE", "SET_LEAVING", "NODE_ID", "HELD_BY_NODE", "CLUSTER_STATE", "NODES",
     "holders_arg", "split_holders", "notice_arg", "split_notice", "NODE_LOCK_KEY",
+    "STORE_COPIES",
 ]
 
 JOBS_CHANNEL = "pgq"
@@ -115,6 +116,55 @@ HELD_BY_NODE = """
 SELECT (SELECT count(*) FROM pgq.jobs
         WHERE nodes_delivered IS NULL OR %(myself)s = ANY (nodes_delivered))
      + (SELECT count(*) FROM pgq.acks)
+"""
+
+# A copy of a new job, stored by a peer: by its node process for a REPLJOB
+# (it answers GOTJOB for `stored`, SETACK for `acked`), or by a client of
+# the origin writing the copies of its own add straight into this database
+# (pgq.commands, direct copies: it counts `stored`). `myself` is the id of
+# the node whose database this is. A copy is refused (not stored: the
+# origin widens, the client goes through the node) when its queue is paused
+# for input or this node is leaving (read from pgq.meta at statement time:
+# the flag counts from the moment it is set). A re-sent copy merges its
+# holder list into ours. The copy is 'active' with a re-queue timer run by
+# the node process: retry (+ delay) from now, jittered 0..500 ms so copies
+# do not fire together.
+STORE_COPIES = """
+WITH incoming AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
+                         %(ctimes)s::bigint[], %(repls)s::int[], %(retries)s::float8[],
+                         %(delays)s::float8[], %(expires)s::float8[], %(nacks)s::int[],
+                         %(adds)s::int[], %(nodes)s::text[], %(priorities)s::int[],
+                         %(keys)s::text[])
+        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes, priority,
+             key)
+), acked AS (  -- id = ANY: an index probe per copy, never a scan of pgq.acks
+    SELECT i.id, coalesce(array_to_string(a.nodes, ','), i.nodes) AS nodes
+    FROM pgq.acks a JOIN incoming i ON i.id = a.id
+    WHERE a.id = ANY (%(ids)s::text[])
+), accepted AS (
+    SELECT i.* FROM incoming i
+    WHERE NOT coalesce(pgq.meta_value('leaving')::boolean, false)
+      AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.id = i.id)
+      AND NOT EXISTS (SELECT 1 FROM pgq.queues p WHERE p.name = i.queue AND p.paused IN ('in', 'all'))
+      AND to_timestamp(i.expires) > pgq.now()
+), stored AS (
+    INSERT INTO pgq.jobs AS j (id, queue, state, ctime, body, repl, retry, delay, expires_at,
+                               cluster_requeue_at, nacks, additional_deliveries,
+                               nodes_delivered, nodes_confirmed, priority, key)
+    SELECT id, queue, 'active', ctime, body, repl, retry, delay, to_timestamp(expires),
+           CASE WHEN retry > 0 THEN pgq.now()
+                + (delay + retry + random() * 0.5) * interval '1 second' END,
+           nacks, adds, string_to_array(nodes, ','), ARRAY[%(myself)s]::text[], priority, key
+    FROM accepted
+    ON CONFLICT (id) DO UPDATE SET nodes_delivered = ARRAY(
+        SELECT DISTINCT n FROM unnest(j.nodes_delivered || excluded.nodes_delivered) AS n
+        WHERE n IS NOT NULL ORDER BY n)
+    RETURNING j.id
+)
+SELECT 'stored', id, NULL FROM stored
+UNION ALL
+SELECT 'acked', id, nodes FROM acked
 """
 
 CLUSTER_STATE = """

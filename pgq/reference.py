@@ -33,6 +33,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
                        "(as `--json`); default `text`."),
     ("PGQ_LOG_LEVEL", "Log level of nodes, workers and `serve` (as `pgq worker --log-level`)."),
     ("PGQ_METRICS", "HOST:PORT of the Prometheus endpoint of a node or worker (as `--metrics`)."),
+    ("PGQ_ADVERTISE_DSN", "The DSN a node advertises for other nodes' clients to write copies "
+                          "into (as `pgq node start --advertise-dsn`; `none`: no direct copies)."),
     ("PGQ_CLUSTER_SECRET", "The cluster secret itself, when no `--secret-file` is given "
                            "(else `DIR/cluster.secret`, made on a first start)."),
     ("PGQ_HTTP_TOKEN", "The secret of `--http`/`--resp` on `pgq serve` and `pgq node start` "

@@ -259,6 +259,9 @@ nodes = Table(
     Column("leaving", Boolean, nullable=False, server_default=text("false")),
     Column("updated_at", DateTime(timezone=True), nullable=False,
            server_default=text("pgq.now()")),
+    # The DSN the node advertised for its database (schema 0014): clients
+    # of this node write copies there directly. NULL: none advertised.
+    Column("dsn", Text),
     PrimaryKeyConstraint("id", name="nodes_pkey"),
     CheckConstraint("status = ANY (ARRAY['alive'::text, 'suspect'::text, 'dead'::text, 'left'::text])",
                     name="nodes_status_check"),

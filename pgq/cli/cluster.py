@@ -86,6 +86,10 @@ def node_group() -> None:
               help="File holding the cluster secret (default: $PGQ_CLUSTER_SECRET or DIR/cluster.secret).")
 @click.option("--metrics", metavar="HOST:PORT", envvar="PGQ_METRICS",
               help="Serve Prometheus metrics on this address.")
+@click.option("--advertise-dsn", metavar="DSN|none", envvar="PGQ_ADVERTISE_DSN",
+              help="The libpq DSN other nodes' clients use to write copies of replicated jobs "
+                   "straight into this node's database (default: the DSN this node uses, "
+                   "password included; 'none': copies go through the node processes).")
 @fronts_options
 @click.option("--detach", is_flag=True,
               help="Run in the background (log in DIR/node.log) and return once the node serves.")
@@ -93,7 +97,8 @@ def node_group() -> None:
               help="With --detach: seconds to wait for the node to serve.")
 @json_logs_option
 def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tuple[str, ...],
-               secret_file: str | None, metrics: str | None, http_listen: str | None,
+               secret_file: str | None, metrics: str | None, advertise_dsn: str | None,
+               http_listen: str | None,
                resp_listen: str | None, token_file: str | None, dashboard_listen: str | None,
                dashboard_token_file: str | None, detach: bool, wait_timeout: float) -> None:
     """Start a node (in the foreground; stop it with SIGTERM or `pgq node stop`).
@@ -111,7 +116,7 @@ def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tu
         return
     try:
         sys.exit(run_node(name, bus, data=data, dsn=dsn, joins=joins, secret_file=secret_file,
-                          metrics=metrics, fronts=fronts))
+                          metrics=metrics, fronts=fronts, advertise_dsn=advertise_dsn))
     except PgqError as exc:
         fail(exc)
 
