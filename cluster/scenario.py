@@ -51,8 +51,13 @@ class Call:
 
 
 class Scenario:
-    def __init__(self, databases: SimDatabases, nodes: int = 3, seed: int = 1) -> None:
-        self.sim = Simulation(databases, SimOptions(seed=seed, nodes=nodes, faults=(), adds=0))
+    def __init__(self, databases: SimDatabases, nodes: int = 3, seed: int = 1,
+                 direct: bool = False) -> None:
+        """``direct``: synchronous replicated adds write their copies into the
+        peers' databases themselves (else through the node process, the
+        path the older stories prove)."""
+        self.sim = Simulation(databases, SimOptions(seed=seed, nodes=nodes, faults=(), adds=0),
+                              direct=direct)
         for node in self.sim.nodes:
             self.sim._start(node)
         self.until(lambda: self.meshed() and self.recorded(), MESH_WITHIN, "a full mesh",

@@ -5,6 +5,12 @@ virtual clock, on an in-memory :class:`~.mock_transport.Network`, each with
 its node database (one database per node on one real PostgreSQL server).
 Simulated clients add, get (some blocking, so that federation imports for
 them), ack and nack through the real client commands (:mod:`pgq.commands`).
+A synchronous replicated add writes its copies into the peers' databases
+itself (direct copies, :func:`pgq.commands._add_direct`) or goes through
+its node process, drawn per add; a peer database a node cannot reach
+(partitioned apart, or a message drop's bad luck) fails the direct write,
+and with ``crash`` faults a client may die between its copies and its own
+commit.
 Everything that could vary between two runs is drawn from the seed: the
 workload, the faults, message delays and losses, the nodes' and clients'
 random choices, job IDs, and the time SQL sees
@@ -48,6 +54,7 @@ the trace.
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import hashlib
 import heapq
@@ -59,13 +66,14 @@ from typing import Any
 
 import psycopg
 
-from pgq import arguments, commands
+from pgq import arguments, commands, contracts
 from pgq import embedded as embedded_server
 from pgq import statements as client_sql
 from pgq.contracts import NODE_LOCK_KEY
 from pgq.driver import extract
 from pgq.errors import PgqError
 from pgq.migrate import SCHEMA_VERSION, schema_version
+from pgq.peers import PeerTimeout
 from pgq.protocol import (
     Begin,
     ClusterView,
@@ -74,7 +82,10 @@ from pgq.protocol import (
     Housekeeping,
     Listen,
     ListenReplication,
+    PeerWrite,
     Query,
+    Result,
+    Rollback,
     Session,
     Wait,
 )
@@ -139,6 +150,15 @@ class _Stop(Exception):
     """A violation ends the run."""
 
 
+class ClientCrashed(PgqError):
+    """A simulated client died in the middle of its command."""
+
+
+def _dsn(node: SimNode) -> str:
+    """The DSN a simulated node advertises (the simulation maps it back)."""
+    return f"host={node.host} dbname=pgqsim_{node.name}"
+
+
 class SimDatabases:
     """The node databases of a simulation on one PostgreSQL server, reset to
     the same state before every seed (tables truncated, sequences restarted,
@@ -173,20 +193,23 @@ class SimDatabases:
         for name in self.names:
             if name not in exists:
                 embedded_server.create_database(instance, name, template)
-        self.connections: list[tuple[psycopg.Connection, psycopg.Connection]] = []
+        # Per node: its process's connection, its clients', and the one other
+        # nodes' clients write direct copies on.
+        self.connections: list[tuple[psycopg.Connection, psycopg.Connection,
+                                     psycopg.Connection]] = []
         for name in self.names:
             dsn = instance.dsn_for(name)
             self.connections.append(tuple(  # type: ignore[arg-type]
                 psycopg.connect(dsn, autocommit=True, options=SESSION_OPTIONS
                                 + " -c synchronous_commit=off", prepare_threshold=0)
-                for _ in range(2)))
+                for _ in range(3)))
         self._tables = ", ".join(f"pgq.{t.name}" for t in metadata.sorted_tables
                                  if t.name not in ("meta",))
 
     def reset(self, seed: int) -> list[str]:
         """Empty every node database; returns the node ids (from the seed)."""
         ids = []
-        for i, (node_conn, client_conn) in enumerate(self.connections):
+        for i, (node_conn, client_conn, peer_conn) in enumerate(self.connections):
             node_id = hashlib.sha1(f"pgq-sim-{seed}-{i}".encode()).hexdigest()
             node_conn.execute("SELECT pg_advisory_unlock_all()")  # no node runs yet
             node_conn.execute(f"TRUNCATE {self._tables} RESTART IDENTITY")
@@ -194,7 +217,7 @@ class SimDatabases:
             node_conn.execute("INSERT INTO pgq.meta (key, value) VALUES ('node_id', %s)", (node_id,))
             node_conn.execute("ALTER SEQUENCE pgq.ctime_seq RESTART")
             node_conn.execute("ALTER SEQUENCE pgq.queue_epoch RESTART")
-            for conn in (node_conn, client_conn):
+            for conn in (node_conn, client_conn, peer_conn):
                 conn.execute("RESET pgq.now")
                 conn.execute("SELECT setseed(%s)", (random.Random(f"{seed}-{i}").uniform(-1, 1),))
             ids.append(node_id)
@@ -234,6 +257,7 @@ class SimNode:
     node_id: str
     conn: psycopg.Connection  # the node process's
     client_conn: psycopg.Connection  # the simulated clients'
+    peer_conn: psycopg.Connection  # where other nodes' clients write direct copies
     clock: SimClock
     core: NodeCore | None = None
     generation: int = 0  # bumped by each crash: events of an older life are void
@@ -255,12 +279,17 @@ class _Delivery:
 
 class Simulation:
     def __init__(self, databases: SimDatabases, options: SimOptions,
-                 log: Callable[[str], None] | None = None) -> None:
+                 log: Callable[[str], None] | None = None, direct: bool | None = None) -> None:
         if not 3 <= options.nodes <= len(databases.connections):
             raise ValueError(f"nodes must be 3..{len(databases.connections)}")
         self.db = databases
         self.options = options
         self.log = log
+        # Synchronous replicated adds write their copies themselves (True),
+        # through the node process (False), or either, drawn per add (None).
+        self.direct = direct
+        self.kill_direct_clients = 0  # see _client_dies
+        self.sent: collections.Counter[str] = collections.Counter()  # messages, by kind
         self.rng = random.Random(options.seed)
         self.now = 0.0
         self.steps = 0
@@ -278,10 +307,10 @@ class Simulation:
         ids = databases.reset(options.seed)
         self.nodes: list[SimNode] = []
         for i in range(options.nodes):
-            node_conn, client_conn = databases.connections[i]
+            node_conn, client_conn, peer_conn = databases.connections[i]
             skew = self.rng.uniform(-30, 30) if "skew" in faults else 0.0
             node = SimNode(i, f"n{i + 1}", f"10.0.0.{i + 1}", ids[i], node_conn, client_conn,
-                           SimClock(self, skew))
+                           peer_conn, SimClock(self, skew))
             self.network.register(node.name, node.host, PORT)
             self.nodes.append(node)
         self.by_id = {n.node_id: n for n in self.nodes}
@@ -354,7 +383,7 @@ class Simulation:
         node.now_set.clear()
         others = [(n.host, PORT) for n in self.nodes if n is not node]
         node.core = NodeCore(CoreSettings(node.name, node.host, PORT, others,
-                                          Config()), node.clock,
+                                          Config(), advertise_dsn=_dsn(node)), node.clock,
                              random.Random(f"{self.options.seed}-{node.name}-{node.generation}"))
         self.trace(f"{node.name} start (generation {node.generation})")
         # As a node process does: its database's node lock while it runs
@@ -454,6 +483,7 @@ class Simulation:
             self._send(node, host, port, message)
 
     def _send(self, sender: SimNode, host: str, port: int, message: m.Message) -> None:
+        self.sent[message.KIND] += 1
         payload = m.encode(message)  # as on the wire: what a node sends must decode
         for delay, target_name in self.network.route(sender.name, host, port):
             target = self.nodes[int(target_name[1:]) - 1]
@@ -501,11 +531,12 @@ class Simulation:
         """A client session on the node. ``listen``: a blocked GET registers
         as a waiter (what federation looks for); notifications never come,
         the command polls."""
+        direct = self.direct if self.direct is not None else self.client_rng.random() < 0.5
         return Session(owned=True, node_id=node.node_id, clock=lambda: self.now,
                        can_listen=listen, poll_interval=0.05, host=node.host, port=5432,
                        cluster=node.cluster_view, replication_timeout=5.0, floors=None,
                        wall=lambda: EPOCH + self.now,
-                       random_bytes=self.client_rng.randbytes)
+                       random_bytes=self.client_rng.randbytes, direct=direct)
 
     def _client(self, node: SimNode, command: Generator[Any, Any, Any], what: str,
                 done: Callable[[Any], None]) -> None:
@@ -534,6 +565,18 @@ class Simulation:
                 elif isinstance(request, (Begin, Commit)):
                     conn.execute("BEGIN" if isinstance(request, Begin) else "COMMIT")
                     reply = None
+                elif isinstance(request, Rollback):
+                    self._rollback(node, conn)
+                    reply = None
+                elif isinstance(request, PeerWrite):
+                    reply = self._peer_write(node, request)
+                    if request.sql is contracts.STORE_COPIES and self._client_dies():
+                        # Between the copies and the commit of its own row.
+                        self.trace(f"client {what} on {node.name} CRASH after its copies")
+                        self._rollback(node, conn)
+                        command.close()
+                        done(ClientCrashed(what))
+                        return
                 elif isinstance(request, Copy):
                     with conn.cursor().copy(request.sql) as copy:
                         for chunk in request.data:
@@ -557,6 +600,39 @@ class Simulation:
         except Exception as exc:
             command.close()
             self.violate("no step raises", f"client {what} on {node.name}: {_error(exc)}")
+
+    def _rollback(self, node: SimNode, conn: psycopg.Connection) -> None:
+        conn.execute("ROLLBACK")
+        node.now_set.pop(id(conn), None)  # a rollback undoes the pgq.now set inside it
+
+    def _client_dies(self) -> bool:
+        """Does the client of a direct add die after its copies? The next
+        ``kill_direct_clients`` ones do (a story asks), and with ``crash``
+        faults one in ten."""
+        if self.kill_direct_clients:
+            self.kill_direct_clients -= 1
+            return True
+        return "crash" in self.options.faults and self.client_rng.random() < 0.1
+
+    def _peer_write(self, node: SimNode, request: PeerWrite) -> dict[str, Any]:
+        """Direct copies from a client of ``node``: each peer's database takes
+        its write unless the node cannot reach it (partitioned apart, or the
+        network's drop rate)."""
+        results: dict[str, Any] = {}
+        for peer_id, dsn, params in request.writes:
+            target = self.by_id.get(peer_id)
+            if target is None or dsn != _dsn(target):
+                results[peer_id] = PeerTimeout(f"no node serves {dsn!r}")
+            elif not self.network.can_talk(node.name, target.name) or \
+                    self.client_rng.random() < self.network.faults.drop:
+                self.trace(f"client on {node.name} cannot reach {target.name}'s database")
+                results[peer_id] = PeerTimeout(f"{target.name} unreachable")
+            else:
+                results[peer_id] = self._query(target, target.peer_conn,
+                                               Query(request.sql, params, Result.ROWS))
+                self.trace(f"client on {node.name} wrote {len(params['ids'])} copies on "
+                           f"{target.name}")
+        return results
 
     def _unlisten(self, node: SimNode, command: Generator[Any, Any, Any]) -> None:
         """A blocked GET ended: its waiter registration goes (the driver's

@@ -30,6 +30,7 @@ from .job import Job
 from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations
+from .peers import AsyncPeerPools
 from .statements import HAS_SCHEMA, SCHEMA_AND_NODE, SESSION_OPTIONS, SWEEP, TURBO_OPTIONS
 
 __all__ = ["AsyncClient"]
@@ -48,6 +49,9 @@ class AsyncClient(ClientCore):
     def __init__(self, dsn: str | list[str] | None = None, **options: Any) -> None:
         super().__init__(dsn, options)
         self._pool: AsyncConnectionPool | None = None
+        # Other nodes' databases, for direct copies (pgq.peers).
+        self._peers = AsyncPeerPools(turbo=self.options.turbo,
+                                     application_name=self.options.application_name)
         # Group commit: concurrent calls of this client's tasks share
         # statements and commits (see pgq.combine).
         self._adds: AsyncCombiner[commands.AddCall] = AsyncCombiner(
@@ -180,7 +184,7 @@ class AsyncClient(ClientCore):
         async def work(pooled: psycopg.AsyncConnection[Any]) -> T:
             await self._housekeeping(pooled)
             driver = AsyncDriver(pooled, prepare=self.options.prepare,
-                                 housekeeping=self._housekeeping, shield=True)
+                                 housekeeping=self._housekeeping, shield=True, peers=self._peers)
             return await driver.run(make(self.session(owned=True)))
 
         return await self._run_on_pool(work)  # type: ignore[no-any-return]
@@ -193,6 +197,7 @@ class AsyncClient(ClientCore):
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+        await self._peers.close()
 
     async def __aenter__(self) -> AsyncClient:
         await self.open()

@@ -36,6 +36,7 @@ from .job import Job
 from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations
+from .peers import PeerPools
 from .statements import HAS_SCHEMA, SCHEMA_AND_NODE, SESSION_OPTIONS, SWEEP, TURBO_OPTIONS
 
 __all__ = ["Client"]
@@ -90,6 +91,10 @@ class Client(ClientCore):
         self._node_id = node_id
         self._switching = threading.Lock()
         self._pool = self._open_pool()
+        # Other nodes' databases, where synchronous replicated adds write
+        # their copies themselves (pgq.peers; opened when first needed).
+        self._peers = PeerPools(turbo=self.options.turbo,
+                                application_name=self.options.application_name)
 
     def _open_pool(self) -> ConnectionPool:
         pool = ConnectionPool(
@@ -172,7 +177,10 @@ class Client(ClientCore):
         """Group commit: concurrent calls of every client of this database
         in the process (threads sharing one client, or each with its own)
         share statements and commits (see pgq.combine)."""
-        combiners: _Combiners = _SHARED.get((self._dsn, self.options.turbo, self.options.prepare))
+        # (Clients that differ in how they write share no batch: a batch runs
+        # with its first caller's client, its settings and its connections.)
+        combiners: _Combiners = _SHARED.get((self._dsn, self.options.turbo, self.options.prepare,
+                                             self.options.direct_copies))
         return combiners
 
     def _run(self, make: CommandFactory[T], conn: object = None) -> T:
@@ -190,7 +198,8 @@ class Client(ClientCore):
 
         def work(pooled: psycopg.Connection[Any]) -> T:
             self._housekeeping(pooled)
-            driver = SyncDriver(pooled, prepare=self.options.prepare, housekeeping=self._housekeeping)
+            driver = SyncDriver(pooled, prepare=self.options.prepare, housekeeping=self._housekeeping,
+                                peers=self._peers)
             return driver.run(make(self.session(owned=True)))
 
         return self._run_on_pool(work)  # type: ignore[no-any-return]
@@ -200,6 +209,7 @@ class Client(ClientCore):
     def close(self) -> None:
         """Close the client's connections (the embedded server keeps running)."""
         self._pool.close()
+        self._peers.close()
 
     def __enter__(self) -> Client:
         return self

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -43,8 +44,10 @@ from .protocol import (
     Housekeeping,
     Listen,
     ListenReplication,
+    PeerWrite,
     Query,
     Result,
+    Rollback,
     Session,
     Wait,
 )
@@ -64,6 +67,11 @@ DEFAULT_REPLICATION = 3
 MAX_CLAIM = 100_000  # the largest COUNT (arguments.MAX_COUNT): a batch claims no more
 NODE_STUCK_AFTER = 3.0  # an outbox event this old: the node process is not running
 MAX_REPLICATED_BODY = 48 * 2**20  # below the bus's 64 MiB frame, with room to spare
+# Direct copies (see _add_direct): how long the writes into peers may take
+# before the add goes through the node process instead (a healthy peer
+# answers in milliseconds), and how long a peer they failed on is left out.
+DIRECT_TIMEOUT = 2.0
+PEER_BACKOFF = 5.0
 
 
 def cluster_view(session: Session, fresh: bool = False) -> Command[ClusterView]:
@@ -74,8 +82,10 @@ def cluster_view(session: Session, fresh: bool = False) -> Command[ClusterView]:
     if fresh or view.stale(now):
         row = yield Query(sql.CLUSTER_STATE, None, Result.ROW)
         if row is not None:
+            active, leaving, reachable, member, peer_ids, peer_dsns = row
             view.active, view.leaving, view.reachable, view.member = (
-                bool(row[0]), bool(row[1]), int(row[2]), bool(row[3]))
+                bool(active), bool(leaving), int(reachable), bool(member))
+            view.peers = tuple(zip(peer_ids or (), peer_dsns or (), strict=True))
         view.fetched_at = now
     return view
 
@@ -131,6 +141,17 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
             f"a replicated job's body is at most {MAX_REPLICATED_BODY // 2**20} MiB (copies "
             "travel in one bus frame): store big payloads elsewhere and queue a reference")
     ids = _new_ids(session, params, len(bodies))
+    if replicated and not view.leaving and replicated_batchable(AddCall(queue, bodies, params)):
+        taken = [_Taken(0, ids, wanted, minimum)]
+        targets = _direct_targets(session, view, taken)
+        if targets:
+            outcomes: list[Any] = [REROUTE]
+            timeout = _replication_timeout(session, params)
+            if (yield from _add_direct(session, [AddCall(queue, bodies, params)], taken,
+                                       outcomes, targets, timeout)):
+                if isinstance(outcomes[0], Exception):
+                    raise outcomes[0]
+                return ids
     if replicated:
         existing = yield from _add_replicated(session, queue, ids, bodies, params, wanted, minimum)
         if existing is None:
@@ -306,28 +327,167 @@ def _store_batch(session: Session, calls: Sequence[AddCall], taken: list[_Taken]
     copies, or not). Sets each call's outcome (its IDs, or PAUSED); on a
     leaving node nothing is stored and the calls stay REROUTE. Returns the
     outbox events written."""
-    rows = [(calls[t.position], job_id, body, t) for t in taken
+    rows = _batch_rows(calls, taken)
+    params = _batch_params(calls, taken, rows)
+    if wait is None:
+        paused, leaving, _woken = yield Query(sql.ADD_MANY, params, Result.ROW)
+        events = 0
+    else:
+        params.update(repls=[t.wanted for *_, t in rows], wait=wait, announce=True,
+                      repl_mins=[t.minimum if t.minimum < t.wanted else None for *_, t in rows],
+                      holders=[session.node_id] * len(rows))
+        paused, leaving, events, _woken, _stored = yield Query(sql.ADD_MANY_REPLICATED, params,
+                                                               Result.ROW)
+    if leaving:
+        return 0  # nothing stored: every call goes the long way
+    _set_outcomes(calls, taken, outcomes, paused)
+    return int(events)
+
+
+_Row = tuple[AddCall, str, bytes, _Taken]
+
+
+def _batch_rows(calls: Sequence[AddCall], taken: list[_Taken]) -> list[_Row]:
+    """One (call, job id, body, taken) per job of the taken calls, in order."""
+    return [(calls[t.position], job_id, body, t) for t in taken
             for job_id, body in zip(t.ids, calls[t.position].bodies, strict=True)]
-    params: dict[str, Any] = {
+
+
+def _batch_params(calls: Sequence[AddCall], taken: list[_Taken], rows: list[_Row]) -> dict[str, Any]:
+    """ADD_MANY's parameters (ADD_MANY_REPLICATED takes a few more)."""
+    return {
         "ids": [job_id for _c, job_id, _b, _t in rows], "queues": [c.queue for c, *_ in rows],
         "bodies": [body for _c, _i, body, _t in rows],
         "retries": [c.params.retry for c, *_ in rows], "delays": [c.params.delay for c, *_ in rows],
         "ttls": [c.params.ttl for c, *_ in rows], "priorities": [c.params.priority for c, *_ in rows],
         "names": sorted({calls[t.position].queue for t in taken}),
     }
-    if wait is None:
-        paused, leaving, _woken = yield Query(sql.ADD_MANY, params, Result.ROW)
-        events = 0
-    else:
-        params.update(repls=[t.wanted for *_, t in rows], wait=wait, myself=session.node_id,
-                      repl_mins=[t.minimum if t.minimum < t.wanted else None for *_, t in rows])
-        paused, leaving, events, _woken = yield Query(sql.ADD_MANY_REPLICATED, params, Result.ROW)
-    if leaving:
-        return 0  # nothing stored: every call goes the long way
+
+
+def _set_outcomes(calls: Sequence[AddCall], taken: list[_Taken], outcomes: list[Any],
+                  paused: Sequence[str]) -> None:
     for t in taken:
         queue = calls[t.position].queue
         outcomes[t.position] = paused_error(queue) if queue in paused else t.ids
-    return int(events)
+
+
+def _direct_targets(session: Session, view: ClusterView,
+                    taken: list[_Taken]) -> list[tuple[str, str]]:
+    """The peers (id, DSN) a client writes the taken calls' copies into
+    itself, W-1 of them drawn at random among those that advertised a
+    database and did not fail lately; empty: the node process copies them
+    (the driver cannot write to peers, or too few peers advertised)."""
+    if not (session.direct and session.owned and view.active):
+        return []
+    need = max(t.wanted for t in taken) - 1
+    candidates = view.direct_peers(session.clock())
+    if need < 1 or len(candidates) < need:
+        return []
+    draw = random.Random(int.from_bytes(session.random_bytes(8), "big"))
+    return draw.sample(candidates, need)
+
+
+def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
+                outcomes: list[Any], targets: list[tuple[str, str]],
+                timeout: float) -> Command[bool]:
+    """Synchronous replicated adds whose copies the client writes itself:
+
+    1. this node's rows go in (queued, their holders listed) inside a
+       transaction left open: nobody sees them yet;
+    2. each target peer stores its copies (STORE_COPIES, the statement its
+       node process runs for a REPLJOB) in its own durable transaction, all
+       peers at once;
+    3. only when every copy committed, this node's transaction commits: the
+       add is confirmed once W databases hold the job, and the node process
+       was not on the way.
+
+    If a peer fails, refuses a copy (its queue paused for input, the peer
+    leaving) or does not answer within DIRECT_TIMEOUT, this node's rows are
+    rolled back, the copies that were stored are withdrawn (best effort: a
+    copy left behind is an extra holder, which re-queues the job after its
+    retry unless an ACK or a WILLQUEUE reply reaches it first, as after a
+    lost DELJOB), the peer is left out for PEER_BACKOFF seconds, and False
+    tells the caller to go through the node process (nothing stored). A
+    crash between 2 and 3 leaves copies whose origin has no row: they
+    re-queue after their retry, as the jobs of a client that crashed while
+    waiting for its copies do. Sets each call's outcome (its IDs, or
+    PAUSED) and returns True when the adds are done.
+    """
+    rows = _batch_rows(calls, taken)
+    holders = [contracts.holders_arg(sorted([session.node_id,
+                                             *(p for p, _ in targets[:t.wanted - 1])]))
+               for *_, t in rows]
+    params = _batch_params(calls, taken, rows)
+    params.update(repls=[t.wanted for *_, t in rows], repl_mins=[None] * len(rows), wait=False,
+                  announce=False, holders=holders)
+    yield Begin()
+    paused, leaving, _events, _woken, stored = yield Query(sql.ADD_MANY_REPLICATED, params,
+                                                           Result.ROW)
+    if leaving:
+        yield Rollback()
+        return False
+    kept = {job_id: (int(ctime), float(expires)) for job_id, ctime, expires in stored or ()}
+    writes = _copy_writes(rows, holders, kept, targets)
+    if writes:
+        done = yield PeerWrite(contracts.STORE_COPIES, tuple(writes),
+                               min(DIRECT_TIMEOUT, max(timeout / 2, 0.001)))
+        failed = _failed_peers(writes, done)
+        if failed:
+            yield Rollback()
+            now = session.clock()
+            for peer in failed:
+                session.cluster.failing[peer] = now + PEER_BACKOFF
+            withdraw = tuple((peer, dsn, {"ids": copies["ids"]})
+                             for peer, dsn, copies in writes if peer not in failed)
+            if withdraw:
+                yield PeerWrite(sql.WITHDRAW_COPIES, withdraw, DIRECT_TIMEOUT)
+            return False
+    yield Commit()
+    _set_outcomes(calls, taken, outcomes, paused)
+    return True
+
+
+def _copy_writes(rows: list[_Row], holders: list[str], kept: dict[str, tuple[int, float]],
+                 targets: list[tuple[str, str]]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Per target peer, STORE_COPIES' parameters for the copies it takes:
+    the jobs stored here whose W reaches that peer (the i-th target holds
+    the jobs with W > i + 1), with what only this node's insert knew (ctime,
+    expiry) and every holder."""
+    writes = []
+    for index, (peer, dsn) in enumerate(targets):
+        mine = [(call, job_id, body, t.wanted, holders[n])
+                for n, (call, job_id, body, t) in enumerate(rows)
+                if job_id in kept and t.wanted > index + 1]
+        if not mine:
+            continue
+        writes.append((peer, dsn, {
+            "ids": [job_id for _c, job_id, *_ in mine], "queues": [c.queue for c, *_ in mine],
+            "bodies": [body for _c, _i, body, *_ in mine],
+            "ctimes": [kept[job_id][0] for _c, job_id, *_ in mine],
+            "repls": [wanted for *_, wanted, _h in mine],
+            "retries": [c.params.retry for c, *_ in mine], "delays": [c.params.delay for c, *_ in mine],
+            "expires": [kept[job_id][1] for _c, job_id, *_ in mine],
+            "nacks": [0] * len(mine), "adds": [0] * len(mine), "nodes": [h for *_, h in mine],
+            "priorities": [c.params.priority for c, *_ in mine], "keys": [None] * len(mine),
+            "myself": peer,
+        }))
+    return writes
+
+
+def _failed_peers(writes: list[tuple[str, str, dict[str, Any]]], done: dict[str, Any]) -> set[str]:
+    """The peers that did not store every copy they were sent: an error, no
+    answer, or a refusal (STORE_COPIES stores nothing for a paused queue or
+    a leaving node; a brand-new job cannot be acknowledged anywhere yet)."""
+    failed = set()
+    for peer, _dsn, copies in writes:
+        result = done.get(peer)
+        if isinstance(result, BaseException) or result is None:
+            failed.add(peer)
+            continue
+        stored = {job_id for kind, job_id, _nodes in result if kind == "stored"}
+        if not stored.issuperset(copies["ids"]):
+            failed.add(peer)
+    return failed
 
 
 def replicated_batchable(call: AddCall) -> bool:
@@ -381,6 +541,9 @@ def add_replicated_batch(session: Session, calls: Sequence[AddCall]) -> Command[
             taken.append(_Taken(index, _new_ids(session, call.params, len(call.bodies)),
                                 wanted, minimum))
     if not taken:
+        return outcomes
+    targets = _direct_targets(session, view, taken)
+    if targets and (yield from _add_direct(session, calls, taken, outcomes, targets, timeout)):
         return outcomes
     if session.can_listen:
         yield ListenReplication()

@@ -69,6 +69,10 @@ class ClientOptions:
     * ``application_name``: shown in ``pg_stat_activity``.
     * ``replication_timeout``: how long a replicated ``add_job`` waits for its
       copies when it passes no ``timeout`` (cluster).
+    * ``direct_copies``: a synchronous replicated add writes its copies
+      into the other nodes' databases itself, when they advertised them
+      (``pgq node start --advertise-dsn``), instead of through the node
+      processes: fewer hops (cluster). ``False``: always through the nodes.
     """
 
     pool_size: int = 10
@@ -85,6 +89,7 @@ class ClientOptions:
     home: str | None = None
     application_name: str = "pgq"
     replication_timeout: float = 5.0
+    direct_copies: bool = True
 
     @classmethod
     def from_kwargs(cls, options: Mapping[str, Any]) -> ClientOptions:
@@ -109,7 +114,7 @@ class ClientOptions:
         args.seconds("sweep_interval", self.sweep_interval, minimum=0.01, maximum=3600)
         args.seconds("replication_timeout", self.replication_timeout, minimum=0.001,
                      maximum=args.MAX_TTL, allow_minimum=True)
-        for name in ("turbo", "listen", "prepare", "pgbouncer"):
+        for name in ("turbo", "listen", "prepare", "pgbouncer", "direct_copies"):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidTypeError(f"{name} must be a bool")
         if self.migrate is not None and not isinstance(self.migrate, bool):
@@ -225,7 +230,7 @@ class ClientCore:
             can_listen=owned and self.options.listen, poll_interval=self.options.poll_interval,
             host=self._host, port=self._port, cluster=self._cluster,
             replication_timeout=self.options.replication_timeout,
-            floors=_floors_of(self._dsn),
+            floors=_floors_of(self._dsn), direct=owned and self.options.direct_copies,
         )
 
     def swept(self, row: Sequence[Any] | None) -> None:

@@ -17,6 +17,9 @@ Invariants (see :mod:`pgq.protocol`):
   undone before the connection is returned, whatever happens; if the
   connection is broken there is nothing to undo (the pool discards it and the
   sweep forgets the stale waiter row).
+* :class:`~pgq.protocol.PeerWrite` goes to the client's peer pools
+  (:mod:`pgq.peers`); a driver without them is never given one (its
+  session says ``direct=False``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import contextlib
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -41,11 +44,16 @@ from .protocol import (
     Housekeeping,
     Listen,
     ListenReplication,
+    PeerWrite,
     Query,
     Request,
     Result,
+    Rollback,
     Wait,
 )
+
+if TYPE_CHECKING:
+    from .peers import AsyncPeerPools, PeerPools
 
 __all__ = ["SyncDriver", "AsyncDriver", "CHANNEL"]
 
@@ -76,10 +84,12 @@ class SyncDriver:
     """Runs commands on a blocking :class:`psycopg.Connection`."""
 
     def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool = True,
-                 housekeeping: Callable[[psycopg.Connection[Any]], None] | None = None) -> None:
+                 housekeeping: Callable[[psycopg.Connection[Any]], None] | None = None,
+                 peers: PeerPools | None = None) -> None:
         self.conn = conn
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
+        self.peers = peers
         self._transactions: list[Any] = []  # open transaction contexts (nested: savepoints)
         self._listening = False
 
@@ -115,6 +125,14 @@ class SyncDriver:
             if self._transactions:
                 self._transactions.pop().__exit__(None, None, None)
             return None
+        if isinstance(request, Rollback):
+            if self._transactions:
+                self._transactions.pop().__exit__(psycopg.Rollback, psycopg.Rollback(), None)
+            return None
+        if isinstance(request, PeerWrite):
+            if self.peers is None:
+                raise TypeError("this driver has no peer connections (session.direct is False)")
+            return self.peers.write(request.sql, request.writes, request.timeout)
         if isinstance(request, Copy):
             with conn.cursor().copy(request.sql) as copy:
                 for chunk in request.data:
@@ -173,10 +191,11 @@ class AsyncDriver:
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], *, prepare: bool = True,
                  housekeeping: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
-                 shield: bool = False) -> None:
+                 shield: bool = False, peers: AsyncPeerPools | None = None) -> None:
         self.conn = conn
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
+        self.peers = peers
         self.shield = shield
         self._transactions: list[Any] = []  # open transaction contexts (nested: savepoints)
         self._listening = False
@@ -220,6 +239,14 @@ class AsyncDriver:
             if self._transactions:
                 await self._transactions.pop().__aexit__(None, None, None)
             return None
+        if isinstance(request, Rollback):
+            if self._transactions:
+                await self._transactions.pop().__aexit__(psycopg.Rollback, psycopg.Rollback(), None)
+            return None
+        if isinstance(request, PeerWrite):
+            if self.peers is None:
+                raise TypeError("this driver has no peer connections (session.direct is False)")
+            return await self.peers.write(request.sql, request.writes, request.timeout)
         if isinstance(request, Copy):
             async with conn.cursor().copy(request.sql) as copy:
                 for chunk in request.data:

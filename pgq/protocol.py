@@ -16,6 +16,11 @@ Invariants a driver guarantees:
 * After :class:`Listen`, the driver un-registers the waiter and stops
   listening before the connection is used for anything else, even when the
   command fails or is cancelled.
+* :class:`PeerWrite` is the one request that leaves the connection: it runs
+  on other nodes' databases (the copies a client writes itself), each write
+  its own durable transaction, all at once; the connection's own open
+  transaction, if any, stays open meanwhile. A peer that fails or does not
+  answer within the request's timeout is reported, never raised.
 """
 
 from __future__ import annotations
@@ -35,7 +40,9 @@ __all__ = [
     "Query",
     "Begin",
     "Commit",
+    "Rollback",
     "Copy",
+    "PeerWrite",
     "Listen",
     "ListenReplication",
     "Wait",
@@ -79,6 +86,25 @@ class Commit:
 
 
 @dataclass(frozen=True, slots=True)
+class Rollback:
+    """Undo the atomic group started by :class:`Begin` (pgq's own
+    connections only: a command never rolls back a caller's transaction)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerWrite:
+    """Run ``sql`` on other nodes' databases, at once: ``writes`` holds, per
+    peer, ``(node id, DSN, params)``. Each write is its own transaction,
+    committed durably (unless the client is in turbo mode) before its result
+    counts. Returns ``{node id: rows}`` for the peers that answered within
+    ``timeout`` seconds and ``{node id: the exception}`` for the others."""
+
+    sql: str
+    writes: tuple[tuple[str, str, Mapping[str, Any]], ...]
+    timeout: float
+
+
+@dataclass(frozen=True, slots=True)
 class Copy:
     """``COPY ... FROM STDIN (FORMAT BINARY)`` of ready-made binary ``data``
     (signature and trailer included: see :mod:`pgq.copydata`)."""
@@ -114,7 +140,8 @@ class Housekeeping:
     """A point where the driver may run the periodic sweep (timers, expiry)."""
 
 
-Request = Query | Begin | Commit | Copy | Listen | ListenReplication | Wait | Housekeeping
+Request = (Query | Begin | Commit | Rollback | Copy | PeerWrite | Listen | ListenReplication | Wait
+           | Housekeeping)
 Command = Generator[Request, Any, T]
 
 
@@ -127,7 +154,11 @@ class ClusterView:
     ``active`` means a node process serves the database (clients replicate
     through it); ``member`` that the database belongs to a cluster node (its
     process ran at least once); ``reachable`` counts nodes that may take a
-    copy (HELLO's priority 1), this one included unless it is leaving.
+    copy (HELLO's priority 1), this one included unless it is leaving;
+    ``peers``, those of them that advertised a DSN, as ``(node id, DSN)``:
+    where a client may write copies itself. ``failing`` (kept across
+    refreshes) holds, per peer a direct write failed on, when to try it
+    again.
     """
 
     active: bool = False
@@ -136,9 +167,15 @@ class ClusterView:
     member: bool = False
     fetched_at: float = float("-inf")
     max_age: float = 1.0
+    peers: tuple[tuple[str, str], ...] = ()
+    failing: dict[str, float] = field(default_factory=dict)
 
     def stale(self, now: float) -> bool:
         return now - self.fetched_at > self.max_age
+
+    def direct_peers(self, now: float) -> list[tuple[str, str]]:
+        """The peers a direct write may go to now (not failing lately)."""
+        return [p for p in self.peers if self.failing.get(p[0], now) <= now]
 
     @property
     def available(self) -> int:
@@ -169,3 +206,6 @@ class Session:
     wall: Callable[[], float] = time.time
     random_bytes: Callable[[int], bytes] = os.urandom
     floors: Floors | None = None  # where claims start (None: from the front)
+    # The driver runs PeerWrite: synchronous replicated adds write their
+    # copies into the peers' databases themselves (pgq.commands._add_direct).
+    direct: bool = False

@@ -195,18 +195,27 @@ SELECT ARRAY(SELECT name FROM paused) AS paused,
 
 # ADD_MANY for replicated adds of many callers (group commit on a node
 # served by a node process): one statement and one commit store every
-# caller's jobs with an outbox event each, as ADD_JOBS_CLUSTER does for one
-# caller. Synchronous (wait): 'wait-repl' until the node process, which
-# copies them in one drain, confirms each and wakes this connection
-# (pgq_r<pid>). Asynchronous: queued at once (or active until their delay)
-# and copied in the background. A leaving node stores nothing: every call
-# goes the long way (it replicates externally), as with ADD_MANY.
+# caller's jobs, as ADD_JOBS_CLUSTER does for one caller. Three uses:
+# * synchronous (wait), announced: 'wait-repl' with an outbox event each,
+#   until the node process, which copies them in one drain, confirms each
+#   and wakes this connection (pgq_r<pid>);
+# * asynchronous, announced: queued at once (or active until their delay),
+#   with an outbox event each, copied in the background;
+# * direct copies (not announced): queued at once with their holders, in a
+#   transaction the client commits only once every peer committed its copy
+#   (pgq.commands._add_direct); `stored` gives the copies what only this
+#   insert knows (id, ctime, expiry as epoch seconds).
+# `holders`: per job, the comma-joined nodes holding it (this one first).
+# A leaving node stores nothing: every call goes the long way (it
+# replicates externally), as with ADD_MANY.
 ADD_MANY_REPLICATED = f"""
 WITH {_MANY_REFUSALS}, input AS (
     SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
                          %(repls)s::int[], %(repl_mins)s::int[], %(retries)s::float8[],
-                         %(delays)s::float8[], %(ttls)s::float8[], %(priorities)s::int[])
-        WITH ORDINALITY AS u(id, queue, body, repl, repl_min, retry, delay, ttl, priority, n)
+                         %(delays)s::float8[], %(ttls)s::float8[], %(priorities)s::int[],
+                         %(holders)s::text[])
+        WITH ORDINALITY AS u(id, queue, body, repl, repl_min, retry, delay, ttl, priority,
+                             holders, n)
 ), inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
                           requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
@@ -218,21 +227,32 @@ WITH {_MANY_REFUSALS}, input AS (
            CASE WHEN i.delay > 0 THEN pgq.now() + i.delay * interval '1 second' END,
            CASE WHEN %(wait)s OR i.delay > 0 THEN NULL ELSE pgq.now() END,
            CASE WHEN %(wait)s OR i.delay > 0 THEN 0 ELSE 1 END,
-           ARRAY[%(myself)s]::text[], ARRAY[%(myself)s]::text[],
+           string_to_array(i.holders, ','), string_to_array(i.holders, ','),
            CASE WHEN %(wait)s THEN pg_backend_pid() END, i.priority
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM leaving)
       AND NOT EXISTS (SELECT 1 FROM paused p WHERE p.name = i.queue)
     ORDER BY i.n  -- ctime follows arrival order
     ON CONFLICT (id) DO NOTHING
-    RETURNING id, queue, state
+    RETURNING id, queue, state, ctime, expires_at
 ), events AS (
-    INSERT INTO pgq.outbox (kind, job_id) SELECT '{OUTBOX_REPLICATE}', id FROM inserted RETURNING 1
+    INSERT INTO pgq.outbox (kind, job_id)
+    SELECT '{OUTBOX_REPLICATE}', id FROM inserted WHERE %(announce)s RETURNING 1
 ), {_MANY_WOKEN}
 SELECT ARRAY(SELECT name FROM paused) AS paused,
        EXISTS (SELECT 1 FROM leaving) AS leaving,
        (SELECT count(*) FROM events) AS events,
-       (SELECT count(*) FROM woken) AS woken  -- a plain CTE runs only if referenced
+       (SELECT count(*) FROM woken) AS woken,  -- a plain CTE runs only if referenced
+       CASE WHEN NOT %(announce)s THEN
+           (SELECT array_agg(ARRAY[id, ctime::text, extract(epoch FROM expires_at)::text])
+            FROM inserted) END AS stored
+"""
+
+# Direct copies that did not all commit: the client withdraws those it
+# wrote into a peer's database (run there) before going through the node
+# process. Only this client knew of them: nothing else can hold them yet.
+WITHDRAW_COPIES = """
+DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
 """
 
 # ADDJOB of a replicated job on a node served by a node process. The job is
@@ -286,8 +306,18 @@ RING_NODE = f"""
 SELECT set_config('synchronous_commit', 'off', true), pg_notify('{DOORBELL_CHANNEL}', '')
 """
 
+# The node's cluster as its process last wrote it, and the peers a client
+# may write copies into directly: alive, not leaving (HELLO's priority 1),
+# with an advertised DSN (schema 0014), ordered by id in both arrays.
 CLUSTER_STATE = """
-SELECT active, leaving, reachable_nodes, member FROM pgq.cluster_state
+SELECT s.active, s.leaving, s.reachable_nodes, s.member,
+       ARRAY(SELECT n.id FROM pgq.nodes n
+             WHERE n.status = 'alive' AND NOT n.leaving AND n.dsn IS NOT NULL
+             ORDER BY n.id) AS peer_ids,
+       ARRAY(SELECT n.dsn FROM pgq.nodes n
+             WHERE n.status = 'alive' AND NOT n.leaving AND n.dsn IS NOT NULL
+             ORDER BY n.id) AS peer_dsns
+FROM pgq.cluster_state s
 """
 
 # Synchronous replication: which of these jobs got their copies (or vanished).

@@ -82,10 +82,13 @@ def test_qscan_importrate_lists_the_queues_being_imported(make_cluster):
 
 
 def test_default_adds_go_on_while_a_node_is_down_but_not_declared_dead(make_cluster):
+    """Through the node processes (the soft W's grace); a client writing its
+    copies itself reaches the stopped node's database, which answers:
+    test_direct_copies.py."""
     cluster = make_cluster(3)
     cluster[2].process.send_signal(signal.SIGSTOP)  # silent, yet alive in everyone's view for seconds
     try:
-        with cluster[0].client() as client:
+        with cluster[0].client(direct_copies=False) as client:
             started = time.monotonic()
             jobs = [client.add_job("avail", b"%d" % i) for i in range(5)]
             # each waits out the 0.5 s grace for the silent node, not the 5 s timeout
@@ -105,7 +108,9 @@ def test_default_adds_go_on_while_a_node_is_down_but_not_declared_dead(make_clus
 
 def test_a_client_adds_through_another_node_when_its_node_process_is_down(make_cluster):
     cluster = make_cluster(3)
-    with pgq.Client([cluster[0].dsn, cluster[1].dsn]) as client:
+    # (A client writing its copies itself needs no node process to add:
+    # test_direct_copies.py.)
+    with pgq.Client([cluster[0].dsn, cluster[1].dsn], direct_copies=False) as client:
         assert client.add_job("fo", b"warm") is not None
         cluster[0].process.send_signal(signal.SIGSTOP)  # its database still answers
         try:
@@ -122,7 +127,7 @@ def test_a_client_adds_through_another_node_when_its_node_process_is_down(make_c
 def test_a_synchronous_add_stops_waiting_at_once_when_its_node_process_was_killed(make_cluster):
     cluster = make_cluster(3)
     node = cluster[0]
-    with node.client() as client:
+    with node.client(direct_copies=False) as client:
         assert client.add_job("gone", b"warm", replicate=2) is not None
         node.kill(signal.SIGKILL)  # its heartbeat still says "active" for 10 s
         started = time.monotonic()

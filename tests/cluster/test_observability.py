@@ -31,7 +31,7 @@ def test_node_metrics_and_json_logs(make_cluster):
     port = free_port("127.0.0.2")
     cluster = make_cluster(2, extra_args=["--metrics", "{host}:" + str(port)],
                            env={"PGQ_LOG_FORMAT": "json"})
-    with cluster[0].client() as client:
+    with cluster[0].client(direct_copies=False) as client:  # the node replicates (metrics)
         for _ in range(3):
             client.add_job("observed", b"x", replicate=2)
     text = wait_until(lambda: (t := scrape("127.0.0.2", port)) and
@@ -40,6 +40,7 @@ def test_node_metrics_and_json_logs(make_cluster):
     assert metric(text, "pgq_jobs_in_total", queue="observed") == 3
     assert metric(text, "pgq_cluster_nodes", status="alive") == 1
     assert metric(text, "pgq_bus_messages_total", direction="out", kind="repljob") >= 1
+    assert metric(text, "pgq_bus_messages_total", direction="out", kind="advert") >= 1
     assert metric(text, "pgq_replication_seconds_count") == 3
     assert metric(text, "pgq_bus_rejected_total") == 0
     lines = [json.loads(line) for line in cluster[0].log.read_text().splitlines()

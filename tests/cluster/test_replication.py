@@ -45,7 +45,9 @@ def test_concurrent_replicated_adds_share_batches_and_each_gets_its_copies(make_
 
     monkeypatch.setattr(commands, "add_replicated_batch", recorded)
     results: dict[int, list[str]] = {}
-    with cluster[0].client(pool_size=20) as client:
+    # Through the node process, which the test stops (a client writing its
+    # copies itself does not wait for it).
+    with cluster[0].client(pool_size=20, direct_copies=False) as client:
         replicated = client._combiners().replicated
         origin = cluster[0].process
         # While n1's node process is stopped, the batches in flight wait

@@ -1,6 +1,7 @@
 """The cluster's stories, proven in the simulation (pgq.cluster.scenario):
-re-queue coordination, replication timeouts and late targets, ACK garbage
-collection with holders down, federation, and a node leaving.
+re-queue coordination, replication timeouts and late targets, copies a
+client writes itself (direct copies), ACK garbage collection with holders
+down, federation, and a node leaving.
 
 Each story runs node cores on the suite's PostgreSQL server under a virtual
 clock and waits for conditions in virtual time: no process, no socket, no
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",
                                 reason="the simulation needs the embedded server")
 
 
-def cluster(sim_databases, nodes: int = 3, seed: int = 1) -> Scenario:
-    return Scenario(sim_databases, nodes, seed)
+def cluster(sim_databases, nodes: int = 3, seed: int = 1, direct: bool = False) -> Scenario:
+    return Scenario(sim_databases, nodes, seed, direct=direct)
 
 
 def collected(s: Scenario, job: str):
@@ -277,6 +278,82 @@ def test_norepl_follows_what_the_node_sees(sim_databases):
         s.add("n1", b"x", replicate=2)
     job = s.add("n1", b"x")  # the default W follows the reachable nodes: 1
     assert s.holders(job) == {"n1": "queued"}
+
+
+# ------------------------------------------------------------ direct copies
+
+def messages_sent(s: Scenario, kind: str) -> int:
+    return s.sim.sent[kind]
+
+
+def test_a_direct_add_is_confirmed_by_w_databases_without_the_node_processes(sim_databases):
+    s = cluster(sim_databases, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+            "n1's clients to know both peers' databases (ADVERT)")
+    job = s.add("n1", b"x", replicate=3)
+    # Confirmed when add_jobs returned: every copy committed, no REPLJOB sent.
+    assert s.holders(job) == {"n1": "queued", "n2": "active", "n3": "active"}
+    assert messages_sent(s, "repljob") == 0
+    assert s.sql("n1", "SELECT count(*) FROM pgq.outbox") == [(0,)]
+    rows = s.sql("n2", "SELECT nodes_delivered, nodes_confirmed FROM pgq.jobs WHERE id = %s",
+                 (job,))
+    assert sorted(rows[0][0]) == sorted(n.node_id for n in s.sim.nodes)
+    assert rows[0][1] == [s.node("n2").node_id]
+    # The copies behave as any others: the origin keeps it queued, the ACK
+    # reaches every holder.
+    s.holds(lambda: s.queued_on(job) == ["n1"], 4.0, "one queued copy, on the origin")
+    assert s.get("n1")[0].id == job and s.ack("n1", job) == 1
+    s.until(collected(s, job), 3.0, "the job and its ACKs collected")
+
+
+def test_a_direct_add_goes_through_the_node_when_a_peer_database_is_unreachable(sim_databases):
+    s = cluster(sim_databases, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+            "the peers' databases advertised")
+    s.partition("n3")  # n1's clients cannot reach n3's database (nor n1 its bus)
+    job = s.add("n1", b"x")  # default W=3, soft: 2 copies suffice after the grace
+    assert copies(s, job) == {"n1", "n2"}
+    assert s.node("n3").node_id in s.node("n1").cluster_view.failing  # left out a while
+    assert messages_sent(s, "repljob") >= 1  # the node process made the copies
+    s.heal()
+    s.until(lambda: copies(s, job) == {"n1", "n2", "n3"}, 10.0, "the third copy, once healed")
+    assert s.queued_on(job) == ["n1"]
+
+
+def test_a_peer_refusing_a_direct_copy_keeps_none_of_it(sim_databases):
+    s = cluster(sim_databases, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+            "the peers' databases advertised")
+    s.do("n2", lambda ses: commands.pause(ses, "q", ["in"]), "pause q on n2 only")
+    job = s.add("n1", b"x")  # default W=3: both peers drawn; soft: 2 copies suffice
+    # n2 refused its copy: the n3 copy written beside it was withdrawn, and
+    # the node process copied the job where it was accepted.
+    assert s.node("n2").node_id in s.node("n1").cluster_view.failing
+    assert messages_sent(s, "repljob") >= 1
+    assert copies(s, job) == {"n1", "n3"}
+    s.holds(lambda: copies(s, job) == {"n1", "n3"}, 3.0, "no copy on the paused n2")
+
+
+def test_a_client_that_dies_after_its_copies_leaves_a_job_delivered_like_any_other(sim_databases):
+    s = cluster(sim_databases, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+            "the peers' databases advertised")
+    s.sim.kill_direct_clients = 1
+    call = s.start("n1", lambda ses: commands.add_jobs(ses, "q", [b"orphan"],
+                                                       params(replicate=3, retry=1)), "an add")
+    s.until(lambda: call.done, 5.0, "the client to die")
+    assert call.error is not None  # never confirmed to its caller
+    orphans = {job_id for (job_id,) in s.sql("n2", "SELECT id FROM pgq.jobs")}
+    assert len(orphans) == 1 and s.sql("n1", "SELECT count(*) FROM pgq.jobs") == [(0,)]
+    job = orphans.pop()
+    assert copies(s, job) == {"n2", "n3"}
+    # Its holders re-queue it after its retry, once (the origin, which
+    # never committed it, answers nothing), and it is consumed like any job.
+    s.until(lambda: len(s.queued_on(job)) == 1, 10.0, "the job re-queued by a holder")
+    s.holds(lambda: len(s.queued_on(job)) == 1, 4.0, "one queued copy")
+    where = s.queued_on(job)[0]
+    assert [j.id for j in s.get(where)] == [job] and s.ack(where, job) == 1
+    s.until(collected(s, job), 5.0, "the job and its ACKs collected")
 
 
 # ------------------------------------------------------------ ACKs

@@ -34,7 +34,9 @@ def run(databases, seed: int, **options):
 
 def test_a_seed_replays_exactly(databases):
     first, again = run(databases, 7), run(databases, 7)
-    assert first.violations == [] and first.added > 10 and first.delivered == first.added
+    # (delivered counts the jobs of adds whose client died after its direct
+    # copies too: they are delivered, never acknowledged to their client)
+    assert first.violations == [] and first.added > 10 and first.delivered >= first.added
     assert (again.digest, again.steps) == (first.digest, first.steps)
     assert run(databases, 8).digest != first.digest
 

@@ -1,0 +1,180 @@
+"""Connections to other nodes' databases: where a client writes copies itself.
+
+A synchronous replicated add whose peers advertised their databases
+(``pgq.nodes.dsn``, learnt by the node process over the bus) stores its
+copies there directly, all peers at once, before committing its own row
+(:func:`pgq.commands._add_direct`); the drivers run that step, a
+:class:`pgq.protocol.PeerWrite`, through the classes here. One small pool
+per peer DSN, opened when first needed and closed with the client.
+
+Invariants:
+
+* A write is one statement in autocommit mode: its own transaction,
+  committed (durably, unless the client is in turbo mode) when the
+  statement returns. Its rows count only then.
+* A peer write never raises: a failure (refused, unreachable, an error, no
+  answer within the timeout) is returned as that peer's exception, and the
+  command decides (it goes through the node process instead).
+* A peer that hangs cannot hold a caller longer than the timeout: the sync
+  writes run in helper threads the caller stops waiting for, and every
+  connection has TCP keepalives and a TCP user timeout, so a stuck one
+  fails within seconds and goes back to its pool broken.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import psycopg
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from .statements import SESSION_OPTIONS, TURBO_OPTIONS
+
+__all__ = ["PeerPools", "AsyncPeerPools", "PeerTimeout"]
+
+log = logging.getLogger("pgq")
+
+Writes = tuple[tuple[str, str, Mapping[str, Any]], ...]
+
+# Per peer: a caller's writes are short, and a client's callers share them
+# through the replicated batch (pgq.commands), so few connections suffice.
+PEER_POOL_SIZE = 4
+# What a connection to a peer may take, and how soon a dead one is noticed
+# (libpq keepalive and TCP user timeout settings, seconds / milliseconds).
+CONNECT_TIMEOUT = 3
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+              "keepalives_count": 2, "tcp_user_timeout": 5000}
+
+
+class PeerTimeout(Exception):
+    """A peer's database did not answer a direct write in time."""
+
+
+def _kwargs(turbo: bool, application_name: str) -> dict[str, Any]:
+    return {"autocommit": True, "prepare_threshold": 5, "application_name": application_name,
+            "options": SESSION_OPTIONS + (TURBO_OPTIONS if turbo else ""),
+            "connect_timeout": CONNECT_TIMEOUT, **KEEPALIVES}
+
+
+def _rows(cursor: Any) -> list[Any]:
+    return cursor.fetchall() if cursor.description is not None else []
+
+
+class PeerPools:
+    """Blocking connections to peers' databases, one pool per DSN (see the
+    module doc); :meth:`write` runs a :class:`~pgq.protocol.PeerWrite`."""
+
+    def __init__(self, *, turbo: bool = False, application_name: str = "pgq") -> None:
+        self.kwargs = _kwargs(turbo, application_name)
+        self._pools: dict[str, ConnectionPool] = {}
+        self._lock = threading.Lock()
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._closed = False
+
+    def _pool(self, dsn: str) -> ConnectionPool:
+        with self._lock:
+            if self._closed:
+                raise psycopg.OperationalError("the client is closed")
+            pool = self._pools.get(dsn)
+            if pool is None:
+                pool = ConnectionPool(dsn, min_size=1, max_size=PEER_POOL_SIZE, kwargs=self.kwargs,
+                                      open=False, name="pgq-peer", num_workers=1,
+                                      reconnect_timeout=CONNECT_TIMEOUT * 2)
+                pool.open(wait=False)
+                self._pools[dsn] = pool
+            if self._threads is None:
+                self._threads = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=2 * PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
+            return pool
+
+    def _write_one(self, dsn: str, sql: str, params: Mapping[str, Any], timeout: float) -> list[Any]:
+        with self._pool(dsn).connection(timeout=timeout) as conn:
+            return _rows(conn.execute(sql, params, prepare=True))
+
+    def write(self, sql: str, writes: Writes, timeout: float) -> dict[str, Any]:
+        """Run ``sql`` on every peer of ``writes`` at once; ``{peer: rows or
+        the exception}`` (see :class:`pgq.protocol.PeerWrite`). Every write
+        runs in a helper thread, so that the caller stops waiting at the
+        timeout whatever a peer does (a write in the calling thread would
+        save one hand-off, about 0.2 ms here, and lose that bound)."""
+        futures = {}
+        results: dict[str, Any] = {}
+        for peer, dsn, params in writes:
+            try:
+                self._pool(dsn)
+                assert self._threads is not None
+                futures[peer] = self._threads.submit(self._write_one, dsn, sql, params, timeout)
+            except Exception as exc:
+                results[peer] = exc
+        _done, late = concurrent.futures.wait(futures.values(), timeout=timeout)
+        for peer, future in futures.items():
+            if future in late:
+                future.cancel()
+                results[peer] = PeerTimeout(f"no answer within {timeout:g} s")
+            else:
+                error = future.exception()
+                results[peer] = error if error is not None else future.result()
+        return results
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            pools, self._pools = list(self._pools.values()), {}
+            threads, self._threads = self._threads, None
+        for pool in pools:
+            pool.close(timeout=1.0)
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
+
+
+class AsyncPeerPools:
+    """The async mirror of :class:`PeerPools` (one task per peer write)."""
+
+    def __init__(self, *, turbo: bool = False, application_name: str = "pgq") -> None:
+        self.kwargs = _kwargs(turbo, application_name)
+        self._pools: dict[str, AsyncConnectionPool] = {}
+        self._closed = False
+
+    async def _pool(self, dsn: str) -> AsyncConnectionPool:
+        if self._closed:
+            raise psycopg.OperationalError("the client is closed")
+        pool = self._pools.get(dsn)
+        if pool is None:
+            pool = AsyncConnectionPool(dsn, min_size=1, max_size=PEER_POOL_SIZE,
+                                       kwargs=self.kwargs, open=False, name="pgq-peer",
+                                       num_workers=1, reconnect_timeout=CONNECT_TIMEOUT * 2)
+            self._pools[dsn] = pool
+            await pool.open(wait=False)
+        return pool
+
+    async def write(self, sql: str, writes: Writes, timeout: float) -> dict[str, Any]:
+        results: dict[str, Any] = {}
+
+        async def one(peer: str, dsn: str, params: Mapping[str, Any]) -> None:
+            try:
+                with anyio.fail_after(timeout):
+                    pool = await self._pool(dsn)
+                    async with pool.connection(timeout=timeout) as conn:
+                        cursor = await conn.execute(sql, params, prepare=True)
+                        results[peer] = (await cursor.fetchall()
+                                         if cursor.description is not None else [])
+            except TimeoutError:
+                results[peer] = PeerTimeout(f"no answer within {timeout:g} s")
+            except Exception as exc:
+                results[peer] = exc
+
+        async with anyio.create_task_group() as tasks:
+            for peer, dsn, params in writes:
+                tasks.start_soon(one, peer, dsn, params)
+        return results
+
+    async def close(self) -> None:
+        self._closed = True
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.close(timeout=1.0)
