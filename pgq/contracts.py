@@ -131,17 +131,17 @@ SELECT (SELECT count(*) FROM pgq.jobs
 # do not fire together.
 STORE_COPIES = """
 WITH incoming AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
-                         %(ctimes)s::bigint[], %(repls)s::int[], %(retries)s::float8[],
-                         %(delays)s::float8[], %(expires)s::float8[], %(nacks)s::int[],
-                         %(adds)s::int[], %(nodes)s::text[], %(priorities)s::int[],
-                         %(keys)s::text[])
+    SELECT * FROM unnest(%(ids)b::text[], %(queues)b::text[], %(bodies)b::bytea[],
+                         %(ctimes)b::bigint[], %(repls)b::int[], %(retries)b::float8[],
+                         %(delays)b::float8[], %(expires)b::float8[], %(nacks)b::int[],
+                         %(adds)b::int[], %(nodes)b::text[], %(priorities)b::int[],
+                         %(keys)b::text[])
         AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes, priority,
              key)
 ), acked AS (  -- id = ANY: an index probe per copy, never a scan of pgq.acks
     SELECT i.id, coalesce(array_to_string(a.nodes, ','), i.nodes) AS nodes
     FROM pgq.acks a JOIN incoming i ON i.id = a.id
-    WHERE a.id = ANY (%(ids)s::text[])
+    WHERE a.id = ANY (%(ids)b::text[])
 ), accepted AS (
     SELECT i.* FROM incoming i
     WHERE NOT coalesce(pgq.meta_value('leaving')::boolean, false)

@@ -168,9 +168,9 @@ _MANY_WOKEN = f"""woken AS (
 # call is then re-routed). MAXLEN adds never come here (they lock).
 ADD_MANY = f"""
 WITH {_MANY_REFUSALS}, input AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
-                         %(retries)s::float8[], %(delays)s::float8[], %(ttls)s::float8[],
-                         %(priorities)s::int[])
+    SELECT * FROM unnest(%(ids)b::text[], %(queues)b::text[], %(bodies)b::bytea[],
+                         %(retries)b::float8[], %(delays)b::float8[], %(ttls)b::float8[],
+                         %(priorities)b::int[])
         WITH ORDINALITY AS u(id, queue, body, retry, delay, ttl, priority, n)
 ), inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, retry, delay,
@@ -210,10 +210,10 @@ SELECT ARRAY(SELECT name FROM paused) AS paused,
 # replicates externally), as with ADD_MANY.
 ADD_MANY_REPLICATED = f"""
 WITH {_MANY_REFUSALS}, input AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
-                         %(repls)s::int[], %(repl_mins)s::int[], %(retries)s::float8[],
-                         %(delays)s::float8[], %(ttls)s::float8[], %(priorities)s::int[],
-                         %(holders)s::text[])
+    SELECT * FROM unnest(%(ids)b::text[], %(queues)b::text[], %(bodies)b::bytea[],
+                         %(repls)b::int[], %(repl_mins)b::int[], %(retries)b::float8[],
+                         %(delays)b::float8[], %(ttls)b::float8[], %(priorities)b::int[],
+                         %(holders)b::text[])
         WITH ORDINALITY AS u(id, queue, body, repl, repl_min, retry, delay, ttl, priority,
                              holders, n)
 ), inserted AS (
