@@ -162,7 +162,7 @@ def test_truncate_resets_state_counts(client, db):
 
 
 def _generic_plan(db, statement):
-    """The generic plan of a statement written with psycopg's %(name)s
+    """The generic plan of a statement written with psycopg's %(name)s (or %(name)b)
     placeholders, as pgq's own connections (SESSION_OPTIONS) cache it."""
     names: list[str] = []
 
@@ -174,7 +174,7 @@ def _generic_plan(db, statement):
     for option in sql.SESSION_OPTIONS.split("-c ")[1:]:
         db.execute("SET " + option.strip().replace("=", " = ", 1))
     db.execute("DEALLOCATE ALL")
-    db.execute("PREPARE planned AS " + re.sub(r"%\((\w+)\)s", number, statement))
+    db.execute("PREPARE planned AS " + re.sub(r"%\((\w+)\)[sb]", number, statement))
     nulls = f"({', '.join(['NULL'] * len(names))})" if names else ""
     return db.execute(f"EXPLAIN (FORMAT JSON) EXECUTE planned{nulls}").fetchone()[0]
 
