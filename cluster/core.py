@@ -680,8 +680,10 @@ class NodeCore:
         (the step returned, if any, records it)."""
         assert self.membership is not None and self.acks is not None
         if isinstance(message, m.Advert):
-            if self.membership.get(peer) is not None:  # from members we know, as job messages
-                self._on_advert(peer, message)
+            # Kept even from a peer not known yet (its first gossip may come
+            # later): the bus authenticated it, and only members' DSNs are
+            # written (persist).
+            self._on_advert(peer, message)
             return None
         self._act(self.membership.receive(peer, message, self.clock.monotonic()))
         if isinstance(message, m.Forget):

@@ -9,8 +9,8 @@ A synchronous replicated add writes its copies into the peers' databases
 itself (direct copies, :func:`pgq.commands._add_direct`) or goes through
 its node process, drawn per add; a peer database a node cannot reach
 (partitioned apart, or a message drop's bad luck) fails the direct write,
-and with ``crash`` faults a client may die between its copies and its own
-commit.
+another (the drop rate again) commits it but answers too late, and with
+``crash`` faults a client may die between its copies and its own commit.
 Everything that could vary between two runs is drawn from the seed: the
 workload, the faults, message delays and losses, the nodes' and clients'
 random choices, job IDs, and the time SQL sees
@@ -289,6 +289,7 @@ class Simulation:
         # through the node process (False), or either, drawn per add (None).
         self.direct = direct
         self.kill_direct_clients = 0  # see _client_dies
+        self.late_answers: float | None = None  # see _peer_write (None: the drop rate)
         self.sent: collections.Counter[str] = collections.Counter()  # messages, by kind
         self.rng = random.Random(options.seed)
         self.now = 0.0
@@ -632,6 +633,11 @@ class Simulation:
                                                Query(request.sql, params, Result.ROWS))
                 self.trace(f"client on {node.name} wrote {len(params['ids'])} copies on "
                            f"{target.name}")
+                late = self.network.faults.drop if self.late_answers is None else self.late_answers
+                if self.client_rng.random() < late:
+                    # committed, but the answer came too late for the client
+                    self.trace(f"client on {node.name} gave up on {target.name}'s answer")
+                    results[peer_id] = PeerTimeout(f"{target.name} answered too late")
         return results
 
     def _unlisten(self, node: SimNode, command: Generator[Any, Any, Any]) -> None:

@@ -12,6 +12,7 @@ is in :mod:`pgq.statements`, with the reasons it is safe.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import random
@@ -147,11 +148,15 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         if targets:
             outcomes: list[Any] = [REROUTE]
             timeout = _replication_timeout(session, params)
+            started = session.clock()
             if (yield from _add_direct(session, [AddCall(queue, bodies, params)], taken,
                                        outcomes, targets, timeout)):
                 if isinstance(outcomes[0], Exception):
                     raise outcomes[0]
                 return ids
+            # The node's way gets what the attempt left of the timeout.
+            params = dataclasses.replace(
+                params, timeout=max(timeout - (session.clock() - started), 0.001))
     if replicated:
         existing = yield from _add_replicated(session, queue, ids, bodies, params, wanted, minimum)
         if existing is None:
@@ -402,12 +407,13 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
        was not on the way.
 
     If a peer fails, refuses a copy (its queue paused for input, the peer
-    leaving) or does not answer within DIRECT_TIMEOUT, this node's rows are
-    rolled back, the copies that were stored are withdrawn (best effort: a
-    copy left behind is an extra holder, which re-queues the job after its
-    retry unless an ACK or a WILLQUEUE reply reaches it first, as after a
-    lost DELJOB), the peer is left out for PEER_BACKOFF seconds, and False
-    tells the caller to go through the node process (nothing stored). A
+    leaving, its database not the node's) or does not answer within
+    DIRECT_TIMEOUT (or half the add's timeout), this node's rows are rolled
+    back, the copies are withdrawn from every peer written to (best effort,
+    as Disque's DELJOB of partial copies: a copy left behind is an extra
+    holder, which re-queues the job after its retry), the failed peer is
+    left out for PEER_BACKOFF seconds, and False tells the caller to go
+    through the node process (nothing stored) with the time left. A
     crash between 2 and 3 leaves copies whose origin has no row: they
     re-queue after their retry, as the jobs of a client that crashed while
     waiting for its copies do. Sets each call's outcome (its IDs, or
@@ -429,18 +435,22 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
     kept = {job_id: (int(ctime), float(expires)) for job_id, ctime, expires in stored or ()}
     writes = _copy_writes(rows, holders, kept, targets)
     if writes:
-        done = yield PeerWrite(contracts.STORE_COPIES, tuple(writes),
-                               min(DIRECT_TIMEOUT, max(timeout / 2, 0.001)))
+        bound = min(DIRECT_TIMEOUT, max(timeout / 2, 0.001))
+        done = yield PeerWrite(contracts.STORE_COPIES, tuple(writes), bound)
         failed = _failed_peers(writes, done)
         if failed:
             yield Rollback()
             now = session.clock()
             for peer in failed:
                 session.cluster.failing[peer] = now + PEER_BACKOFF
-            withdraw = tuple((peer, dsn, {"ids": copies["ids"]})
-                             for peer, dsn, copies in writes if peer not in failed)
-            if withdraw:
-                yield PeerWrite(sql.WITHDRAW_COPIES, withdraw, DIRECT_TIMEOUT)
+            # From every peer written to, the failed ones too: one that
+            # refused part of its copies (a queue paused there) stored the
+            # others, and one the caller stopped waiting for may have
+            # committed (rarely: its server ends the statement first, see
+            # pgq.peers).
+            yield PeerWrite(sql.WITHDRAW_COPIES,
+                            tuple((peer, dsn, {"ids": copies["ids"], "myself": peer})
+                                  for peer, dsn, copies in writes), bound)
             return False
     yield Commit()
     _set_outcomes(calls, taken, outcomes, paused)
@@ -512,12 +522,15 @@ def batches_for(call: AddCall, view: ClusterView) -> tuple[str, ...]:
 
 
 def add_replicated_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
-    """Synchronous replicated ADDJOBs of many callers: one statement and one
-    commit store them all, the node process copies them in one drain, and
-    this connection waits once for every copy (group commit for the
-    replicated path: callers that arrive while a batch waits share the
-    next one, so the statements, commits, outbox drains and bus messages
-    per add fall as callers grow).
+    """Synchronous replicated ADDJOBs of many callers (group commit for the
+    replicated path: callers that arrive while a batch is under way share
+    the next one, so the statements and commits per add fall as callers
+    grow). The client writes the batch's copies itself when the peers
+    advertised their databases (:func:`_add_direct`: one INSERT here, one
+    write per peer, one commit); else, or when that fails, one statement
+    and one commit store them all, the node process copies them in one
+    drain (one REPLJOB and one commit per peer), and this connection waits
+    once for every copy.
 
     Each call gets its IDs; a PausedError; a NoReplError naming its jobs
     that were withdrawn (they missed their copies within its timeout: the
@@ -543,8 +556,10 @@ def add_replicated_batch(session: Session, calls: Sequence[AddCall]) -> Command[
     if not taken:
         return outcomes
     targets = _direct_targets(session, view, taken)
+    started = session.clock()
     if targets and (yield from _add_direct(session, calls, taken, outcomes, targets, timeout)):
         return outcomes
+    timeout = max(timeout - (session.clock() - started), 0.001)  # what the attempt left
     if session.can_listen:
         yield ListenReplication()
     events = yield from _store_batch(session, calls, taken, outcomes, True)

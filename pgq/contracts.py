@@ -122,13 +122,13 @@ SELECT (SELECT count(*) FROM pgq.jobs
 # (it answers GOTJOB for `stored`, SETACK for `acked`), or by a client of
 # the origin writing the copies of its own add straight into this database
 # (pgq.commands, direct copies: it counts `stored`). `myself` is the id of
-# the node whose database this is. A copy is refused (not stored: the
-# origin widens, the client goes through the node) when its queue is paused
-# for input or this node is leaving (read from pgq.meta at statement time:
-# the flag counts from the moment it is set). A re-sent copy merges its
-# holder list into ours. The copy is 'active' with a re-queue timer run by
-# the node process: retry (+ delay) from now, jittered 0..500 ms so copies
-# do not fire together.
+# the node whose database this is: nothing is stored, or answered, in any
+# other. A copy is refused (not stored: the origin widens, the client goes
+# through the node) when its queue is paused for input or this node is
+# leaving (read from pgq.meta at statement time: the flag counts from the
+# moment it is set). A re-sent copy merges its holder list into ours. The
+# copy is 'active' with a re-queue timer run by the node process: retry
+# (+ delay) from now, jittered 0..500 ms so copies do not fire together.
 STORE_COPIES = """
 WITH incoming AS (
     SELECT * FROM unnest(%(ids)b::text[], %(queues)b::text[], %(bodies)b::bytea[],
@@ -141,10 +141,14 @@ WITH incoming AS (
 ), acked AS (  -- id = ANY: an index probe per copy, never a scan of pgq.acks
     SELECT i.id, coalesce(array_to_string(a.nodes, ','), i.nodes) AS nodes
     FROM pgq.acks a JOIN incoming i ON i.id = a.id
-    WHERE a.id = ANY (%(ids)b::text[])
+    WHERE a.id = ANY (%(ids)b::text[]) AND pgq.meta_value('node_id') = %(myself)s
 ), accepted AS (
     SELECT i.* FROM incoming i
     WHERE NOT coalesce(pgq.meta_value('leaving')::boolean, false)
+      -- this database is the node meant: a client's DSN of a peer may reach
+      -- another database (a DSN advertised as localhost, two DSNs of one
+      -- server); a copy stored there would be counted and not be a copy
+      AND pgq.meta_value('node_id') = %(myself)s
       AND NOT EXISTS (SELECT 1 FROM acked a WHERE a.id = i.id)
       AND NOT EXISTS (SELECT 1 FROM pgq.queues p WHERE p.name = i.queue AND p.paused IN ('in', 'all'))
       AND to_timestamp(i.expires) > pgq.now()

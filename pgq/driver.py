@@ -184,7 +184,7 @@ class AsyncDriver:
 
     With ``shield=True`` (pgq's own connections) each request finishes even
     if the calling task is cancelled meanwhile; the cancellation takes effect
-    between requests. A statement cancelled half-way would make psycopg close
+    between requests, outside pgq's own transactions. A statement cancelled half-way would make psycopg close
     the connection and leave our waiter registration behind; statements are
     short, so the delay is milliseconds. Blocking waits are not shielded.
     """
@@ -215,7 +215,12 @@ class AsyncDriver:
                 else:
                     with anyio.CancelScope(shield=True):
                         reply = await self._handle(request)
-                    await anyio.lowlevel.checkpoint_if_cancelled()
+                    if not self._transactions:
+                        # Inside pgq's own transaction a cancellation waits
+                        # for its end (short): between the direct copies and
+                        # the commit of this node's rows it would leave
+                        # copies behind whose origin never committed.
+                        await anyio.lowlevel.checkpoint_if_cancelled()
         except BaseException as exc:
             await self._abandon_transaction(exc)
             raise

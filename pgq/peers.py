@@ -16,9 +16,15 @@ Invariants:
   answer within the timeout) is returned as that peer's exception, and the
   command decides (it goes through the node process instead).
 * A peer that hangs cannot hold a caller longer than the timeout: the sync
-  writes run in helper threads the caller stops waiting for, and every
-  connection has TCP keepalives and a TCP user timeout, so a stuck one
-  fails within seconds and goes back to its pool broken.
+  writes run in helper threads the caller stops waiting for. Nor can it
+  hold those threads for long: the server ends a statement after
+  ``STATEMENT_TIMEOUT`` (and a lock wait after ``LOCK_TIMEOUT``), shorter
+  than a caller's timeout, so a write the caller gave up on has most likely
+  been rolled back by then; and every connection has TCP keepalives and a
+  TCP user timeout, so one to a peer that went silent fails within seconds
+  and goes back to its pool broken.
+* A pool unused for ``IDLE_POOL`` seconds is closed (peers come and go, and
+  change their DSN when they restart).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +56,10 @@ PEER_POOL_SIZE = 4
 CONNECT_TIMEOUT = 3
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
               "keepalives_count": 2, "tcp_user_timeout": 5000}
+# Milliseconds: below pgq.commands.DIRECT_TIMEOUT (2 s), which callers wait.
+STATEMENT_TIMEOUT = 1500
+LOCK_TIMEOUT = 1000
+IDLE_POOL = 60.0
 
 
 class PeerTimeout(Exception):
@@ -57,7 +68,8 @@ class PeerTimeout(Exception):
 
 def _kwargs(turbo: bool, application_name: str) -> dict[str, Any]:
     return {"autocommit": True, "prepare_threshold": 5, "application_name": application_name,
-            "options": SESSION_OPTIONS + (TURBO_OPTIONS if turbo else ""),
+            "options": SESSION_OPTIONS + (TURBO_OPTIONS if turbo else "")
+                       + f" -c statement_timeout={STATEMENT_TIMEOUT} -c lock_timeout={LOCK_TIMEOUT}",
             "connect_timeout": CONNECT_TIMEOUT, **KEEPALIVES}
 
 
@@ -72,6 +84,7 @@ class PeerPools:
     def __init__(self, *, turbo: bool = False, application_name: str = "pgq") -> None:
         self.kwargs = _kwargs(turbo, application_name)
         self._pools: dict[str, ConnectionPool] = {}
+        self._used: dict[str, float] = {}
         self._lock = threading.Lock()
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
@@ -80,6 +93,7 @@ class PeerPools:
         with self._lock:
             if self._closed:
                 raise psycopg.OperationalError("the client is closed")
+            self._used[dsn] = time.monotonic()
             pool = self._pools.get(dsn)
             if pool is None:
                 pool = ConnectionPool(dsn, min_size=1, max_size=PEER_POOL_SIZE, kwargs=self.kwargs,
@@ -102,6 +116,7 @@ class PeerPools:
         runs in a helper thread, so that the caller stops waiting at the
         timeout whatever a peer does (a write in the calling thread would
         save one hand-off, about 0.2 ms here, and lose that bound)."""
+        self._prune()
         futures = {}
         results: dict[str, Any] = {}
         for peer, dsn, params in writes:
@@ -121,6 +136,17 @@ class PeerPools:
                 results[peer] = error if error is not None else future.result()
         return results
 
+    def _prune(self) -> None:
+        """Close the pools no write used for IDLE_POOL seconds."""
+        now = time.monotonic()
+        with self._lock:
+            idle = [dsn for dsn, used in self._used.items() if now - used > IDLE_POOL]
+            pools = [self._pools.pop(dsn) for dsn in idle if dsn in self._pools]
+            for dsn in idle:
+                del self._used[dsn]
+        for pool in pools:
+            pool.close(timeout=1.0)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
@@ -138,11 +164,13 @@ class AsyncPeerPools:
     def __init__(self, *, turbo: bool = False, application_name: str = "pgq") -> None:
         self.kwargs = _kwargs(turbo, application_name)
         self._pools: dict[str, AsyncConnectionPool] = {}
+        self._used: dict[str, float] = {}
         self._closed = False
 
     async def _pool(self, dsn: str) -> AsyncConnectionPool:
         if self._closed:
             raise psycopg.OperationalError("the client is closed")
+        self._used[dsn] = time.monotonic()
         pool = self._pools.get(dsn)
         if pool is None:
             pool = AsyncConnectionPool(dsn, min_size=1, max_size=PEER_POOL_SIZE,
@@ -153,6 +181,7 @@ class AsyncPeerPools:
         return pool
 
     async def write(self, sql: str, writes: Writes, timeout: float) -> dict[str, Any]:
+        await self._prune()
         results: dict[str, Any] = {}
 
         async def one(peer: str, dsn: str, params: Mapping[str, Any]) -> None:
@@ -172,6 +201,14 @@ class AsyncPeerPools:
             for peer, dsn, params in writes:
                 tasks.start_soon(one, peer, dsn, params)
         return results
+
+    async def _prune(self) -> None:
+        now = time.monotonic()
+        for dsn in [d for d, used in self._used.items() if now - used > IDLE_POOL]:
+            del self._used[dsn]
+            pool = self._pools.pop(dsn, None)
+            if pool is not None:
+                await pool.close(timeout=1.0)
 
     async def close(self) -> None:
         self._closed = True

@@ -219,7 +219,7 @@ WITH {_MANY_REFUSALS}, input AS (
 ), inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
                           requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
-                          repl_waiter, priority)
+                          repl_waiter, priority, cluster_requeue_at)
     SELECT i.id, i.queue,
            CASE WHEN %(wait)s THEN 'wait-repl' WHEN i.delay > 0 THEN 'active' ELSE 'queued' END,
            i.body, i.repl, i.repl_min, i.retry, i.delay,
@@ -228,7 +228,13 @@ WITH {_MANY_REFUSALS}, input AS (
            CASE WHEN %(wait)s OR i.delay > 0 THEN NULL ELSE pgq.now() END,
            CASE WHEN %(wait)s OR i.delay > 0 THEN 0 ELSE 1 END,
            string_to_array(i.holders, ','), string_to_array(i.holders, ','),
-           CASE WHEN %(wait)s THEN pg_backend_pid() END, i.priority
+           CASE WHEN %(wait)s THEN pg_backend_pid() END, i.priority,
+           -- A queued copy with holders elsewhere (direct copies) keeps watch
+           -- from the start (schema 0009), as TIMERS would arm it: a batch
+           -- armed later is locked while the node does it, and claims skip it.
+           CASE WHEN NOT %(wait)s AND i.delay <= 0 AND i.retry > 0
+                     AND cardinality(string_to_array(i.holders, ',')) > 1
+                THEN pgq.now() + (i.retry + random() * 0.5) * interval '1 second' END
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM leaving)
       AND NOT EXISTS (SELECT 1 FROM paused p WHERE p.name = i.queue)
@@ -249,10 +255,12 @@ SELECT ARRAY(SELECT name FROM paused) AS paused,
 """
 
 # Direct copies that did not all commit: the client withdraws those it
-# wrote into a peer's database (run there) before going through the node
-# process. Only this client knew of them: nothing else can hold them yet.
+# wrote into a peer's database (run there, `myself` that peer's id, as in
+# STORE_COPIES) before going through the node process. Only this client
+# knew of them: nothing else can hold them yet.
 WITHDRAW_COPIES = """
 DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
+  AND pgq.meta_value('node_id') = %(myself)s
 """
 
 # ADDJOB of a replicated job on a node served by a node process. The job is

@@ -55,3 +55,24 @@ def test_an_add_that_writes_its_copies_needs_no_node_process(make_cluster):
             cluster[0].process.send_signal(signal.SIGCONT)
     # The ACK, written to n1's outbox, reaches the copies once its process runs.
     wait_until(lambda: cluster.copies(job) == 0, 30, message="the ACK to reach every copy")
+
+
+def test_jobs_added_with_direct_copies_are_claimable_at_once(make_cluster):
+    """A batch of queued copies is armed (its re-queue watch, schema 0009) by
+    the insert itself: armed later by the node's TIMERS statement, the rows
+    were locked meanwhile and a claim skipped them all (SKIP LOCKED), so a
+    consumer found the queue empty with 2,000 jobs in it, 4 times in 6."""
+    cluster = make_cluster(3)
+    ids = cluster.ids()
+    wait_until(lambda: None not in advertised(cluster[0]).values()
+               and set(advertised(cluster[0])) == {ids["n2"], ids["n3"]}, 15,
+               message="n1 to learn its peers' DSNs")
+    with cluster[0].client() as client:
+        for round_no in range(3):
+            queue = f"now{round_no}"
+            for _ in range(2):
+                client.add_jobs(queue, [b"x"] * 1000, replicate=3)
+            for got in range(2000):
+                jobs = client.get_job(queue, nohang=True)
+                assert jobs, f"the queue looked empty after {got} of 2000 jobs"
+                client.ack_job(jobs[0].id)

@@ -334,6 +334,30 @@ def test_a_peer_refusing_a_direct_copy_keeps_none_of_it(sim_databases):
     s.holds(lambda: copies(s, job) == {"n1", "n3"}, 3.0, "no copy on the paused n2")
 
 
+def test_a_copy_committed_too_late_for_its_client_is_withdrawn(sim_databases):
+    s = cluster(sim_databases, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+            "the peers' databases advertised")
+    s.crash("n1")  # its node process cannot make the copies either: the add fails
+    s.sim.late_answers = 1.0  # every peer write commits, and answers too late
+    with pytest.raises(NoReplError):
+        s.add("n1", b"late", replicate=3)
+    # Withdrawn from both peers although neither answered in time.
+    assert [s.sql(n, "SELECT count(*) FROM pgq.jobs") for n in ("n1", "n2", "n3")] == [[(0,)]] * 3
+
+
+def test_a_direct_add_arms_its_queued_copy_at_once(sim_databases):
+    """The origin's queued copy keeps watch from the start (schema 0009): no
+    TIMERS statement locks it later to arm it, which made claims skip it."""
+    s = cluster(sim_databases, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+            "the peers' databases advertised")
+    job = s.add("n1", b"x", replicate=3, retry=5)
+    armed = s.sql("n1", "SELECT extract(epoch FROM cluster_requeue_at - pgq.now()) "
+                        "FROM pgq.jobs WHERE id = %s AND state = 'queued'", (job,))
+    assert armed and 5.0 <= float(armed[0][0]) <= 5.5
+
+
 def test_a_client_that_dies_after_its_copies_leaves_a_job_delivered_like_any_other(sim_databases):
     s = cluster(sim_databases, direct=True)
     s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
