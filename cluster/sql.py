@@ -173,6 +173,13 @@ WHERE repl > 1 AND left(split_part(id, '-', 2), 8) = left(%(myself)s, 8)
 # the same one.
 STORE_COPIES = contracts.STORE_COPIES
 
+# The re-queue watch of a queued copy of a job with other holders (schema
+# 0009): TIMERS arms copies queued without one; the statements that queue
+# a copy as its holders become known arm it themselves, in the same UPDATE,
+# so that no second statement locks the fresh rows while claims walk past
+# them (SKIP LOCKED: a batch armed later looked like an empty queue).
+_ARMED = "pgq.now() + (j.retry + random() * 0.5) * interval '1 second'"
+
 # Synchronous replication achieved: queue the job (or keep it active until
 # its delay), record its holders, wake the client waiting for it. Commits
 # without waiting for the WAL flush: after a crash the job is still
@@ -189,7 +196,11 @@ WITH relaxed AS MATERIALIZED (
         requeue_at = CASE WHEN j.requeue_at > pgq.now() THEN j.requeue_at END,
         enqueues = CASE WHEN j.requeue_at > pgq.now() THEN 0 ELSE 1 END,
         nodes_delivered = string_to_array(u.delivered, ','),
-        nodes_confirmed = string_to_array(u.confirmed, ',')
+        nodes_confirmed = string_to_array(u.confirmed, ','),
+        cluster_requeue_at = CASE WHEN NOT coalesce(j.requeue_at > pgq.now(), false)
+                                       AND j.retry > 0
+                                       AND cardinality(string_to_array(u.delivered, ',')) > 1
+                                  THEN {_ARMED} ELSE j.cluster_requeue_at END
     FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
         AS u(id, delivered, confirmed)
     WHERE j.id = u.id AND j.state = 'wait-repl'
@@ -205,11 +216,16 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM woken), (SELECT count(
        (SELECT count(*) FROM relaxed)
 """
 
-# Progress of asynchronous / transactional replication (holders only).
-REPLICATION_PROGRESS = """
+# Progress of asynchronous / transactional replication: the holders, and
+# the watch of a copy queued here that now has holders elsewhere.
+REPLICATION_PROGRESS = f"""
 UPDATE pgq.jobs j SET
     nodes_delivered = string_to_array(u.delivered, ','),
-    nodes_confirmed = string_to_array(u.confirmed, ',')
+    nodes_confirmed = string_to_array(u.confirmed, ','),
+    cluster_requeue_at = CASE WHEN j.state = 'queued' AND j.cluster_requeue_at IS NULL
+                                   AND j.retry > 0
+                                   AND cardinality(string_to_array(u.delivered, ',')) > 1
+                              THEN {_ARMED} ELSE j.cluster_requeue_at END
 FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
     AS u(id, delivered, confirmed)
 WHERE j.id = u.id
@@ -388,7 +404,7 @@ SELECT count(pg_notify('{JOBS_CHANNEL}', q.queue)) FROM (SELECT DISTINCT queue F
 TIMERS = f"""
 WITH armed AS (  -- queued copies without their watch yet (schema 0009): armed, no announcement
     UPDATE pgq.jobs j SET
-        cluster_requeue_at = pgq.now() + (j.retry + random() * 0.5) * interval '1 second'
+        cluster_requeue_at = {_ARMED}
     WHERE j.ctid = ANY (ARRAY(
         SELECT ctid FROM pgq.jobs
         WHERE state = 'queued' AND cluster_requeue_at IS NULL AND cardinality(nodes_delivered) > 1
