@@ -27,6 +27,7 @@ from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_e
 from .driver import AsyncDriver
 from .errors import DatabaseUnavailableError, NoReplError
 from .job import Job
+from .listener import SharedListener, Ticket
 from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations
@@ -63,6 +64,10 @@ class AsyncClient(ClientCore):
             lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)))
         self._acks: AsyncCombiner[list[str]] = AsyncCombiner(
             lambda client, calls: client._run(lambda s: commands.ack_batch(s, calls)))
+        # Blocked GETs share one LISTEN connection (pgq.listener), served by
+        # a task of `async with`; a client opened otherwise LISTENs per GET.
+        self._listener: SharedListener | None = None
+        self._listening: Any = None  # the task group serving it
         self._opening = anyio.Lock()
         self._switching = anyio.Lock()
         self._closed = False
@@ -164,7 +169,8 @@ class AsyncClient(ClientCore):
                     raise
                 raise typed from exc
 
-    async def _run(self, make: CommandFactory[T], conn: object = None) -> T:
+    async def _run(self, make: CommandFactory[T], conn: object = None,
+                   ticket: Ticket | None = None) -> T:
         if conn is not None:
             from .connections import async_connection
 
@@ -184,7 +190,8 @@ class AsyncClient(ClientCore):
         async def work(pooled: psycopg.AsyncConnection[Any]) -> T:
             await self._housekeeping(pooled)
             driver = AsyncDriver(pooled, prepare=self.options.prepare,
-                                 housekeeping=self._housekeeping, shield=True, peers=self._peers)
+                                 housekeeping=self._housekeeping, shield=True, peers=self._peers,
+                                 listener=self._listener, ticket=ticket)
             return await driver.run(make(self.session(owned=True)))
 
         return await self._run_on_pool(work)  # type: ignore[no-any-return]
@@ -201,10 +208,28 @@ class AsyncClient(ClientCore):
 
     async def __aenter__(self) -> AsyncClient:
         await self.open()
+        if self._listening is None:
+            tasks = anyio.create_task_group()
+            await tasks.__aenter__()
+            self._listening = tasks
+            self._listener = SharedListener(self._connect_listener)
+            tasks.start_soon(self._listener.run)
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
+    async def __aexit__(self, *exc: Any) -> None:
+        tasks, self._listening = self._listening, None
+        self._listener = None
+        try:
+            if tasks is not None:
+                tasks.cancel_scope.cancel()
+                await tasks.__aexit__(*exc)
+        finally:
+            await self.close()
+
+    async def _connect_listener(self) -> psycopg.AsyncConnection[Any]:
+        return await psycopg.AsyncConnection.connect(
+            self._dsn, autocommit=True, application_name=self.options.application_name,
+            options=SESSION_OPTIONS, connect_timeout=max(1, int(self.pool_timeout)))
 
     # ------------------------------------------------------------ commands
 
@@ -280,9 +305,18 @@ class AsyncClient(ClientCore):
             else:
                 if self._pool is None:
                     await self.open()
-                got = await self._claims.submit(request.call, self)  # one claim for many callers
-                if not got and not request.nohang:
-                    got = await self._run(request.command(claimed=True))
+                listener = self._listener
+                early = listener.join_early(queues) if listener and not request.nohang else None
+                try:
+                    got = await self._claims.submit(request.call, self)  # one claim for many callers
+                    if not got and not request.nohang:
+                        got = await self._run(request.command(claimed=True), ticket=early)
+                        if len(got) >= count and listener is not None:
+                            listener.pass_on(queues)  # a full COUNT after a wake: maybe more
+                finally:
+                    if early is not None:
+                        assert listener is not None
+                        listener.leave(early)
             tracing.set_ids(span, [j.id for j in got])
             return got
 

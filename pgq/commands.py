@@ -806,9 +806,10 @@ def get_jobs(session: Session, queues: list[str], count: int, timeout: float | N
             leaving = "this node is leaving the cluster and does not block consumers: get jobs from another node"
             raise LeavingError(f"{leaving} (or use nohang=True)").for_cli(f"{leaving} (or use --nohang)")
         if session.can_listen and not listening:
-            yield Listen(tuple(queues))
+            unnoticed = yield Listen(tuple(queues))
             listening = True
-            continue  # claim again: a job may have been added before LISTEN took effect
+            if unnoticed is not False:
+                continue  # claim again: a job may have been added before LISTEN took effect
         due_in = yield Query(sql.NEXT_DUE, {"queues": queues}, Result.VALUE)
         wait = _poll_wait(polls, session.poll_interval)
         if due_in is not None:

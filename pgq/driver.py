@@ -16,7 +16,9 @@ Invariants (see :mod:`pgq.protocol`):
 * After :class:`~pgq.protocol.Listen`, the waiter registration and LISTEN are
   undone before the connection is returned, whatever happens; if the
   connection is broken there is nothing to undo (the pool discards it and the
-  sweep forgets the stale waiter row).
+  sweep forgets the stale waiter row). An :class:`AsyncDriver` given the
+  client's shared listener (:mod:`pgq.listener`) takes a ticket there
+  instead, and gives it back the same way.
 * :class:`~pgq.protocol.PeerWrite` goes to the client's peer pools
   (:mod:`pgq.peers`); a driver without them is never given one (its
   session says ``direct=False``).
@@ -53,6 +55,7 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
+    from .listener import SharedListener, Ticket
     from .peers import AsyncPeerPools, PeerPools
 
 __all__ = ["SyncDriver", "AsyncDriver", "CHANNEL"]
@@ -191,8 +194,15 @@ class AsyncDriver:
 
     def __init__(self, conn: psycopg.AsyncConnection[Any], *, prepare: bool = True,
                  housekeeping: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
-                 shield: bool = False, peers: AsyncPeerPools | None = None) -> None:
+                 shield: bool = False, peers: AsyncPeerPools | None = None,
+                 listener: SharedListener | None = None, ticket: Ticket | None = None) -> None:
         self.conn = conn
+        # The client's shared LISTEN connection for blocked GETs (pgq.listener);
+        # None: this connection registers and LISTENs itself. `ticket`: one
+        # joined before the command's first claim (SharedListener.join_early).
+        self.listener = listener
+        self._early = ticket
+        self._ticket: Ticket | None = None
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
         self.peers = peers
@@ -258,6 +268,12 @@ class AsyncDriver:
                     await copy.write(chunk)
             return None
         if isinstance(request, Listen):
+            if self.listener is not None:
+                if self._early is not None:
+                    self._ticket, self._early = self._early, None
+                    return self.listener.listened(self._ticket)
+                self._ticket = await self.listener.subscribe(request.queues)
+                return None
             await conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})
             await conn.execute(f"LISTEN {CHANNEL}")
             self._collect()
@@ -270,6 +286,9 @@ class AsyncDriver:
                 _replication_listeners.add(conn)
             return None
         if isinstance(request, Wait):
+            if self._ticket is not None and self.listener is not None:
+                await self.listener.wait(self._ticket, request.seconds)
+                return []
             if self._collecting:
                 return await self._wait_for_notification(request.seconds)
             await anyio.sleep(request.seconds)
@@ -309,6 +328,9 @@ class AsyncDriver:
                     await transaction.__aexit__(type(exc), exc, exc.__traceback__)
 
     async def _stop_listening(self) -> None:
+        if self._ticket is not None and self.listener is not None:
+            self.listener.leave(self._ticket)
+            self._ticket = None
         if self._collecting:
             self._collecting = False
             self.conn.remove_notify_handler(self._received.append)

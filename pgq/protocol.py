@@ -115,7 +115,12 @@ class Copy:
 
 @dataclass(frozen=True, slots=True)
 class Listen:
-    """Register as a blocked consumer of ``queues`` and LISTEN for new jobs."""
+    """Register as a blocked consumer of ``queues`` and LISTEN for new jobs.
+
+    Replies ``False`` when no job can have been added unnoticed since the
+    command's last claim (the client's shared listener was registered for
+    these queues before that claim began: see :mod:`pgq.listener`), so the
+    command need not claim again before it waits; otherwise ``None``."""
 
     queues: tuple[str, ...]
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -165,3 +165,15 @@ def wait_until(predicate: Callable[[], object], timeout: float = 20.0, every: fl
         time.sleep(every)
 
 
+
+
+async def async_wait_until(predicate: Callable[[], Awaitable[object]], timeout: float = 20.0,
+                           every: float = 0.05) -> object:
+    """:func:`wait_until` for async tests: polls an awaitable predicate (a
+    database's state has no event to wait on); TimeoutError after ``timeout``."""
+    import anyio
+
+    with anyio.fail_after(timeout):
+        while not (value := await predicate()):  # noqa: ASYNC110 - polling a database
+            await anyio.sleep(every)
+    return value

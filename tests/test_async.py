@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 import pgq
 from pgq.errors import InvalidTypeError, MaxLenError
 
+from .conftest import async_wait_until
+
 pytestmark = pytest.mark.anyio
 
 
@@ -52,13 +54,16 @@ async def test_blocking_get_is_woken_and_cancellable(dsn):
             job_id = await producer.add_job("aw", b"x")
         assert [j.id for j in got] == [job_id]
         assert time.monotonic() - start < 0.3
-        # cancelling a blocked get leaves no waiter behind
+        # cancelling a blocked get leaves no waiter behind: the client's
+        # shared listener drops its registration once nobody has waited for
+        # its linger (pgq.listener.LINGER, 1 s)
         with anyio.move_on_after(0.3):
             await consumer.get_job("never")
         async with await psycopg.AsyncConnection.connect(dsn) as conn:
-            await anyio.sleep(0.2)
-            left = await (await conn.execute("SELECT count(*) FROM pgq.waiters")).fetchone()
-        assert left == (0,)
+            async def none_left() -> bool:
+                return await (await conn.execute("SELECT count(*) FROM pgq.waiters")).fetchone() == (0,)
+
+            await async_wait_until(none_left, timeout=10)
 
 
 async def test_concurrent_consumers_share_without_duplicates(dsn):

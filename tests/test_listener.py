@@ -1,0 +1,127 @@
+"""The blocked GETs of an AsyncClient share one LISTEN connection
+(pgq.listener): who a notification wakes (no I/O), and the real thing on a
+real server."""
+
+from __future__ import annotations
+
+import anyio
+import psycopg
+import pytest
+
+import pgq
+from pgq.listener import Wakeups
+
+from .conftest import async_wait_until
+
+# ---------------------------------------------------------------- the rule
+
+
+def test_a_notification_wakes_the_longest_waiting_ticket_of_its_queue_once():
+    wakeups = Wakeups()
+    first, second = wakeups.join(["a"]), wakeups.join(["a", "b"])
+    other = wakeups.join(["c"])
+    assert wakeups.notified("a") is first
+    assert wakeups.notified("a") is second  # first is awake already
+    assert wakeups.notified("a") is None  # everyone of "a" is awake
+    assert wakeups.notified("zzz") is None
+    assert not other.woken
+    assert wakeups.queues() == {"a", "b", "c"}
+
+
+def test_a_full_count_passes_the_wake_on_to_a_ticket_sharing_a_queue():
+    wakeups = Wakeups()
+    wakeups.join(["a"])
+    b = wakeups.join(["b", "a"])
+    wakeups.tickets[0].woken = True
+    assert wakeups.pass_on(["b"]) is b
+    assert wakeups.pass_on(["b"]) is None
+
+
+def test_a_ticket_leaving_with_an_unconsumed_wake_passes_it_on_once():
+    wakeups = Wakeups()
+    leaving, staying = wakeups.join(["a"]), wakeups.join(["a"])
+    assert wakeups.notified("a") is leaving
+    assert wakeups.leave(leaving) is staying
+    assert wakeups.leave(leaving) is None  # leaving twice is leaving
+    assert wakeups.leave(staying) is None and not wakeups.tickets  # its wake: nobody to pass it to
+    quiet = wakeups.join(["a"])
+    assert wakeups.leave(quiet) is None
+
+
+def test_a_failed_listener_wakes_every_ticket():
+    wakeups = Wakeups()
+    tickets = [wakeups.join(["a"]), wakeups.join(["b"])]
+    assert wakeups.all() == tickets and all(t.woken for t in tickets)
+
+
+# ---------------------------------------------------------------- real server
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+async def _waiters(dsn: str) -> list[tuple[int, str]]:
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        return await (await conn.execute("SELECT pid, queue FROM pgq.waiters ORDER BY queue")).fetchall()
+
+
+@pytest.mark.anyio
+async def test_blocked_gets_of_one_client_share_one_registration_and_all_get_a_batch(dsn):
+    # poll_interval 60: a consumer that no notification (or passed-on wake)
+    # reaches would wait a minute, past the get's timeout of 20 s, and the
+    # test would see it empty-handed.
+    async with pgq.AsyncClient(dsn, poll_interval=60, pool_size=8) as consumer, \
+            pgq.AsyncClient(dsn) as producer:
+        got: list[list[pgq.Job]] = []
+
+        async def consume() -> None:
+            got.append(await consumer.get_job("shared", timeout=20))
+
+        async with anyio.create_task_group() as tasks:
+            for _ in range(4):
+                tasks.start_soon(consume)
+            async def four_registered() -> bool:
+                listener = consumer._listener
+                return listener is not None and len(listener.wakeups.tickets) == 4 \
+                    and all(t.ready.is_set() for t in listener.wakeups.tickets)
+
+            await async_wait_until(four_registered, timeout=10)
+            waiters = await _waiters(dsn)
+            assert len(waiters) == 1 and waiters[0][1] == "shared"  # one backend, whatever the GETs
+            ids = await producer.add_jobs("shared", [b"1", b"2", b"3", b"4"])  # one statement, one NOTIFY
+        assert sorted(j.id for jobs in got for j in jobs) == sorted(ids)
+        assert all(len(jobs) == 1 for jobs in got)
+
+
+@pytest.mark.anyio
+async def test_blocked_gets_still_get_their_jobs_when_the_listener_backend_dies(dsn):
+    async with pgq.AsyncClient(dsn, poll_interval=0.2, pool_size=4) as consumer, \
+            pgq.AsyncClient(dsn) as producer:
+        got: list[pgq.Job] = []
+
+        async def consume() -> None:
+            got.extend(await consumer.get_job("dies", timeout=20))
+
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(consume)
+            (pid, _queue), = await async_wait_until(lambda: _waiters(dsn), timeout=10)
+            async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as admin:
+                await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            job_id = await producer.add_job("dies", b"x")
+        assert [j.id for j in got] == [job_id]
+
+
+@pytest.mark.anyio
+async def test_the_registration_goes_once_nobody_waits_and_comes_back_when_someone_does(dsn):
+    async with pgq.AsyncClient(dsn) as consumer:
+        assert await consumer.get_job("idle", timeout=0.2) == []
+        assert [q for _pid, q in await _waiters(dsn)] == ["idle"]  # lingers a moment
+        async def gone() -> bool:
+            return not await _waiters(dsn)
+
+        await async_wait_until(gone, timeout=10)  # LINGER is 1 s
+        job_id = await consumer.add_job("idle", b"x", delay=0.5)  # ready in 0.5 s: no NOTIFY
+        got = await consumer.get_job("idle", timeout=10)
+        assert [j.id for j in got] == [job_id]
+    assert await _waiters(dsn) == []  # closed: nothing left behind
