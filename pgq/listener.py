@@ -258,8 +258,21 @@ class SharedListener:
             readable = True
         self._reading = None
         if readable:
-            with anyio.CancelScope(shield=True):
-                await conn.execute("SELECT 1")  # reads what arrived; runs the handler
+            self._take_notifications(conn)
+
+    def _take_notifications(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Read what arrived on the idle connection, without a round trip
+        (a ``SELECT 1`` to make psycopg read was 0.3 statements per job in
+        the steady-state bench). Only notifications arrive on a connection
+        with nothing in flight; a closed one raises (the task's failure path)."""
+        pgconn = conn.pgconn
+        pgconn.consume_input()  # raises psycopg.OperationalError if the server went away
+        if pgconn.status != psycopg.pq.ConnStatus.OK:
+            raise psycopg.OperationalError("the listener's connection is closed")
+        encoding = conn.info.encoding
+        while (notify := pgconn.notifies()) is not None:
+            if notify.relname.decode(encoding) == JOBS_CHANNEL:
+                self._received.append(notify.extra.decode(encoding))
 
     def _poke(self) -> None:
         """The tickets changed: the task looks again."""
