@@ -309,10 +309,14 @@ class AsyncClient(ClientCore):
                 early = listener.join_early(queues) if listener and not request.nohang else None
                 try:
                     got = await self._claims.submit(request.call, self)  # one claim for many callers
-                    if not got and not request.nohang:
-                        got = await self._run(request.command(claimed=True), ticket=early)
-                        if len(got) >= count and listener is not None:
-                            listener.pass_on(queues)  # a full COUNT after a wake: maybe more
+                    if isinstance(got, commands.Due) or not got:  # none (Due: and when one is due)
+                        claimed = got if isinstance(got, commands.Due) else True
+                        if request.nohang:
+                            got = []
+                        else:
+                            got = await self._run(request.command(claimed=claimed), ticket=early)
+                            if len(got) >= count and listener is not None:
+                                listener.pass_on(queues)  # a full COUNT after a wake: maybe more
                 finally:
                     if early is not None:
                         assert listener is not None

@@ -301,8 +301,9 @@ class Client(ClientCore):
                 got: list[Job] = self._run(request.command(), conn)
             else:
                 got = self._combiners().claims.submit(request.call, self)  # one claim, many callers
-                if not got and not request.nohang:
-                    got = self._run(request.command(claimed=True))
+                if isinstance(got, commands.Due) or not got:  # none (Due: and when one is due)
+                    claimed = got if isinstance(got, commands.Due) else True
+                    got = [] if request.nohang else self._run(request.command(claimed=claimed))
             tracing.set_ids(span, [j.id for j in got])
             return got
 

@@ -778,21 +778,23 @@ def _poll_wait(polls: int, interval: float) -> float:
 
 
 def get_jobs(session: Session, queues: list[str], count: int, timeout: float | None,
-             nohang: bool, withcounters: bool, claimed: bool = False) -> Command[list[Job]]:
+             nohang: bool, withcounters: bool, claimed: bool | Due = False) -> Command[list[Job]]:
     """GETJOB: up to ``count`` jobs, queues served left to right.
 
     Returns as many jobs as are ready (up to ``count``) as soon as there is
     at least one. With ``nohang`` returns ``[]`` at once when none is ready;
     otherwise blocks until one is, or ``timeout`` seconds pass (``None``
     blocks forever), then returns ``[]``. ``claimed``: a claim just found
-    nothing (a batch of :func:`claim_batch`), so start by waiting.
+    nothing (a batch of :func:`claim_batch`; a :class:`Due` if it said when
+    a job is due next), so start by waiting.
     """
     deadline = None if timeout is None else session.clock() + timeout
     listening = False
     polls = 0
+    due = claimed if isinstance(claimed, Due) else None  # what the last claim said
     while True:
         if not claimed:
-            rows = yield from _claim(session, queues, count)
+            rows, due = yield from _claim(session, queues, count)
             if rows:
                 return _jobs_in_priority_order(rows, queues, withcounters)
         claimed = False
@@ -810,7 +812,9 @@ def get_jobs(session: Session, queues: list[str], count: int, timeout: float | N
             listening = True
             if unnoticed is not False:
                 continue  # claim again: a job may have been added before LISTEN took effect
-        due_in = yield Query(sql.NEXT_DUE, {"queues": queues}, Result.VALUE)
+        if due is None:  # no claim of ours said (the first wait after a combined claim)
+            due = Due((yield Query(sql.NEXT_DUE, {"queues": queues}, Result.VALUE)))
+        due_in, due = due.seconds, None
         wait = _poll_wait(polls, session.poll_interval)
         if due_in is not None:
             wait = min(wait, max(due_in, 0.001))
@@ -830,18 +834,24 @@ class ClaimCall:
     withcounters: bool
 
 
-def claim_batch(session: Session, calls: Sequence[ClaimCall]) -> Command[list[list[Job]]]:
+def claim_batch(session: Session, calls: Sequence[ClaimCall]) -> Command[list[list[Job] | Due]]:
     """One claim attempt of many callers: one statement per distinct list of
     queues, COUNT summed; the jobs go to the callers in arrival order, each
     up to its COUNT, in priority order. A caller left without jobs blocks
-    on its own (``get_jobs(..., claimed=True)``)."""
-    outcomes: list[list[Job]] = [[] for _ in calls]
+    on its own (``get_jobs(..., claimed=...)``); where the claim took
+    nothing at all its callers get the claim's :class:`Due` instead of
+    ``[]``, so that their first wait needs no query of its own."""
+    outcomes: list[list[Job] | Due] = [[] for _ in calls]
     groups: dict[tuple[str, ...], list[int]] = {}
     for index, call in enumerate(calls):
         groups.setdefault(call.queues, []).append(index)
     for queues, members in groups.items():
         total = min(sum(calls[i].count for i in members), MAX_CLAIM)
-        rows = yield from _claim(session, list(queues), total)
+        rows, due = yield from _claim(session, list(queues), total)
+        if due is not None:
+            for index in members:
+                outcomes[index] = due
+            continue
         ordered = _in_priority_order(rows, list(queues))
         start = 0
         for index in members:
@@ -866,38 +876,52 @@ class Claimed(NamedTuple):
     from_ready: bool  # taken from the ready index (not a due lease): moves the floor
     priority: int
     epoch: int | None
+    due_in: float | None  # the epoch row of a claim that took nothing: seconds until a job is due
 
 
-def _claim(session: Session, queues: list[str], count: int) -> Command[list[Claimed]]:
+@dataclass(frozen=True, slots=True)
+class Due:
+    """When a job of the claimed queues becomes due (a lease runs out, a
+    delay ends), as the last claim saw it: ``seconds`` from then (negative:
+    already), or None when none will."""
+
+    seconds: float | None
+
+
+def _claim(session: Session, queues: list[str], count: int) -> Command[tuple[list[Claimed], Due | None]]:
     """One claim from the queues' floors (see pgq.floors); returns the
-    claimed jobs and moves the floors on. If the queue epoch moved since the
-    last claim (a job may be queued behind a floor) and the claim came up
-    short, it claims again at once from the front."""
+    claimed jobs (and, if it took none, when a job is due next) and moves
+    the floors on. If the queue epoch moved since the last claim (a job may
+    be queued behind a floor) and the claim came up short, it claims again
+    at once from the front."""
     floors = session.floors
     if floors is None:
-        jobs, _epoch = yield from _claim_from(session, queues, [FROM_THE_FRONT] * len(queues), count)
-        return jobs
+        jobs, _epoch, due = yield from _claim_from(session, queues, [FROM_THE_FRONT] * len(queues), count)
+        return jobs, due
     known = floors.epoch
     starts = floors.for_claim(queues, session.clock())
     started = session.clock()
-    jobs, epoch = yield from _claim_from(session, queues, starts, count)
+    jobs, epoch, due = yield from _claim_from(session, queues, starts, count)
     floors.claimed(queues, starts, [(j.queue, j.ctime) for j in jobs if j.from_ready],
                    started, session.clock(), epoch=epoch)
     if known is not None and epoch != known and len(jobs) < count \
             and any(start != FROM_THE_FRONT for start in starts):
-        more, _epoch = yield from _claim_from(session, queues, [FROM_THE_FRONT] * len(queues),
-                                              count - len(jobs))
+        more, _epoch, due = yield from _claim_from(session, queues, [FROM_THE_FRONT] * len(queues),
+                                                   count - len(jobs))
         jobs += more
-    return jobs
+    return jobs, (due if not jobs else None)
 
 
 def _claim_from(session: Session, queues: list[str], floors: list[int],
-                count: int) -> Command[tuple[list[Claimed], int | None]]:
+                count: int) -> Command[tuple[list[Claimed], int | None, Due | None]]:
     rows = yield Query(sql.CLAIM_RELAXED if session.owned else sql.CLAIM,
                        {"queues": queues, "floors": floors, "count": count}, Result.ROWS)
     claimed = [Claimed(*row) for row in rows]
-    epochs = [row.epoch for row in claimed if row.id is None]
-    return [row for row in claimed if row.id is not None], (epochs[0] if epochs else None)
+    marks = [row for row in claimed if row.id is None]
+    jobs = [row for row in claimed if row.id is not None]
+    if not marks:
+        return jobs, None, None
+    return jobs, marks[0].epoch, (Due(marks[0].due_in) if not jobs else None)
 
 
 def _in_priority_order(rows: list[Claimed], queues: list[str]) -> list[Claimed]:

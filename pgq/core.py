@@ -472,7 +472,7 @@ class GetRequest:
     timeout: float | None
     nohang: bool
 
-    def command(self, claimed: bool = False) -> CommandFactory[list[Any]]:
+    def command(self, claimed: bool | commands.Due = False) -> CommandFactory[list[Any]]:
         call = self.call
         return lambda session: commands.get_jobs(session, list(call.queues), call.count,
                                                  self.timeout, self.nohang, call.withcounters,

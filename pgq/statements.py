@@ -494,15 +494,28 @@ WITH wanted AS (
 # it too when its ready arm locked jobs it did not take (COUNT was filled by
 # a higher queue or by due leases): a concurrent claim skipped them and may
 # have moved its floor past them.
+#
+# A claim that took nothing also says, in that row, how long until a job of
+# these queues becomes due (``due_in``, as NEXT_DUE below): a blocked GET
+# bounds its wait with it without asking again (0.3 statements per job in
+# the steady-state bench). A claim that took jobs skips the probe.
 _CLAIM_RESULT = """
 SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl, from_ready, priority,
-       NULL::bigint AS epoch
+       NULL::bigint AS epoch, NULL::float8 AS due_in
 FROM claimed
 UNION ALL
 SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        CASE WHEN EXISTS (SELECT 1 FROM ready r WHERE r.ctid NOT IN (SELECT ctid FROM picked))
             THEN nextval('pgq.queue_epoch')
             ELSE (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgq.queue_epoch)
+       END,
+       CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
+           SELECT extract(epoch FROM min(d.requeue_at) - pgq.now())::float8
+           FROM unnest(%(queues)s::text[]) AS q(name)
+           CROSS JOIN LATERAL (
+               SELECT j.requeue_at FROM pgq.jobs j
+               WHERE j.queue = q.name AND j.state = 'active' AND j.requeue_at IS NOT NULL
+               ORDER BY j.requeue_at LIMIT 1) AS d)
        END{source}"""
 
 # On a caller's connection: plain. The caller's transaction decides durability.
@@ -523,7 +536,9 @@ CLAIM_RELAXED = _CLAIM_BODY + """, commit_mode AS (
 )""" + _CLAIM_RESULT.format(source="\nFROM commit_mode") + "\n"
 
 # How long until a job of these queues becomes due (delayed or leased), so a
-# blocked consumer wakes up in time without polling faster.
+# blocked consumer wakes up in time without polling faster. A claim that took
+# nothing says the same (its due_in); this is for a GET whose last claim
+# did not (a combined claim that took jobs, for other callers).
 # Seconds until the next lease of these queues runs out (negative: already),
 # NULL when none will. Not greatest(0, ...): GREATEST ignores NULL, so "none"
 # read as "due now" and a blocked GET on an idle queue polled every
