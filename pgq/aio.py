@@ -226,6 +226,18 @@ class AsyncClient(ClientCore):
         finally:
             await self.close()
 
+    async def _serve_listener(self) -> None:
+        """Serve the shared LISTEN connection of this client's blocked GETs
+        until cancelled: what ``async with`` starts, for a server that owns
+        its task group and opens the client lazily (pgq.fronts)."""
+        listener = SharedListener(self._connect_listener)
+        self._listener = listener
+        try:
+            await listener.run()
+        finally:
+            if self._listener is listener:
+                self._listener = None
+
     async def _connect_listener(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(
             self._dsn, autocommit=True, application_name=self.options.application_name,

@@ -8,8 +8,10 @@ Invariants:
 * One :class:`pgq.AsyncClient` serves the HTTP API and the RESP port: their
   concurrent requests share its group commit (one statement and one commit
   for the adds, claims and acks that arrive together), so a front adds no
-  semantics of its own. The dashboard has its own client (its reads must
-  not wait behind a burst of adds).
+  semantics of its own, and its blocked GETJOBs and leases share one LISTEN
+  connection (pgq.listener: one registration per queue, one GET woken per
+  new job). The dashboard has its own client (its reads must not wait
+  behind a burst of adds).
 * Every address is checked before anything serves: a port already taken is
   one :class:`~pgq.errors.PgqError` naming it (uvicorn alone would exit the
   process with status 3, pgq's "nothing found").
@@ -99,8 +101,10 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
     board_client = AsyncClient(dsn) if fronts.dashboard else None
     servers: list[Any] = []
     resp_scope = anyio.CancelScope()  # entered by the RESP task, cancelled on a graceful stop
+    listener_scope = anyio.CancelScope()  # the blocked GETs' shared LISTEN (pgq.listener)
     try:
         async with anyio.create_task_group() as tasks:
+            tasks.start_soon(_within, listener_scope, client._serve_listener)
             if fronts.http:
                 from .httpapi import create_app
 
@@ -127,6 +131,8 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
                 for server in servers:
                     server.should_exit = True  # finish requests, run the shutdown
                 resp_scope.cancel()
+                # GETs still blocked then wait by polling until they return.
+                listener_scope.cancel()
     finally:
         with anyio.CancelScope(shield=True):
             await client.close()

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import psycopg
 import pytest
 
 from pgq.resp import NULL_ARRAY, Error, Parser, ProtocolError, Status, encode
@@ -351,3 +352,23 @@ def test_an_unexpected_error_is_one_err_reply_and_the_server_goes_on(dsn):
             group.cancel_scope.cancel()
 
     anyio.run(main)
+
+
+def test_blocked_getjobs_wait_on_the_shared_listener_and_each_gets_one_job(resp, dsn):
+    """The RESP front's blocked GETJOBs wait on its client's shared LISTEN
+    connection (pgq.listener): registered for the queue while they block,
+    and each job added goes to exactly one of them."""
+    blocked = [resp(), resp()]
+    for r in blocked:
+        r.send("GETJOB", "TIMEOUT", 20_000, "FROM", "shared-resp")  # 20 s: well past the waits below
+
+    def registered():
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            return conn.execute("SELECT queue FROM pgq.waiters").fetchall()
+
+    assert wait_until(registered, 10, message="the blocked GETJOBs to register") == [("shared-resp",)]
+    producer = resp()
+    ids = {producer.call("ADDJOB", "shared-resp", body, 0).text for body in ("a", "b")}
+    got = [r.reply() for r in blocked]
+    assert all(len(jobs) == 1 for jobs in got)
+    assert {jobs[0][1].decode() for jobs in got} == ids
