@@ -33,6 +33,7 @@ from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_e
 from .driver import SyncDriver
 from .errors import NoReplError
 from .job import Job
+from .listener import SyncSharedListener, Ticket
 from .migrate import SCHEMA_VERSION as SCHEMA
 from .migrate import check_schema
 from .migrate import migrate as run_migrations
@@ -95,6 +96,9 @@ class Client(ClientCore):
         # their copies themselves (pgq.peers; opened when first needed).
         self._peers = PeerPools(turbo=self.options.turbo,
                                 application_name=self.options.application_name)
+        # Blocked GETs share one LISTEN connection, served by a thread
+        # started by the first of them (pgq.listener).
+        self._listener = SyncSharedListener(self._connect_listener)
 
     def _open_pool(self) -> ConnectionPool:
         pool = ConnectionPool(
@@ -183,7 +187,12 @@ class Client(ClientCore):
                                              self.options.direct_copies))
         return combiners
 
-    def _run(self, make: CommandFactory[T], conn: object = None) -> T:
+    def _connect_listener(self) -> psycopg.Connection[Any]:
+        return psycopg.Connection.connect(
+            self._dsn, autocommit=True, application_name=self.options.application_name,
+            options=SESSION_OPTIONS, connect_timeout=max(1, int(self.pool_timeout)))
+
+    def _run(self, make: CommandFactory[T], conn: object = None, ticket: Ticket | None = None) -> T:
         if conn is not None:
             from .connections import sync_connection
 
@@ -199,7 +208,7 @@ class Client(ClientCore):
         def work(pooled: psycopg.Connection[Any]) -> T:
             self._housekeeping(pooled)
             driver = SyncDriver(pooled, prepare=self.options.prepare, housekeeping=self._housekeeping,
-                                peers=self._peers)
+                                peers=self._peers, listener=self._listener, ticket=ticket)
             return driver.run(make(self.session(owned=True)))
 
         return self._run_on_pool(work)  # type: ignore[no-any-return]
@@ -208,6 +217,7 @@ class Client(ClientCore):
 
     def close(self) -> None:
         """Close the client's connections (the embedded server keeps running)."""
+        self._listener.close()
         self._pool.close()
         self._peers.close()
 
@@ -300,10 +310,19 @@ class Client(ClientCore):
             if conn is not None:
                 got: list[Job] = self._run(request.command(), conn)
             else:
-                got = self._combiners().claims.submit(request.call, self)  # one claim, many callers
-                if isinstance(got, commands.Due) or not got:  # none (Due: and when one is due)
-                    claimed = got if isinstance(got, commands.Due) else True
-                    got = [] if request.nohang else self._run(request.command(claimed=claimed))
+                listener = self._listener
+                early = None if request.nohang or not self.options.listen else listener.join_early(queues)
+                try:
+                    got = self._combiners().claims.submit(request.call, self)  # one claim, many callers
+                    if isinstance(got, commands.Due) or not got:  # none (Due: and when one is due)
+                        claimed = got if isinstance(got, commands.Due) else True
+                        got = [] if request.nohang else self._run(request.command(claimed=claimed),
+                                                                  ticket=early)
+                        if len(got) >= count:
+                            listener.pass_on(queues)  # a full COUNT after a wake: maybe more
+                finally:
+                    if early is not None:
+                        listener.leave(early)
             tracing.set_ids(span, [j.id for j in got])
             return got
 

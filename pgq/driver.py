@@ -55,7 +55,7 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from .listener import SharedListener, Ticket
+    from .listener import SharedListener, SyncSharedListener, Ticket
     from .peers import AsyncPeerPools, PeerPools
 
 __all__ = ["SyncDriver", "AsyncDriver", "CHANNEL"]
@@ -88,11 +88,16 @@ class SyncDriver:
 
     def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool = True,
                  housekeeping: Callable[[psycopg.Connection[Any]], None] | None = None,
-                 peers: PeerPools | None = None) -> None:
+                 peers: PeerPools | None = None, listener: SyncSharedListener | None = None,
+                 ticket: Ticket | None = None) -> None:
         self.conn = conn
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
         self.peers = peers
+        # The client's shared LISTEN connection (pgq.listener), as in AsyncDriver.
+        self.listener = listener
+        self._early = ticket
+        self._ticket: Ticket | None = None
         self._transactions: list[Any] = []  # open transaction contexts (nested: savepoints)
         self._listening = False
 
@@ -142,6 +147,12 @@ class SyncDriver:
                     copy.write(chunk)
             return None
         if isinstance(request, Listen):
+            if self.listener is not None:
+                if self._early is not None:
+                    self._ticket, self._early = self._early, None
+                    return self.listener.listened(self._ticket)
+                self._ticket = self.listener.subscribe(request.queues)
+                return None
             conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})
             conn.execute(f"LISTEN {CHANNEL}")
             self._listening = True
@@ -152,6 +163,9 @@ class SyncDriver:
                 _replication_listeners.add(conn)
             return None
         if isinstance(request, Wait):
+            if self._ticket is not None and self.listener is not None:
+                self.listener.wait(self._ticket, request.seconds)
+                return []
             if self._listening or conn in _replication_listeners:
                 # notifications that arrived between statements wait in
                 # psycopg's backlog and come first
@@ -172,6 +186,9 @@ class SyncDriver:
                 transaction.__exit__(type(exc), exc, exc.__traceback__)
 
     def _stop_listening(self) -> None:
+        if self._ticket is not None and self.listener is not None:
+            self.listener.leave(self._ticket)
+            self._ticket = None
         if not self._listening:
             return
         self._listening = False

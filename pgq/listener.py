@@ -9,7 +9,9 @@ steady-state bench made 0.95 claims and 3.4 statements per job, and the
 client's one thread spent about 0.57 ms of CPU per job.
 
 Here the blocked GETs of one client share one connection that a task of
-the client (started by ``async with AsyncClient(...)``) owns. It registers
+the client (started by ``async with AsyncClient(...)``, or by the fronts'
+task group) owns, or, for :class:`pgq.Client`, a thread started by its
+first blocked GET (:class:`SyncSharedListener`). It registers
 the queues they wait on (``pgq.waiters``, which decides whether an add
 notifies at all) and LISTENs once, and reads the notifications as they
 come. A GET holds a :class:`Ticket` while it blocks.
@@ -43,8 +45,12 @@ anyio and psycopg.
 from __future__ import annotations
 
 import logging
+import select
+import socket
+import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -53,7 +59,7 @@ import psycopg
 from . import statements as sql
 from .contracts import JOBS_CHANNEL
 
-__all__ = ["Ticket", "Wakeups", "SharedListener"]
+__all__ = ["Ticket", "Wakeups", "SharedListener", "SyncSharedListener", "take_notifications"]
 
 log = logging.getLogger("pgq")
 
@@ -63,23 +69,27 @@ RETRY = 1.0  # seconds between attempts to reconnect a failed listener
 
 @dataclass(eq=False)
 class Ticket:
-    """A blocked GET's place in line."""
+    """A blocked GET's place in line. ``ready`` and ``event`` are
+    :class:`anyio.Event` for :class:`SharedListener`, :class:`threading.Event`
+    for :class:`SyncSharedListener`."""
 
     queues: tuple[str, ...]
+    ready: Any  # set once its queues are registered (or the listener failed)
+    event: Any  # set when woken
     woken: bool = False  # a notification (or a passed-on wake) is for it, not consumed yet
     failed: bool = False  # its queues could not be registered: it polls
-    ready: anyio.Event = field(default_factory=anyio.Event)  # registered (or failed)
-    event: anyio.Event = field(default_factory=anyio.Event)  # set when woken
 
 
 class Wakeups:
-    """Who a notification wakes (no I/O): tickets in arrival order."""
+    """Who a notification wakes (no I/O): tickets in arrival order.
+    ``event`` makes a ticket's events (anyio's or threading's)."""
 
-    def __init__(self) -> None:
+    def __init__(self, event: Callable[[], Any] = threading.Event) -> None:
         self.tickets: list[Ticket] = []
+        self._event = event
 
     def join(self, queues: Sequence[str]) -> Ticket:
-        ticket = Ticket(tuple(queues))
+        ticket = Ticket(tuple(queues), ready=self._event(), event=self._event())
         self.tickets.append(ticket)
         return ticket
 
@@ -118,6 +128,24 @@ class Wakeups:
         return None
 
 
+def take_notifications(conn: Any) -> list[str]:
+    """The queues named by the notifications that arrived on an idle
+    connection, read without a round trip (a ``SELECT 1`` to make psycopg
+    read them was 0.3 statements per job in the steady-state bench). Only
+    notifications arrive on a connection with nothing in flight; a closed
+    one raises :class:`psycopg.OperationalError` (the listener's failure path)."""
+    pgconn = conn.pgconn
+    pgconn.consume_input()  # raises psycopg.OperationalError if the server went away
+    if pgconn.status != psycopg.pq.ConnStatus.OK:
+        raise psycopg.OperationalError("the listener's connection is closed")
+    encoding = conn.info.encoding
+    queues = []
+    while (notify := pgconn.notifies()) is not None:
+        if notify.relname.decode(encoding) == JOBS_CHANNEL:
+            queues.append(notify.extra.decode(encoding))
+    return queues
+
+
 class SharedListener:
     """The connection, and the task that reads it (see the module doc).
 
@@ -130,7 +158,7 @@ class SharedListener:
                  linger: float = LINGER) -> None:
         self._connect = connect
         self.linger = linger
-        self.wakeups = Wakeups()
+        self.wakeups = Wakeups(anyio.Event)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._registered: set[str] = set()
         self._received: list[str] = []
@@ -261,18 +289,7 @@ class SharedListener:
             self._take_notifications(conn)
 
     def _take_notifications(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        """Read what arrived on the idle connection, without a round trip
-        (a ``SELECT 1`` to make psycopg read was 0.3 statements per job in
-        the steady-state bench). Only notifications arrive on a connection
-        with nothing in flight; a closed one raises (the task's failure path)."""
-        pgconn = conn.pgconn
-        pgconn.consume_input()  # raises psycopg.OperationalError if the server went away
-        if pgconn.status != psycopg.pq.ConnStatus.OK:
-            raise psycopg.OperationalError("the listener's connection is closed")
-        encoding = conn.info.encoding
-        while (notify := pgconn.notifies()) is not None:
-            if notify.relname.decode(encoding) == JOBS_CHANNEL:
-                self._received.append(notify.extra.decode(encoding))
+        self._received.extend(take_notifications(conn))
 
     def _poke(self) -> None:
         """The tickets changed: the task looks again."""
@@ -323,3 +340,214 @@ class SharedListener:
                 except psycopg.Error:
                     pass
         await self._drop()
+
+
+class SyncSharedListener:
+    """:class:`SharedListener` for :class:`pgq.Client` (threads): a daemon
+    thread, started by the first blocked GET, owns the connection; the GETs'
+    threads wait on their tickets' :class:`threading.Event`. The same rule
+    and invariants; :meth:`close` stops the thread and leaves nothing
+    registered. ``connect`` opens a new autocommit connection to the
+    client's current database."""
+
+    def __init__(self, connect: Callable[[], psycopg.Connection[Any]], linger: float = LINGER) -> None:
+        self._connect = connect
+        self.linger = linger
+        self.wakeups = Wakeups(threading.Event)
+        self._lock = threading.Lock()  # the tickets, and what is registered
+        self._conn: psycopg.Connection[Any] | None = None  # the thread's only
+        self._registered: set[str] = set()
+        self._received: list[str] = []
+        self._idle_since: float | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        # A socket pair wakes the thread's select() when the tickets change.
+        self._poke_in, self._poke_out = socket.socketpair()
+        self._poke_in.setblocking(False)
+        self._poke_out.setblocking(False)
+
+    # ------------------------------------------------------------ the GETs' side
+
+    def join_early(self, queues: Sequence[str]) -> Ticket | None:
+        """As :meth:`SharedListener.join_early`."""
+        with self._lock:
+            if self._conn is None or not set(queues) <= self._registered:
+                return None
+            ticket = self.wakeups.join(queues)
+            ticket.ready.set()
+            return ticket
+
+    def listened(self, ticket: Ticket) -> bool | None:
+        """As :meth:`SharedListener.listened`."""
+        with self._lock:
+            if ticket.woken:
+                ticket.woken = False
+                return None
+            return False
+
+    def subscribe(self, queues: Sequence[str], timeout: float = 30.0) -> Ticket:
+        """As :meth:`SharedListener.subscribe` (a listener that cannot
+        register within ``timeout`` seconds leaves the ticket polling)."""
+        with self._lock:
+            if self._stopping.is_set():
+                raise psycopg.OperationalError("this client is closed")
+            ticket = self.wakeups.join(queues)
+            self._start()
+        self._poke()
+        if not ticket.ready.wait(timeout):
+            ticket.failed = True
+        return ticket
+
+    def wait(self, ticket: Ticket, seconds: float) -> None:
+        """As :meth:`SharedListener.wait`."""
+        if ticket.failed:
+            time.sleep(seconds)
+            return
+        with self._lock:
+            if ticket.woken:
+                ticket.woken = False
+                return
+            ticket.event.clear()
+        ticket.event.wait(seconds)
+        with self._lock:
+            ticket.woken = False
+
+    def pass_on(self, queues: Sequence[str]) -> None:
+        with self._lock:
+            woken = self.wakeups.pass_on(queues)
+        if woken is not None:
+            woken.event.set()
+
+    def leave(self, ticket: Ticket) -> None:
+        with self._lock:
+            woken = self.wakeups.leave(ticket)
+            idle = not self.wakeups.tickets
+        if woken is not None:
+            woken.event.set()
+        if idle:
+            self._poke()  # the linger starts
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread; it drops the registration and the connection."""
+        self._stopping.set()
+        self._poke()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        if thread is None or not thread.is_alive():
+            self._poke_in.close()
+            self._poke_out.close()
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pgq-listener", daemon=True)
+            self._thread.start()
+
+    def _poke(self) -> None:
+        try:
+            self._poke_out.send(b"x")
+        except (BlockingIOError, OSError):
+            pass  # full (a poke is pending anyway) or closed
+
+    # ------------------------------------------------------------ the thread
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._step()
+                except Exception as exc:  # the thread must outlive any failure
+                    log.warning("pgq: the blocked GETs' listener failed (%s); they poll meanwhile", exc)
+                    self._drop()
+                    with self._lock:
+                        woken = self.wakeups.all()
+                        for ticket in woken:
+                            ticket.failed = ticket.failed or not ticket.ready.is_set()
+                    for ticket in woken:
+                        ticket.ready.set()
+                        ticket.event.set()
+                    self._stopping.wait(RETRY)
+        finally:
+            self._close()
+
+    def _step(self) -> None:
+        self._drain_pokes()
+        with self._lock:
+            received, self._received = self._received, []
+            woken = [t for t in (self.wakeups.notified(q) for q in received) if t is not None]
+            wanted = self.wakeups.queues()
+            missing = wanted - self._registered
+        for ticket in woken:
+            ticket.event.set()
+        if missing:
+            self._register(missing)
+        with self._lock:
+            ready = [t for t in self.wakeups.tickets if set(t.queues) <= self._registered]
+        for ticket in ready:
+            ticket.ready.set()
+        now = time.monotonic()
+        if wanted:
+            self._idle_since = None
+        elif self._registered:
+            self._idle_since = now if self._idle_since is None else self._idle_since
+            if now - self._idle_since >= self.linger:
+                self._unregister()
+                return
+        watched: list[Any] = [self._poke_in]
+        if self._conn is not None and self._registered:
+            watched.append(self._conn.fileno())
+        timeout = self.linger if self._registered and not wanted else 5.0
+        readable, _, _ = select.select(watched, [], [], timeout)
+        if self._conn is not None and self._registered and self._conn.fileno() in readable:
+            queues = take_notifications(self._conn)
+            with self._lock:
+                self._received.extend(queues)
+
+    def _drain_pokes(self) -> None:
+        try:
+            while self._poke_in.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _register(self, queues: set[str]) -> None:
+        if self._conn is None:
+            conn = self._connect()
+            conn.add_notify_handler(self._notified)
+            with self._lock:
+                self._conn = conn
+        assert self._conn is not None
+        if not self._registered:
+            self._conn.execute(f"LISTEN {JOBS_CHANNEL}")
+        self._conn.execute(sql.REGISTER_WAITER, {"queues": sorted(queues)})
+        with self._lock:
+            self._registered |= queues
+
+    def _unregister(self) -> None:
+        if self._conn is not None:
+            self._conn.execute(f"UNLISTEN {JOBS_CHANNEL}")
+            self._conn.execute(sql.UNREGISTER_WAITER)
+        with self._lock:
+            self._registered = set()
+            self._received = []
+
+    def _notified(self, notify: psycopg.Notify) -> None:
+        if notify.channel == JOBS_CHANNEL:
+            with self._lock:
+                self._received.append(notify.payload)
+
+    def _drop(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+            self._registered = set()
+        if conn is not None:
+            conn.close()
+
+    def _close(self) -> None:
+        """On the client's close: leave nothing behind (best effort)."""
+        if self._conn is not None and self._registered and not self._conn.broken:
+            try:
+                self._unregister()
+            except psycopg.Error:
+                pass
+        self._drop()

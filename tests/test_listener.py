@@ -125,3 +125,58 @@ async def test_the_registration_goes_once_nobody_waits_and_comes_back_when_someo
         got = await consumer.get_job("idle", timeout=10)
         assert [j.id for j in got] == [job_id]
     assert await _waiters(dsn) == []  # closed: nothing left behind
+
+
+# ---------------------------------------------------------------- pgq.Client (threads)
+
+
+def _sync_waiters(dsn: str) -> list[tuple[int, str]]:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT pid, queue FROM pgq.waiters ORDER BY queue").fetchall()
+
+
+def test_blocked_gets_of_threads_share_one_registration_and_all_get_a_batch(dsn):
+    import threading
+
+    from .conftest import wait_until
+
+    # poll_interval 60, as in the async test: only a wake can deliver in time.
+    with pgq.Client(dsn, poll_interval=60, pool_size=8) as consumer, pgq.Client(dsn) as producer:
+        got: list[list[pgq.Job]] = []
+        threads = [threading.Thread(target=lambda: got.append(consumer.get_job("tshared", timeout=20)))
+                   for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_until(lambda: len(consumer._listener.wakeups.tickets) == 4
+                       and all(t.ready.is_set() for t in consumer._listener.wakeups.tickets),
+                       10, message="four blocked GETs")
+            waiters = _sync_waiters(dsn)
+            assert len(waiters) == 1 and waiters[0][1] == "tshared"  # one backend, whatever the GETs
+            ids = producer.add_jobs("tshared", [b"1", b"2", b"3", b"4"])  # one statement, one NOTIFY
+        finally:
+            for thread in threads:
+                thread.join(30)
+        assert sorted(j.id for jobs in got for j in jobs) == sorted(ids)
+        assert all(len(jobs) == 1 for jobs in got)
+    assert _sync_waiters(dsn) == []  # closed: the thread dropped its registration
+    assert not consumer._listener._thread.is_alive()
+
+
+def test_a_thread_blocked_on_a_dead_listener_still_gets_its_job(dsn):
+    from .conftest import wait_until
+
+    with pgq.Client(dsn, poll_interval=0.2) as consumer, pgq.Client(dsn) as producer:
+        import threading
+
+        got: list[pgq.Job] = []
+        thread = threading.Thread(target=lambda: got.extend(consumer.get_job("tdies", timeout=20)))
+        thread.start()
+        try:
+            (pid, _queue), = wait_until(lambda: _sync_waiters(dsn), 10, message="registration")
+            with psycopg.connect(dsn, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            job_id = producer.add_job("tdies", b"x")
+        finally:
+            thread.join(30)
+        assert [j.id for j in got] == [job_id]
