@@ -29,6 +29,7 @@ import base64
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable
 
@@ -88,6 +89,47 @@ def _sortable_base64(data: bytes) -> str:
     return base64.b64encode(data).translate(_SORTABLE_BASE64).decode("ascii")
 
 
+class _EntropyPool:
+    """The OS's entropy, read 4 KiB at a time (thread-safe, fork-safe).
+
+    One ``os.urandom`` per job ID was a system call per add, and a thread
+    that gives up the GIL for one waits to get it back behind the others:
+    with 10 threads adding through one Client it was a sixth of the time the
+    threads spent in Python. The bytes are the same kernel entropy; a child
+    process never reuses its parent's (the pool is dropped after a fork)."""
+
+    CHUNK = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buffer = b""
+        self._offset = 0
+        self._pid = os.getpid()
+        # A fork while another thread holds the lock would leave it held in
+        # the child: the child starts afresh.
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forked)
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()
+        self._buffer, self._offset, self._pid = b"", 0, os.getpid()
+
+    def __call__(self, n: int) -> bytes:
+        if n > self.CHUNK // 4:
+            return os.urandom(n)
+        with self._lock:
+            if self._pid != os.getpid():  # forked: the parent's bytes are not ours
+                self._buffer, self._offset, self._pid = b"", 0, os.getpid()
+            if self._offset + n > len(self._buffer):
+                self._buffer, self._offset = os.urandom(self.CHUNK), 0
+            start = self._offset
+            self._offset += n
+            return self._buffer[start:self._offset]
+
+
+entropy = _EntropyPool()
+
+
 def new_job_id(node_id: str, ttl_seconds: float, retry_seconds: float) -> str:
     """Return a new job ID created on node ``node_id``."""
     return new_job_ids(node_id, ttl_seconds, retry_seconds, 1)[0]
@@ -95,7 +137,7 @@ def new_job_id(node_id: str, ttl_seconds: float, retry_seconds: float) -> str:
 
 def new_job_ids(node_id: str, ttl_seconds: float, retry_seconds: float, count: int,
                 millis: int | None = None,
-                random_bytes: Callable[[int], bytes] = os.urandom) -> list[str]:
+                random_bytes: Callable[[int], bytes] = entropy) -> list[str]:
     """Return ``count`` new job IDs, in increasing order.
 
     The 18 bytes are: 6 bytes of time (ms), a 3-byte counter within this

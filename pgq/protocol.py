@@ -25,12 +25,13 @@ Invariants a driver guarantees:
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from .ids import entropy
 
 if TYPE_CHECKING:
     from .floors import Floors
@@ -209,7 +210,7 @@ class Session:
     replication_timeout: float = 5.0
     # Where new job IDs get their time and randomness (the simulation's are virtual).
     wall: Callable[[], float] = time.time
-    random_bytes: Callable[[int], bytes] = os.urandom
+    random_bytes: Callable[[int], bytes] = entropy  # os.urandom, read 4 KiB at a time
     floors: Floors | None = None  # where claims start (None: from the front)
     # The driver runs PeerWrite: synchronous replicated adds write their
     # copies into the peers' databases themselves (pgq.commands._add_direct).

@@ -113,3 +113,46 @@ def test_non_string_id_is_a_type_error():
 def test_node_ids_are_40_hex():
     node = new_node_id()
     assert re.fullmatch(r"[0-9a-f]{40}", node)
+
+
+def test_the_entropy_pool_never_hands_out_the_same_bytes_twice():
+    import threading
+
+    from pgq.ids import _EntropyPool
+
+    pool = _EntropyPool()
+    taken: list[bytes] = []
+
+    def take() -> None:
+        for _ in range(2000):  # 9 bytes each: several refills of 4 KiB per thread
+            taken.append(pool(9))
+
+    threads = [threading.Thread(target=take) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(len(b) == 9 for b in taken)
+    assert len(set(taken)) == len(taken)  # 72 random bits: a repeat means reused bytes
+    assert len(pool(5000)) == 5000  # a large draw goes to the OS directly
+
+
+def test_a_forked_child_does_not_reuse_its_parents_buffered_entropy():
+    import os
+
+    from pgq.ids import _EntropyPool
+
+    pool = _EntropyPool()
+    pool(9)
+    left = pool._buffer[pool._offset:]
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: what would the parent hand out next?
+        os.write(writer, pool(9))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    child = os.read(reader, 9)
+    os.close(reader)
+    os.close(writer)
+    assert child != left[:9]
+    assert pool(9) == left[:9]  # the parent goes on with its own
