@@ -7,7 +7,10 @@ from __future__ import annotations
 import pytest
 
 import pgq
+import pgq.tracing
 from pgq.testing import run_jobs
+
+from .conftest import wait_until
 
 trace = pytest.importorskip("opentelemetry.trace")
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
@@ -21,6 +24,8 @@ def spans():
     provider = sdk_trace.TracerProvider()
     provider.add_span_processor(export.SimpleSpanProcessor(exporter))
     trace.set_tracer_provider(provider)  # once per process, as OpenTelemetry allows
+    # pgq asks again whether a provider is set at most once a second (pgq.tracing)
+    wait_until(pgq.tracing.enabled, 5, every=0.05, message="pgq to see the tracer provider")
     yield exporter
     provider.shutdown()
 
