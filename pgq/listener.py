@@ -361,10 +361,10 @@ class SyncSharedListener:
         self._idle_since: float | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        # A socket pair wakes the thread's select() when the tickets change.
-        self._poke_in, self._poke_out = socket.socketpair()
-        self._poke_in.setblocking(False)
-        self._poke_out.setblocking(False)
+        # A socket pair wakes the thread's select() when the tickets change
+        # (made with the thread: a client that never blocks holds no more fds).
+        self._poke_in: socket.socket | None = None
+        self._poke_out: socket.socket | None = None
 
     # ------------------------------------------------------------ the GETs' side
 
@@ -434,16 +434,22 @@ class SyncSharedListener:
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
-        if thread is None or not thread.is_alive():
-            self._poke_in.close()
-            self._poke_out.close()
+        if thread is not None and not thread.is_alive():
+            for end in (self._poke_in, self._poke_out):
+                if end is not None:
+                    end.close()
 
     def _start(self) -> None:
         if self._thread is None:
+            self._poke_in, self._poke_out = socket.socketpair()
+            self._poke_in.setblocking(False)
+            self._poke_out.setblocking(False)
             self._thread = threading.Thread(target=self._run, name="pgq-listener", daemon=True)
             self._thread.start()
 
     def _poke(self) -> None:
+        if self._poke_out is None:
+            return  # no thread yet: nothing to wake
         try:
             self._poke_out.send(b"x")
         except (BlockingIOError, OSError):
@@ -493,7 +499,7 @@ class SyncSharedListener:
             if now - self._idle_since >= self.linger:
                 self._unregister()
                 return
-        watched: list[Any] = [self._poke_in]
+        watched: list[Any] = [self._poke_in]  # made with the thread
         if self._conn is not None and self._registered:
             watched.append(self._conn.fileno())
         timeout = self.linger if self._registered and not wanted else 5.0
@@ -504,6 +510,7 @@ class SyncSharedListener:
                 self._received.extend(queues)
 
     def _drain_pokes(self) -> None:
+        assert self._poke_in is not None  # made with the thread
         try:
             while self._poke_in.recv(4096):
                 pass
