@@ -101,25 +101,21 @@ class _EntropyPool:
     CHUNK = 4096
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._buffer = b""
-        self._offset = 0
-        self._pid = os.getpid()
-        # A fork while another thread holds the lock would leave it held in
-        # the child: the child starts afresh.
+        self._reset()
+        # A child starts afresh: the parent's bytes are not its own, and a
+        # fork while another thread held the lock would leave it held.
+        # (Where there is no register_at_fork, there is no fork either.)
         if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forked)
+            os.register_at_fork(after_in_child=self._reset)
 
-    def _forked(self) -> None:
+    def _reset(self) -> None:
         self._lock = threading.Lock()
-        self._buffer, self._offset, self._pid = b"", 0, os.getpid()
+        self._buffer, self._offset = b"", 0
 
     def __call__(self, n: int) -> bytes:
         if n > self.CHUNK // 4:
             return os.urandom(n)
         with self._lock:
-            if self._pid != os.getpid():  # forked: the parent's bytes are not ours
-                self._buffer, self._offset, self._pid = b"", 0, os.getpid()
             if self._offset + n > len(self._buffer):
                 self._buffer, self._offset = os.urandom(self.CHUNK), 0
             start = self._offset
