@@ -38,8 +38,9 @@ Invariants:
   waits by sleeping (``Ticket.failed``). The task reconnects and registers
   again on the next subscription.
 
-:class:`Wakeups` is the rule (no I/O); :class:`SharedListener` runs it with
-anyio and psycopg.
+:class:`Wakeups` and :class:`Linger` are the rule (no I/O);
+:class:`SharedListener` runs it with anyio and psycopg, and
+:class:`SyncSharedListener` with a thread.
 """
 
 from __future__ import annotations
@@ -93,6 +94,30 @@ class Wakeups:
         self.tickets.append(ticket)
         return ticket
 
+    def join_early(self, queues: Sequence[str], registered: set[str] | None) -> Ticket | None:
+        """A ticket for a GET about to make its first claim, if its queues
+        are ``registered`` already (None: no connection; then None): every
+        job added from now on wakes some ticket, so once the claim found
+        nothing the GET can wait without claiming again (:meth:`listened`)."""
+        if registered is None or not set(queues) <= registered:
+            return None
+        ticket = self.join(queues)
+        ticket.ready.set()
+        return ticket
+
+    @staticmethod
+    def listened(ticket: Ticket) -> bool | None:
+        """The reply to :class:`pgq.protocol.Listen` for an early ticket:
+        False (no need to claim again) unless it was woken meanwhile."""
+        if ticket.woken:
+            ticket.woken = False  # the claim that follows consumes it
+            return None
+        return False
+
+    def registered(self, registered: set[str]) -> list[Ticket]:
+        """The tickets whose queues are all ``registered`` (to set ready)."""
+        return [t for t in self.tickets if set(t.queues) <= registered]
+
     def queues(self) -> set[str]:
         return {q for t in self.tickets for q in t.queues}
 
@@ -115,9 +140,11 @@ class Wakeups:
         return self.pass_on(ticket.queues) if ticket.woken else None
 
     def all(self) -> list[Ticket]:
-        """Every ticket, woken (the listener failed: all claim again)."""
+        """Every ticket, woken (the listener failed: all claim again); one
+        not registered yet is failed too (it polls)."""
         for ticket in self.tickets:
             ticket.woken = True
+            ticket.failed = ticket.failed or not ticket.ready.is_set()
         return list(self.tickets)
 
     def _wake(self, matches: Callable[[Ticket], bool]) -> Ticket | None:
@@ -126,6 +153,28 @@ class Wakeups:
                 ticket.woken = True
                 return ticket
         return None
+
+
+@dataclass
+class Linger:
+    """When the registration goes (no I/O): ``seconds`` after the last
+    ticket left, and how long the listener may wait meanwhile."""
+
+    seconds: float
+    idle_since: float | None = None
+
+    def over(self, wanted: bool, registered: bool, now: float) -> bool:
+        """True when the registration should go now."""
+        if wanted:
+            self.idle_since = None
+        elif registered:
+            self.idle_since = now if self.idle_since is None else self.idle_since
+            return now - self.idle_since >= self.seconds
+        return False
+
+    def timeout(self, wanted: bool, registered: bool) -> float:
+        """How long to wait for notifications (or a change of tickets)."""
+        return self.seconds if registered and not wanted else 5.0
 
 
 def take_notifications(conn: Any) -> list[str]:
@@ -157,36 +206,23 @@ class SharedListener:
     def __init__(self, connect: Callable[[], Awaitable[psycopg.AsyncConnection[Any]]],
                  linger: float = LINGER) -> None:
         self._connect = connect
-        self.linger = linger
+        self.linger = Linger(linger)
         self.wakeups = Wakeups(anyio.Event)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._registered: set[str] = set()
         self._received: list[str] = []
         self._changed = anyio.Event()
-        self._idle_since: float | None = None
         self._reading: anyio.CancelScope | None = None  # the wait for notifications
 
     # ------------------------------------------------------------ the GETs' side
 
     def join_early(self, queues: Sequence[str]) -> Ticket | None:
-        """A ticket for a GET about to make its first claim, if its queues
-        are registered already (else None): every job added from now on
-        wakes some ticket, so once the claim found nothing the GET can wait
-        without claiming again (:meth:`listened`)."""
-        if self._conn is None or not set(queues) <= self._registered:
-            return None
-        ticket = self.wakeups.join(queues)
-        ticket.ready.set()
-        return ticket
+        """See :meth:`Wakeups.join_early`."""
+        return self.wakeups.join_early(queues, None if self._conn is None else self._registered)
 
-    @staticmethod
-    def listened(ticket: Ticket) -> bool | None:
-        """The reply to :class:`pgq.protocol.Listen` for an early ticket:
-        False (no need to claim again) unless it was woken meanwhile."""
-        if ticket.woken:
-            ticket.woken = False  # the claim that follows consumes it
-            return None
-        return False
+    def listened(self, ticket: Ticket) -> bool | None:
+        """See :meth:`Wakeups.listened`."""
+        return self.wakeups.listened(ticket)
 
     async def subscribe(self, queues: Sequence[str]) -> Ticket:
         """A GET is about to block on ``queues``: its ticket, once they are
@@ -240,7 +276,6 @@ class SharedListener:
                     log.warning("pgq: the blocked GETs' listener failed (%s); they poll meanwhile", exc)
                     await self._drop()
                     for ticket in self.wakeups.all():
-                        ticket.failed = ticket.failed or not ticket.ready.is_set()
                         ticket.ready.set()
                         ticket.event.set()
                     await anyio.sleep(RETRY)
@@ -256,18 +291,12 @@ class SharedListener:
             wanted = self.wakeups.queues()
             if wanted - self._registered:
                 await self._register(wanted - self._registered)
-            for ticket in self.wakeups.tickets:
-                if set(ticket.queues) <= self._registered:
-                    ticket.ready.set()
-            now = anyio.current_time()
-            if wanted:
-                self._idle_since = None
-            elif self._registered:
-                self._idle_since = now if self._idle_since is None else self._idle_since
-                if now - self._idle_since >= self.linger:
-                    await self._unregister()
-                    continue
-            await self._read(self.linger if self._registered and not wanted else 5.0)
+            for ticket in self.wakeups.registered(self._registered):
+                ticket.ready.set()
+            if self.linger.over(bool(wanted), bool(self._registered), anyio.current_time()):
+                await self._unregister()
+                continue
+            await self._read(self.linger.timeout(bool(wanted), bool(self._registered)))
 
     async def _read(self, timeout: float) -> None:
         """Wait for notifications, a change of tickets, or ``timeout``."""
@@ -286,10 +315,7 @@ class SharedListener:
             readable = True
         self._reading = None
         if readable:
-            self._take_notifications(conn)
-
-    def _take_notifications(self, conn: psycopg.AsyncConnection[Any]) -> None:
-        self._received.extend(take_notifications(conn))
+            self._received.extend(take_notifications(conn))
 
     def _poke(self) -> None:
         """The tickets changed: the task looks again."""
@@ -352,13 +378,12 @@ class SyncSharedListener:
 
     def __init__(self, connect: Callable[[], psycopg.Connection[Any]], linger: float = LINGER) -> None:
         self._connect = connect
-        self.linger = linger
+        self.linger = Linger(linger)
         self.wakeups = Wakeups(threading.Event)
         self._lock = threading.Lock()  # the tickets, and what is registered
         self._conn: psycopg.Connection[Any] | None = None  # the thread's only
         self._registered: set[str] = set()
         self._received: list[str] = []
-        self._idle_since: float | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         # A socket pair wakes the thread's select() when the tickets change
@@ -369,21 +394,14 @@ class SyncSharedListener:
     # ------------------------------------------------------------ the GETs' side
 
     def join_early(self, queues: Sequence[str]) -> Ticket | None:
-        """As :meth:`SharedListener.join_early`."""
+        """See :meth:`Wakeups.join_early`."""
         with self._lock:
-            if self._conn is None or not set(queues) <= self._registered:
-                return None
-            ticket = self.wakeups.join(queues)
-            ticket.ready.set()
-            return ticket
+            return self.wakeups.join_early(queues, None if self._conn is None else self._registered)
 
     def listened(self, ticket: Ticket) -> bool | None:
-        """As :meth:`SharedListener.listened`."""
+        """See :meth:`Wakeups.listened`."""
         with self._lock:
-            if ticket.woken:
-                ticket.woken = False
-                return None
-            return False
+            return self.wakeups.listened(ticket)
 
     def subscribe(self, queues: Sequence[str], timeout: float = 30.0) -> Ticket:
         """As :meth:`SharedListener.subscribe` (a listener that cannot
@@ -467,8 +485,6 @@ class SyncSharedListener:
                     self._drop()
                     with self._lock:
                         woken = self.wakeups.all()
-                        for ticket in woken:
-                            ticket.failed = ticket.failed or not ticket.ready.is_set()
                     for ticket in woken:
                         ticket.ready.set()
                         ticket.event.set()
@@ -488,21 +504,16 @@ class SyncSharedListener:
         if missing:
             self._register(missing)
         with self._lock:
-            ready = [t for t in self.wakeups.tickets if set(t.queues) <= self._registered]
+            ready = self.wakeups.registered(self._registered)
         for ticket in ready:
             ticket.ready.set()
-        now = time.monotonic()
-        if wanted:
-            self._idle_since = None
-        elif self._registered:
-            self._idle_since = now if self._idle_since is None else self._idle_since
-            if now - self._idle_since >= self.linger:
-                self._unregister()
-                return
+        if self.linger.over(bool(wanted), bool(self._registered), time.monotonic()):
+            self._unregister()
+            return
         watched: list[Any] = [self._poke_in]  # made with the thread
         if self._conn is not None and self._registered:
             watched.append(self._conn.fileno())
-        timeout = self.linger if self._registered and not wanted else 5.0
+        timeout = self.linger.timeout(bool(wanted), bool(self._registered))
         readable, _, _ = select.select(watched, [], [], timeout)
         if self._conn is not None and self._registered and self._conn.fileno() in readable:
             queues = take_notifications(self._conn)

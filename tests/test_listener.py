@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 import pgq
-from pgq.listener import Wakeups
+from pgq.listener import Linger, Wakeups
 
 from .conftest import async_wait_until
 
@@ -52,6 +52,40 @@ def test_a_failed_listener_wakes_every_ticket():
     wakeups = Wakeups()
     tickets = [wakeups.join(["a"]), wakeups.join(["b"])]
     assert wakeups.all() == tickets and all(t.woken for t in tickets)
+
+
+def test_an_early_ticket_only_where_the_queues_are_registered_and_its_listen_reply():
+    wakeups = Wakeups()
+    assert wakeups.join_early(["a"], None) is None  # no connection yet
+    assert wakeups.join_early(["a", "b"], {"a"}) is None
+    early = wakeups.join_early(["a"], {"a", "b"})
+    assert early is not None and early.ready.is_set()
+    assert Wakeups.listened(early) is False  # nothing unnoticed: no second claim
+    assert wakeups.notified("a") is early
+    assert Wakeups.listened(early) is None and not early.woken  # claim again, wake consumed
+    late = wakeups.join(["c"])
+    assert wakeups.registered({"a"}) == [early] and late not in wakeups.registered({"a", "b"})
+
+
+def test_a_failed_listener_leaves_unregistered_tickets_polling():
+    wakeups = Wakeups()
+    ready, waiting = wakeups.join(["a"]), wakeups.join(["b"])
+    ready.ready.set()
+    wakeups.all()
+    assert not ready.failed and waiting.failed
+
+
+def test_the_registration_goes_a_linger_after_the_last_ticket_left():
+    linger = Linger(1.0)
+    assert not linger.over(wanted=True, registered=True, now=0.0)
+    assert linger.timeout(wanted=True, registered=True) == 5.0
+    assert not linger.over(wanted=False, registered=True, now=10.0)  # the linger starts
+    assert linger.timeout(wanted=False, registered=True) == 1.0
+    assert not linger.over(wanted=False, registered=True, now=10.5)
+    assert linger.over(wanted=False, registered=True, now=11.0)
+    assert not linger.over(wanted=True, registered=True, now=11.5)  # someone waits again
+    assert not linger.over(wanted=False, registered=True, now=12.0)  # a new linger
+    assert not linger.over(wanted=False, registered=False, now=20.0)  # nothing to drop
 
 
 # ---------------------------------------------------------------- real server
