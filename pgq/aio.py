@@ -212,13 +212,11 @@ class AsyncClient(ClientCore):
             tasks = anyio.create_task_group()
             await tasks.__aenter__()
             self._listening = tasks
-            self._listener = SharedListener(self._connect_listener)
-            tasks.start_soon(self._listener.run)
+            await tasks.start(self._serve_listener)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         tasks, self._listening = self._listening, None
-        self._listener = None
         try:
             if tasks is not None:
                 tasks.cancel_scope.cancel()
@@ -226,12 +224,13 @@ class AsyncClient(ClientCore):
         finally:
             await self.close()
 
-    async def _serve_listener(self) -> None:
+    async def _serve_listener(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve the shared LISTEN connection of this client's blocked GETs
-        until cancelled: what ``async with`` starts, for a server that owns
+        until cancelled: what ``async with`` starts, and a server that owns
         its task group and opens the client lazily (pgq.fronts)."""
         listener = SharedListener(self._connect_listener)
         self._listener = listener
+        task_status.started()
         try:
             await listener.run()
         finally:

@@ -311,7 +311,7 @@ class Client(ClientCore):
                 got: list[Job] = self._run(request.command(), conn)
             else:
                 listener = self._listener
-                early = None if request.nohang or not self.options.listen else listener.join_early(queues)
+                early = None if request.nohang else listener.join_early(queues)
                 try:
                     got = self._combiners().claims.submit(request.call, self)  # one claim, many callers
                     if isinstance(got, commands.Due) or not got:  # none (Due: and when one is due)
