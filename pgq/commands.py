@@ -335,14 +335,14 @@ def _store_batch(session: Session, calls: Sequence[AddCall], taken: list[_Taken]
     rows = _batch_rows(calls, taken)
     params = _batch_params(calls, taken, rows)
     if wait is None:
-        paused, leaving, _woken = yield Query(sql.ADD_MANY, params, Result.ROW)
+        paused, leaving, _woken = yield _add_query(sql.ADD_MANY, sql.ADD_ONE, params)
         events = 0
     else:
         params.update(repls=[t.wanted for *_, t in rows], wait=wait, announce=True,
                       repl_mins=[t.minimum if t.minimum < t.wanted else None for *_, t in rows],
                       holders=[session.node_id] * len(rows))
-        paused, leaving, events, _woken, _stored = yield Query(sql.ADD_MANY_REPLICATED, params,
-                                                               Result.ROW)
+        paused, leaving, events, _woken, _stored = yield _add_query(
+            sql.ADD_MANY_REPLICATED, sql.ADD_ONE_REPLICATED, params)
     if leaving:
         return 0  # nothing stored: every call goes the long way
     _set_outcomes(calls, taken, outcomes, paused)
@@ -367,6 +367,23 @@ def _batch_params(calls: Sequence[AddCall], taken: list[_Taken], rows: list[_Row
         "ttls": [c.params.ttl for c, *_ in rows], "priorities": [c.params.priority for c, *_ in rows],
         "names": sorted({calls[t.position].queue for t in taken}),
     }
+
+
+# A job's column in the parameters of a batch (arrays) and of a batch of
+# one (plain values): see ADD_ONE in pgq.statements.
+_ONE_ROW_NAMES = {"ids": "id", "queues": "queue", "bodies": "body", "retries": "retry",
+                  "delays": "delay", "ttls": "ttl", "priorities": "priority", "repls": "repl",
+                  "repl_mins": "repl_min", "holders": "holders"}
+
+
+def _add_query(many: str, one: str, params: dict[str, Any]) -> Query:
+    """The batch's statement: ``many`` with its arrays, or, for one job,
+    ``one`` with that job's values (cheaper to send and to run)."""
+    if len(params["ids"]) != 1:
+        return Query(many, params, Result.ROW)
+    return Query(one, {_ONE_ROW_NAMES.get(name, name): value[0] if name in _ONE_ROW_NAMES
+                       else value for name, value in params.items() if name != "names"},
+                 Result.ROW)
 
 
 def _set_outcomes(calls: Sequence[AddCall], taken: list[_Taken], outcomes: list[Any],
@@ -427,8 +444,8 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
     params.update(repls=[t.wanted for *_, t in rows], repl_mins=[None] * len(rows), wait=False,
                   announce=False, holders=holders)
     yield Begin()
-    paused, leaving, _events, _woken, stored = yield Query(sql.ADD_MANY_REPLICATED, params,
-                                                           Result.ROW)
+    paused, leaving, _events, _woken, stored = yield _add_query(
+        sql.ADD_MANY_REPLICATED, sql.ADD_ONE_REPLICATED, params)
     if leaving:
         yield Rollback()
         return False

@@ -156,3 +156,31 @@ def test_big_body_within_the_limit_round_trips(client):
     job_id = client.add_job("big", body)
     assert client.get_job("big")[0].body == body
     assert client.ack_job(job_id) == 1
+
+
+def test_a_batch_of_one_stores_what_a_batch_of_many_stores(client):
+    """The group commit sends a lone add as plain values (ADD_ONE) and a
+    batch as arrays (ADD_MANY): the jobs they store and the calls they
+    refuse must be the same."""
+    from pgq import commands
+
+    client.pause("closed", "in")
+
+    def call(queue, body, delay=0, retry=None, ttl=None, priority=0):
+        return client.add_call(queue, [body], replicate=None, delay=delay, retry=retry, ttl=ttl,
+                               maxlen=None, asynchronous=False, timeout=None, priority=priority)
+
+    calls = [call("open", b"a", delay=5, retry=7, ttl=600, priority=3), call("closed", b"b"),
+             call("open", b"c", retry=0)]
+    alone = [client._run(lambda session, c=c: commands.add_batch(session, [c]))[0] for c in calls]
+    together = client._run(lambda session: commands.add_batch(session, calls))
+    same = ("queue", "state", "repl", "delay", "retry", "priority", "body", "deliveries")
+    for one, many in zip(alone, together, strict=True):
+        if isinstance(one, PausedError):
+            assert isinstance(many, PausedError), many
+            continue
+        first, second = client.show(one[0]), client.show(many[0])
+        assert {k: first[k] for k in same} == {k: second[k] for k in same}
+        assert abs(first["ttl"] - second["ttl"]) <= 1
+    assert [type(o).__name__ for o in alone] == ["list", "PausedError", "list"]
+    assert client.qlen("open") == 2 and client.qlen("closed") == 0  # two delayed, two queued
