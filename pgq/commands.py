@@ -931,8 +931,13 @@ def _claim(session: Session, queues: list[str], count: int) -> Command[tuple[lis
 
 def _claim_from(session: Session, queues: list[str], floors: list[int],
                 count: int) -> Command[tuple[list[Claimed], int | None, Due | None]]:
-    rows = yield Query(sql.CLAIM_RELAXED if session.owned else sql.CLAIM,
-                       {"queues": queues, "floors": floors, "count": count}, Result.ROWS)
+    if len(queues) == 1:  # one queue as plain values (see CLAIM_ONE)
+        statement = sql.CLAIM_ONE_RELAXED if session.owned else sql.CLAIM_ONE
+        params: dict[str, Any] = {"queue": queues[0], "floor": floors[0], "count": count}
+    else:
+        statement = sql.CLAIM_RELAXED if session.owned else sql.CLAIM
+        params = {"queues": queues, "floors": floors, "count": count}
+    rows = yield Query(statement, params, Result.ROWS)
     claimed = [Claimed(*row) for row in rows]
     marks = [row for row in claimed if row.id is None]
     jobs = [row for row in claimed if row.id is not None]
@@ -984,11 +989,15 @@ def ack_batch(session: Session, calls: list[list[str]]) -> Command[list[int]]:
 def _ack(session: Session, ids: list[str]) -> Command[list[str]]:
     view = yield from cluster_view(session)
     dummies = [i for i in ids if is_at_least_once_id(i)]
-    acked, events, _rang = yield Query(sql.ACK, {
-        "ids": ids, "outcome": "acked", "dummy_ids": dummies,
-        "dummy_ttls": [float(ttl_seconds_from_id(i)) for i in dummies],
-        "cluster": view.active, "ring": not session.owned,
-    }, Result.ROW)
+    ttls = [float(ttl_seconds_from_id(i)) for i in dummies]
+    common = {"outcome": "acked", "cluster": view.active, "ring": not session.owned}
+    if len(ids) == 1:  # one ID as a plain value (see ACK_ONE)
+        query = Query(sql.ACK_ONE, {"id": ids[0], "dummy_id": dummies[0] if dummies else None,
+                                    "dummy_ttl": ttls[0] if ttls else None, **common}, Result.ROW)
+    else:
+        query = Query(sql.ACK, {"ids": ids, "dummy_ids": dummies, "dummy_ttls": ttls, **common},
+                      Result.ROW)
+    acked, events, _rang = yield query
     yield from _ring(session, events)
     return list(acked)
 

@@ -148,8 +148,8 @@ def _ready_blocks(db, floor: int) -> int:
     """Buffers a claim of 'h' from ``floor`` touches in the ready index and
     the heap behind it (the claim is rolled back)."""
     with db.transaction(force_rollback=True):
-        plan = db.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.CLAIM,
-                          {"queues": ["h"], "floors": [floor], "count": 10}).fetchone()[0]
+        plan = db.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + sql.CLAIM_ONE,
+                          {"queue": "h", "floor": floor, "count": 10}).fetchone()[0]
     ready = [node for node in _nodes(plan) if node.get("Index Name") == "jobs_queued_idx"]
     assert ready, plan
     return sum(node["Shared Hit Blocks"] + node["Shared Read Blocks"] for node in ready)

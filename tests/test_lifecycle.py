@@ -51,6 +51,23 @@ def test_ack_of_unknown_at_most_once_id_leaves_nothing(client, db):
     assert db.execute("SELECT count(*) FROM pgq.acks").fetchone()[0] == 0
 
 
+def test_one_id_and_many_ids_are_acknowledged_alike(client, db):
+    """An ACK of one ID sends it as a plain value (ACK_ONE), of several as
+    arrays (ACK): the same jobs go, the same dummy acks stay."""
+    outcomes = []
+    for alone in (True, False):
+        known = client.add_job("a", b"1")
+        ids = [known, unknown_id(client, retry=5, ttl=7200), unknown_id(client, retry=0)]
+        acked = sum(client.ack_job(i) for i in ids) if alone else client.ack_job(*ids)
+        dummies = db.execute("SELECT count(*) FROM pgq.acks WHERE dummy AND id = ANY (%s)",
+                             (ids,)).fetchone()[0]
+        history = db.execute("SELECT outcome FROM pgq.history WHERE id = ANY (%s)",
+                             (ids,)).fetchall()
+        outcomes.append((acked, dummies, history, client.show(ids[2]), client.qlen("a")))
+    assert outcomes[0] == outcomes[1] == (1, 1, [("acked",)], None, 0)
+    assert counters_match_jobs(db)
+
+
 def test_ack_accepts_a_list_and_rejects_any_bad_id(client):
     ids = client.add_jobs("a", [b"1", b"2"])
     with pytest.raises(BadIdError):

@@ -35,18 +35,22 @@ def big_table(client, db):
 
 
 def test_claim_walks_the_partial_index_on_a_100k_table(big_table):
-    for statement in (sql.CLAIM, sql.CLAIM_RELAXED):
-        plan = plan_of(big_table, statement, {"queues": ["big", "small"], "count": 100,
-                                              "floors": [FROM_THE_FRONT, FROM_THE_FRONT]})
+    many = {"queues": ["big", "small"], "count": 100, "floors": [FROM_THE_FRONT, FROM_THE_FRONT]}
+    one = {"queue": "big", "count": 100, "floor": FROM_THE_FRONT}
+    for statement, params in ((sql.CLAIM, many), (sql.CLAIM_RELAXED, many),
+                              (sql.CLAIM_ONE, one), (sql.CLAIM_ONE_RELAXED, one)):
+        plan = plan_of(big_table, statement, params)
         assert "jobs_queued_idx" in plan and "jobs_timer_idx" in plan
         assert "jobs_priority_idx" in plan
         assert "jobs" not in list(_seq_scans(json.loads(plan)))  # the epoch's sequence may be
 
 
-def test_generic_claim_plan_is_the_index_plan(big_table):
+@pytest.mark.parametrize("statement", ["CLAIM_RELAXED", "CLAIM_ONE_RELAXED"])
+def test_generic_claim_plan_is_the_index_plan(big_table, statement):
     # pgq's own connections run prepared statements with generic plans
-    # (plan_cache_mode = force_generic_plan): pin that plan too.
-    plan = _generic_plan(big_table, sql.CLAIM_RELAXED)
+    # (plan_cache_mode = force_generic_plan): pin that plan too, for a claim
+    # of several queues and of one.
+    plan = _generic_plan(big_table, getattr(sql, statement))
     assert "jobs_queued_idx" in json.dumps(plan) and "jobs_timer_idx" in json.dumps(plan)
     # The tiny pgq.queues table (paused flags) may be scanned; the jobs table must not be.
     assert "jobs" not in list(_seq_scans(plan))

@@ -128,10 +128,12 @@ def _first_violation(databases, seeds, **options):
 
 def test_a_planted_second_delivery_of_an_at_most_once_job_is_caught(databases, monkeypatch):
     # the bug: claims lease retry=0 jobs too, so they come back
-    planted = client_sql.CLAIM_RELAXED.replace("requeue_at = CASE WHEN j.retry > 0 AND",
-                                               "requeue_at = CASE WHEN j.retry >= 0 AND")
-    assert planted != client_sql.CLAIM_RELAXED
-    monkeypatch.setattr(client_sql, "CLAIM_RELAXED", planted)
+    for name in ("CLAIM_RELAXED", "CLAIM_ONE_RELAXED"):  # of several queues, of one
+        claim = getattr(client_sql, name)
+        planted = claim.replace("requeue_at = CASE WHEN j.retry > 0 AND",
+                                "requeue_at = CASE WHEN j.retry >= 0 AND")
+        assert planted != claim
+        monkeypatch.setattr(client_sql, name, planted)
     found = _first_violation(databases, range(1, 30))
     assert found is not None and found.invariant == "at-most-once", found and found.report()
 
