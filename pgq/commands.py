@@ -453,7 +453,7 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
     writes = _copy_writes(rows, holders, kept, targets)
     if writes:
         bound = min(DIRECT_TIMEOUT, max(timeout / 2, 0.001))
-        done = yield PeerWrite(contracts.STORE_COPIES, tuple(writes), bound)
+        done = yield _store_copies(writes, bound)
         failed = _failed_peers(writes, done)
         if failed:
             yield Rollback()
@@ -499,6 +499,18 @@ def _copy_writes(rows: list[_Row], holders: list[str], kept: dict[str, tuple[int
             "myself": peer,
         }))
     return writes
+
+
+def _store_copies(writes: list[tuple[str, str, dict[str, Any]]], bound: float) -> PeerWrite:
+    """The peer writes of :func:`_add_direct`: STORE_COPIES, or STORE_COPY
+    when every peer takes one copy (a lone add: plain values, no arrays)."""
+    if any(len(copies["ids"]) != 1 for _peer, _dsn, copies in writes):
+        return PeerWrite(contracts.STORE_COPIES, tuple(writes), bound)
+    names = contracts.ONE_COPY_NAMES
+    return PeerWrite(contracts.STORE_COPY, tuple(
+        (peer, dsn, {names.get(key, key): value[0] if key in names else value
+                     for key, value in copies.items()})
+        for peer, dsn, copies in writes), bound)
 
 
 def _failed_peers(writes: list[tuple[str, str, dict[str, Any]]], done: dict[str, Any]) -> set[str]:

@@ -12,6 +12,7 @@ import re
 import pytest
 from pgq.cluster import sql as node_sql
 
+from pgq import contracts
 from pgq import statements as sql
 from pgq.floors import FROM_THE_FRONT
 
@@ -268,12 +269,12 @@ def test_a_fresh_node_with_a_priority_backlog_claims_fast(dsn):
     assert per_pair < 0.03, f"{per_pair * 1000:.1f} ms per get+show+ack"
 
 
-@pytest.mark.parametrize("name", ["DRAIN_OUTBOX_WITH_JOBS", "STORE_COPIES"])
+@pytest.mark.parametrize("name", ["DRAIN_OUTBOX_WITH_JOBS", "STORE_COPIES", "STORE_COPY"])
 def test_node_hot_statements_probe_by_key_even_when_planned_on_empty_tables(db, name):
     # A node process caches generic plans, usually made right after it
     # started, when pgq.jobs and pgq.acks were empty. A plan that scans them
     # (a hash join against an unnest() of ids) then runs on every replicated
     # add for the life of the connection, and costs O(jobs held) each time.
-    plan = _generic_plan(db, getattr(node_sql, name))
+    plan = _generic_plan(db, getattr(node_sql, name, None) or getattr(contracts, name))
     scanned = list(_seq_scans(plan))
     assert "jobs" not in scanned and "acks" not in scanned, scanned
