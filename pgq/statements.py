@@ -451,6 +451,15 @@ WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %
 #   the (generic) statement was given.
 # * The floor (pgq.floors) only skips dead index entries of jobs claimed
 #   before; the client walks from the front now and then for the rest.
+# In `picked`, a job of priority > 0 may come from both ready arms: it is
+# picked once, from_ready if so. The lease (`claimed`): for a job held here
+# only, a timer any claim honours (requeue_at); for a job with copies
+# elsewhere, a timer the node process runs (cluster_requeue_at: it
+# announces the re-queue to the other holders first). A job taken straight
+# from 'active' had an (implicit) re-queue first: enqueues counts it.
+# (These notes live here, not in the SQL: psycopg caches the parsing of a
+# statement only up to 4096 bytes, and a claim parsed again at every
+# execution cost ~20 µs of client CPU; test_stats_and_plans pins the sizes.)
 _CLAIM_BODY = """
 WITH wanted AS (
     SELECT q.name, q.pos, q.floor
@@ -487,23 +496,18 @@ WITH wanted AS (
         ORDER BY j.requeue_at
         LIMIT %(count)s FOR UPDATE SKIP LOCKED) AS c
 ), picked AS MATERIALIZED (
-    -- a job of priority > 0 may come from both ready arms: once, from_ready if so
     SELECT ctid, bool_or(from_ready) AS from_ready FROM candidates
     GROUP BY ctid, pos, priority, ctime
     ORDER BY pos, priority DESC, ctime LIMIT %(count)s
 ), claimed AS (
     UPDATE pgq.jobs j SET
         state = 'active',
-        -- The lease: for a job held here only, a timer any claim honours;
-        -- for a job with copies elsewhere, a timer the node process runs
-        -- (it announces the re-queue to the other holders first).
         requeue_at = CASE WHEN j.retry > 0 AND coalesce(cardinality(j.nodes_delivered), 0) <= 1
                           THEN pgq.now()
                                + (j.retry + random() * 0.25) * interval '1 second' END,
         cluster_requeue_at = CASE WHEN j.retry > 0 AND cardinality(j.nodes_delivered) > 1
                                   THEN pgq.now()
                                        + (j.retry + random() * 0.25) * interval '1 second' END,
-        -- taken straight from 'active': an (implicit) re-queue happened first
         enqueues = j.enqueues + (j.state = 'active')::integer,
         additional_deliveries = j.additional_deliveries
                                 + (j.state = 'active' AND j.enqueues > 0 AND j.requeue_counts)::integer,

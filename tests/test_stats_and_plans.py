@@ -278,3 +278,19 @@ def test_node_hot_statements_probe_by_key_even_when_planned_on_empty_tables(db, 
     plan = _generic_plan(db, getattr(node_sql, name, None) or getattr(contracts, name))
     scanned = list(_seq_scans(plan))
     assert "jobs" not in scanned and "acks" not in scanned, scanned
+
+
+def test_every_statement_fits_psycopgs_parse_cache():
+    # psycopg converts a statement's %(name)s placeholders once and caches
+    # the result, but only for statements of at most 4096 bytes: a longer
+    # one is parsed again at every execution (the claim was, until its
+    # comments moved out of the SQL).
+    from pgq.cluster import sql as node_statements
+    from psycopg import _queries
+
+    limit = _queries.MAX_CACHED_STATEMENT_LENGTH
+    too_long = {f"{module.__name__}.{name}": len(text.encode())
+                for module in (sql, contracts, node_statements)
+                for name, text in vars(module).items()
+                if isinstance(text, str) and "%(" in text and len(text.encode()) > limit}
+    assert not too_long, too_long
