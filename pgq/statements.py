@@ -458,8 +458,8 @@ WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %
 # announces the re-queue to the other holders first). A job taken straight
 # from 'active' had an (implicit) re-queue first: enqueues counts it.
 # (These notes live here, not in the SQL: psycopg caches the parsing of a
-# statement only up to 4096 bytes, and a claim parsed again at every
-# execution cost ~20 µs of client CPU; test_stats_and_plans pins the sizes.)
+# statement only up to 4096 bytes, and parses a longer one again at every
+# execution, in the client's CPU; test_stats_and_plans pins the sizes.)
 _CLAIM_BODY = """
 WITH wanted AS (
     SELECT q.name, q.pos, q.floor
