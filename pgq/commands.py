@@ -381,9 +381,15 @@ def _add_query(many: str, one: str, params: dict[str, Any]) -> Query:
     ``one`` with that job's values (cheaper to send and to run)."""
     if len(params["ids"]) != 1:
         return Query(many, params, Result.ROW)
-    return Query(one, {_ONE_ROW_NAMES.get(name, name): value[0] if name in _ONE_ROW_NAMES
-                       else value for name, value in params.items() if name != "names"},
-                 Result.ROW)
+    return Query(one, _one_row(params, _ONE_ROW_NAMES, drop="names"), Result.ROW)
+
+
+def _one_row(params: dict[str, Any], names: dict[str, str], drop: str = "") -> dict[str, Any]:
+    """A batch's parameters for its only row: each array that ``names``
+    lists becomes its one value, under the singular name it gives; the
+    other parameters stay as they are (but ``drop``)."""
+    return {names.get(name, name): value[0] if name in names else value
+            for name, value in params.items() if name != drop}
 
 
 def _set_outcomes(calls: Sequence[AddCall], taken: list[_Taken], outcomes: list[Any],
@@ -506,11 +512,9 @@ def _store_copies(writes: list[tuple[str, str, dict[str, Any]]], bound: float) -
     when every peer takes one copy (a lone add: plain values, no arrays)."""
     if any(len(copies["ids"]) != 1 for _peer, _dsn, copies in writes):
         return PeerWrite(contracts.STORE_COPIES, tuple(writes), bound)
-    names = contracts.ONE_COPY_NAMES
     return PeerWrite(contracts.STORE_COPY, tuple(
-        (peer, dsn, {names.get(key, key): value[0] if key in names else value
-                     for key, value in copies.items()})
-        for peer, dsn, copies in writes), bound)
+        (peer, dsn, _one_row(copies, contracts.ONE_COPY_NAMES)) for peer, dsn, copies in writes),
+        bound)
 
 
 def _failed_peers(writes: list[tuple[str, str, dict[str, Any]]], done: dict[str, Any]) -> set[str]:
