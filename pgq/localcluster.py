@@ -66,6 +66,13 @@ class LocalNode:
         return self.data / "postgres"
 
     def start(self) -> None:
+        """Start the node process. Refused while the one started before
+        runs: its handle would be lost, and with it the way to stop it
+        (a cluster entered with ``with`` is started already)."""
+        if self.alive():
+            assert self.process is not None
+            raise RuntimeError(f"{self.name}'s process runs already (pid {self.process.pid}): "
+                               "stop it first (a `with LocalCluster(...)` block starts the cluster)")
         args = [*self.launcher, "node", "start", "--name", self.name,
                 "--data", str(self.data), "--bus", self.bus, "--secret-file", str(self.secret)]
         if self.join:

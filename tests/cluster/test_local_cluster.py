@@ -58,3 +58,21 @@ def test_a_node_that_exits_twice_fails_the_start_with_its_log():
         assert "refusing every start" in str(failed.value)
     finally:
         cluster.close()
+
+
+def test_a_running_node_is_not_started_twice():
+    # A second start would replace the handle of the first process, which
+    # close() then could not stop (a script that entered `with LocalCluster`
+    # and called start() again left three node processes running).
+    cluster = LocalCluster(1, prefix="pgq-harness-")
+    node = cluster.nodes[0]
+    node.launcher = [sys.executable, "-c", "import time; time.sleep(120)"]
+    try:
+        node.start()
+        first = node.process
+        with pytest.raises(RuntimeError, match="runs already"):
+            node.start()
+        assert node.process is first and node.alive()
+    finally:
+        cluster.close()
+    assert first is not None and first.poll() is not None  # close() stopped it
