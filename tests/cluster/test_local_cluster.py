@@ -26,53 +26,53 @@ FLAKY = textwrap.dedent("""
 """)
 
 
-def test_a_node_that_exits_is_reported_with_its_log_and_started_once_more():
+@pytest.fixture
+def one_node():
+    """A one-node harness cluster whose node the test starts itself; closed
+    (every process it started stopped) whatever the test did."""
     cluster = LocalCluster(1, prefix="pgq-harness-")
-    node = cluster.nodes[0]
+    try:
+        yield cluster, cluster.nodes[0]
+    finally:
+        cluster.close()
+
+
+def test_a_node_that_exits_is_reported_with_its_log_and_started_once_more(one_node):
+    cluster, node = one_node
     script = cluster.root / "flaky.py"
     script.write_text(FLAKY)
     node.launcher = [sys.executable, str(script), str(cluster.root / "failed-once"), "pgq.cli"]
-    try:
-        node.start()
-        # 600 s: far beyond any start here, so only the exit's detection (not
-        # the wait running out) can produce the "exited" message below.
-        with pytest.warns(StartRetried) as warned:
-            node.serve_or_restart(600)
-        message = str(warned[0].message)
-        assert "n1's process exited with status 3 before serving" in message
-        assert "first start refused on purpose" in message
-        assert node.serving() and node.alive()
-    finally:
-        cluster.close()
+    node.start()
+    # 600 s: far beyond any start here, so only the exit's detection (not
+    # the wait running out) can produce the "exited" message below.
+    with pytest.warns(StartRetried) as warned:
+        node.serve_or_restart(600)
+    message = str(warned[0].message)
+    assert "n1's process exited with status 3 before serving" in message
+    assert "first start refused on purpose" in message
+    assert node.serving() and node.alive()
 
 
-def test_a_node_that_exits_twice_fails_the_start_with_its_log():
-    cluster = LocalCluster(1, prefix="pgq-harness-")
-    node = cluster.nodes[0]
+def test_a_node_that_exits_twice_fails_the_start_with_its_log(one_node):
+    _cluster, node = one_node
     node.launcher = [sys.executable, "-c", "print('refusing every start'); raise SystemExit(4)"]
-    try:
-        node.start()
-        with pytest.warns(StartRetried), pytest.raises(RuntimeError) as failed:
-            node.serve_or_restart(600)
-        assert "exited with status 4" in str(failed.value)
-        assert "refusing every start" in str(failed.value)
-    finally:
-        cluster.close()
+    node.start()
+    with pytest.warns(StartRetried), pytest.raises(RuntimeError) as failed:
+        node.serve_or_restart(600)
+    assert "exited with status 4" in str(failed.value)
+    assert "refusing every start" in str(failed.value)
 
 
-def test_a_running_node_is_not_started_twice():
+def test_a_running_node_is_not_started_twice(one_node):
     # A second start would replace the handle of the first process, which
     # close() then could not stop (a script that entered `with LocalCluster`
     # and called start() again left three node processes running).
-    cluster = LocalCluster(1, prefix="pgq-harness-")
-    node = cluster.nodes[0]
+    cluster, node = one_node
     node.launcher = [sys.executable, "-c", "import time; time.sleep(120)"]
-    try:
+    node.start()
+    first = node.process
+    with pytest.raises(RuntimeError, match="runs already"):
         node.start()
-        first = node.process
-        with pytest.raises(RuntimeError, match="runs already"):
-            node.start()
-        assert node.process is first and node.alive()
-    finally:
-        cluster.close()
+    assert node.process is first and node.alive()
+    cluster.close()
     assert first is not None and first.poll() is not None  # close() stopped it
