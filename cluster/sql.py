@@ -495,14 +495,7 @@ SELECT * FROM moved UNION ALL SELECT * FROM kept
 # unless acknowledged already. Imports do not count as deliveries.
 IMPORT_JOBS = f"""
 WITH incoming AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(queues)s::text[], %(bodies)s::bytea[],
-                         %(ctimes)s::bigint[], %(repls)s::int[], %(retries)s::float8[],
-                         %(delays)s::float8[], %(expires)s::float8[], %(nacks)s::int[],
-                         %(adds)s::int[], %(nodes)s::text[], %(priorities)s::int[],
-                         %(keys)s::text[])
-        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes, priority,
-             key)
-    WHERE NOT EXISTS (SELECT 1 FROM pgq.acks a WHERE a.id = u.id)
+{contracts.COPY_ROWS}    WHERE NOT EXISTS (SELECT 1 FROM pgq.acks a WHERE a.id = u.id)
       AND to_timestamp(u.expires) > pgq.now()
 ), imported AS (
     INSERT INTO pgq.jobs AS j (id, queue, state, ctime, body, repl, retry, delay, expires_at,

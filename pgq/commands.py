@@ -335,14 +335,15 @@ def _store_batch(session: Session, calls: Sequence[AddCall], taken: list[_Taken]
     rows = _batch_rows(calls, taken)
     params = _batch_params(calls, taken, rows)
     if wait is None:
-        paused, leaving, _woken = yield _add_query(sql.ADD_MANY, sql.ADD_ONE, params)
+        paused, leaving, _woken = yield _add_query(sql.ADD_MANY, sql.ADD_ONE,
+                                                      sql.ADD_ONE_NAMES, params)
         events = 0
     else:
         params.update(repls=[t.wanted for *_, t in rows], wait=wait, announce=True,
                       repl_mins=[t.minimum if t.minimum < t.wanted else None for *_, t in rows],
                       holders=[session.node_id] * len(rows))
         paused, leaving, events, _woken, _stored = yield _add_query(
-            sql.ADD_MANY_REPLICATED, sql.ADD_ONE_REPLICATED, params)
+            sql.ADD_MANY_REPLICATED, sql.ADD_ONE_REPLICATED, sql.ADD_ONE_REPLICATED_NAMES, params)
     if leaving:
         return 0  # nothing stored: every call goes the long way
     _set_outcomes(calls, taken, outcomes, paused)
@@ -369,19 +370,13 @@ def _batch_params(calls: Sequence[AddCall], taken: list[_Taken], rows: list[_Row
     }
 
 
-# A job's column in the parameters of a batch (arrays) and of a batch of
-# one (plain values): see ADD_ONE in pgq.statements.
-_ONE_ROW_NAMES = {"ids": "id", "queues": "queue", "bodies": "body", "retries": "retry",
-                  "delays": "delay", "ttls": "ttl", "priorities": "priority", "repls": "repl",
-                  "repl_mins": "repl_min", "holders": "holders"}
-
-
-def _add_query(many: str, one: str, params: dict[str, Any]) -> Query:
+def _add_query(many: str, one: str, names: dict[str, str], params: dict[str, Any]) -> Query:
     """The batch's statement: ``many`` with its arrays, or, for one job,
-    ``one`` with that job's values (cheaper to send and to run)."""
+    ``one`` with that job's values, named by ``names`` (cheaper to send and
+    to run: pgq.contracts.batch_rows)."""
     if len(params["ids"]) != 1:
         return Query(many, params, Result.ROW)
-    return Query(one, _one_row(params, _ONE_ROW_NAMES, drop="names"), Result.ROW)
+    return Query(one, _one_row(params, names, drop="names"), Result.ROW)
 
 
 def _one_row(params: dict[str, Any], names: dict[str, str], drop: str = "") -> dict[str, Any]:
@@ -451,7 +446,7 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
                   announce=False, holders=holders)
     yield Begin()
     paused, leaving, _events, _woken, stored = yield _add_query(
-        sql.ADD_MANY_REPLICATED, sql.ADD_ONE_REPLICATED, params)
+        sql.ADD_MANY_REPLICATED, sql.ADD_ONE_REPLICATED, sql.ADD_ONE_REPLICATED_NAMES, params)
     if leaving:
         yield Rollback()
         return False

@@ -44,13 +44,15 @@ the simulation send exactly what a client statement would.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "JOBS_CHANNEL", "DOORBELL_CHANNEL", "REPLICATION_CHANNEL_PREFIX", "OUTBOX_KINDS",
     "OUTBOX_REPLICATE", "OUTBOX_ABORT", "OUTBOX_ACK", "OUTBOX_FASTACK", "OUTBOX_QUEUED",
     "OUTBOX_WORKING", "OUTBOX_PAUSE", "OUTBOX_MEET", "OUTBOX_FORGET", "OUTBOX_LEAVING",
     "TELL_NODE", "SET_LEAVING", "NODE_ID", "HELD_BY_NODE", "CLUSTER_STATE", "NODES",
     "holders_arg", "split_holders", "notice_arg", "split_notice", "NODE_LOCK_KEY",
-    "STORE_COPIES", "STORE_COPY", "ONE_COPY_NAMES",
+    "STORE_COPIES", "STORE_COPY", "ONE_COPY_NAMES", "COPY_ROWS", "batch_rows",
 ]
 
 JOBS_CHANNEL = "pgq"
@@ -118,6 +120,29 @@ SELECT (SELECT count(*) FROM pgq.jobs
      + (SELECT count(*) FROM pgq.acks)
 """
 
+def batch_rows(columns: Sequence[tuple[str, str, str]], *,
+               ordinal: bool = False) -> tuple[str, str, dict[str, str]]:
+    """The input rows of a batch statement, from its columns (array
+    parameter, column, SQL type), in two forms and a map:
+
+    * many rows: an unnest of one binary array parameter per column;
+    * one row: plain values, each parameter named as its column, for a
+      batch of one job (the common case at low concurrency: psycopg dumps
+      no one-element arrays, several microseconds of client CPU each, and
+      the server unnests nothing);
+    * each array parameter's name in the one-row form.
+
+    ``ordinal`` adds the row number ``n`` (arrival order)."""
+    arrays = ", ".join(f"%({array})b::{kind}[]" for array, _column, kind in columns)
+    names = ", ".join(column for _array, column, _kind in columns) + (", n" if ordinal else "")
+    many = (f"    SELECT * FROM unnest({arrays})\n"
+            f"        {'WITH ORDINALITY ' if ordinal else ''}AS u({names})\n")
+    one = ("    SELECT " + ", ".join(f"%({column}){'b' if kind == 'bytea' else 's'}::{kind} AS {column}"
+                                   for _array, column, kind in columns)
+           + (", 1::bigint AS n" if ordinal else "") + "\n")
+    return many, one, {array: column for array, column, _kind in columns}
+
+
 # A copy of a new job, stored by a peer: by its node process for a REPLJOB
 # (it answers GOTJOB for `stored`, SETACK for `acked`), or by a client of
 # the origin writing the copies of its own add straight into this database
@@ -166,32 +191,19 @@ SELECT 'acked', id, nodes FROM acked
 """
 
 
-STORE_COPIES = _store_copies(
-    """    SELECT * FROM unnest(%(ids)b::text[], %(queues)b::text[], %(bodies)b::bytea[],
-                         %(ctimes)b::bigint[], %(repls)b::int[], %(retries)b::float8[],
-                         %(delays)b::float8[], %(expires)b::float8[], %(nacks)b::int[],
-                         %(adds)b::int[], %(nodes)b::text[], %(priorities)b::int[],
-                         %(keys)b::text[])
-        AS u(id, queue, body, ctime, repl, retry, delay, expires, nacks, adds, nodes, priority,
-             key)
-""", "a.id = ANY (%(ids)b::text[])")
-
-# One copy as plain values (a client's direct copy of a lone add: as
-# pgq.statements.ADD_ONE, psycopg dumps no one-element arrays; measured
-# here 0.60-0.65 -> 0.50-0.55 ms per write, 0.15-0.20 -> 0.09-0.11 ms of
-# client CPU). Its parameters are STORE_COPIES' in the singular
-# (ONE_COPY_NAMES), and `myself`.
-STORE_COPY = _store_copies(
-    """    SELECT %(id)s::text AS id, %(queue)s::text AS queue, %(body)b::bytea AS body,
-           %(ctime)s::bigint AS ctime, %(repl)s::int AS repl, %(retry)s::float8 AS retry,
-           %(delay)s::float8 AS delay, %(expires)s::float8 AS expires, %(nacks)s::int AS nacks,
-           %(adds)s::int AS adds, %(nodes)s::text AS nodes, %(priority)s::int AS priority,
-           %(key)s::text AS key
-""", "a.id = %(id)s::text")
-ONE_COPY_NAMES = {"ids": "id", "queues": "queue", "bodies": "body", "ctimes": "ctime",
-                  "repls": "repl", "retries": "retry", "delays": "delay", "expires": "expires",
-                  "nacks": "nacks", "adds": "adds", "nodes": "nodes", "priorities": "priority",
-                  "keys": "key"}
+# The columns of a copy (STORE_COPIES' arrays; STORE_COPY's values, for a
+# client's direct copy of a lone add: measured 0.60-0.65 -> 0.50-0.55 ms
+# per write, 0.15-0.20 -> 0.09-0.11 ms of client CPU). ONE_COPY_NAMES: the
+# one-copy name of each array parameter; both also take `myself`. A
+# node's YOURJOBS import (cluster.sql.IMPORT_JOBS) reads COPY_ROWS too.
+COPY_ROWS, _ONE_COPY_ROW, ONE_COPY_NAMES = batch_rows([
+    ("ids", "id", "text"), ("queues", "queue", "text"), ("bodies", "body", "bytea"),
+    ("ctimes", "ctime", "bigint"), ("repls", "repl", "int"), ("retries", "retry", "float8"),
+    ("delays", "delay", "float8"), ("expires", "expires", "float8"), ("nacks", "nacks", "int"),
+    ("adds", "adds", "int"), ("nodes", "nodes", "text"), ("priorities", "priority", "int"),
+    ("keys", "key", "text")])
+STORE_COPIES = _store_copies(COPY_ROWS, "a.id = ANY (%(ids)b::text[])")
+STORE_COPY = _store_copies(_ONE_COPY_ROW, "a.id = %(id)s::text")
 
 CLUSTER_STATE = """
 SELECT node_id AS id, active, leaving, reachable_nodes, bus_host, bus_port FROM pgq.cluster_state

@@ -32,6 +32,7 @@ from .contracts import (
                         OUTBOX_QUEUED,
                         OUTBOX_REPLICATE,
                         OUTBOX_WORKING,
+                        batch_rows,
 )
 
 # ------------------------------------------------------------- connections
@@ -193,20 +194,14 @@ SELECT ARRAY(SELECT name FROM paused) AS paused,
 
 
 # The rows of an add batch: one per job from arrays, or the one job of a
-# batch of one (the common case at low concurrency) from plain parameters.
-# Why two: psycopg dumps a one-element array per column at several
-# microseconds of client CPU each, and the server unnests them; measured
-# here, a lone add's statement went from 0.46 to 0.39 ms at p50 and from
-# 0.15 to 0.09 ms of client CPU (pgq.commands picks the statement).
-_MANY_ROWS = """    SELECT * FROM unnest(%(ids)b::text[], %(queues)b::text[], %(bodies)b::bytea[],
-                         %(retries)b::float8[], %(delays)b::float8[], %(ttls)b::float8[],
-                         %(priorities)b::int[])
-        WITH ORDINALITY AS u(id, queue, body, retry, delay, ttl, priority, n)
-"""
-_ONE_ROW = """    SELECT %(id)s::text AS id, %(queue)s::text AS queue, %(body)b::bytea AS body,
-           %(retry)s::float8 AS retry, %(delay)s::float8 AS delay, %(ttl)s::float8 AS ttl,
-           %(priority)s::int AS priority, 1::bigint AS n
-"""
+# batch of one from plain values (contracts.batch_rows; measured here, a
+# lone add's statement went from 0.46 to 0.39 ms at p50 and from 0.15 to
+# 0.09 ms of client CPU). pgq.commands picks the statement, and names the
+# one job's parameters with ADD_ONE_NAMES.
+_MANY_ROWS, _ONE_ROW, ADD_ONE_NAMES = batch_rows([
+    ("ids", "id", "text"), ("queues", "queue", "text"), ("bodies", "body", "bytea"),
+    ("retries", "retry", "float8"), ("delays", "delay", "float8"), ("ttls", "ttl", "float8"),
+    ("priorities", "priority", "int")], ordinal=True)
 ADD_MANY = _add_here(_MANY_ROWS, "%(names)s::text[]")
 ADD_ONE = _add_here(_ONE_ROW, "ARRAY[%(queue)s::text]")
 
@@ -268,18 +263,11 @@ SELECT ARRAY(SELECT name FROM paused) AS paused,
 
 
 # As for ADD_MANY / ADD_ONE: arrays, or the one job of a batch of one.
-_MANY_REPLICATED_ROWS = """    SELECT * FROM unnest(%(ids)b::text[], %(queues)b::text[], %(bodies)b::bytea[],
-                         %(repls)b::int[], %(repl_mins)b::int[], %(retries)b::float8[],
-                         %(delays)b::float8[], %(ttls)b::float8[], %(priorities)b::int[],
-                         %(holders)b::text[])
-        WITH ORDINALITY AS u(id, queue, body, repl, repl_min, retry, delay, ttl, priority,
-                             holders, n)
-"""
-_ONE_REPLICATED_ROW = """    SELECT %(id)s::text AS id, %(queue)s::text AS queue, %(body)b::bytea AS body,
-           %(repl)s::int AS repl, %(repl_min)s::int AS repl_min, %(retry)s::float8 AS retry,
-           %(delay)s::float8 AS delay, %(ttl)s::float8 AS ttl, %(priority)s::int AS priority,
-           %(holders)s::text AS holders, 1::bigint AS n
-"""
+_MANY_REPLICATED_ROWS, _ONE_REPLICATED_ROW, ADD_ONE_REPLICATED_NAMES = batch_rows([
+    ("ids", "id", "text"), ("queues", "queue", "text"), ("bodies", "body", "bytea"),
+    ("repls", "repl", "int"), ("repl_mins", "repl_min", "int"), ("retries", "retry", "float8"),
+    ("delays", "delay", "float8"), ("ttls", "ttl", "float8"), ("priorities", "priority", "int"),
+    ("holders", "holders", "text")], ordinal=True)
 ADD_MANY_REPLICATED = _add_replicated(_MANY_REPLICATED_ROWS, "%(names)s::text[]")
 ADD_ONE_REPLICATED = _add_replicated(_ONE_REPLICATED_ROW, "ARRAY[%(queue)s::text]")
 
