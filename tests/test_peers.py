@@ -1,0 +1,85 @@
+"""pgq.peers on a real server: a client's writes to peers' databases (the
+direct copies of a replicated add) commit on every peer, return each peer's
+error as a value, leave no transaction open, and never hold the caller past
+the timeout. Two peer names on one test database stand for two peers."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+from pgq.peers import PeerPools, PeerTimeout
+
+from .conftest import wait_until
+
+INSERT = "INSERT INTO t (id, v) VALUES (%(id)s, %(v)s) RETURNING id"
+
+
+@pytest.fixture
+def peers(db):
+    db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
+    pools = PeerPools(application_name="pgq-test-peers")
+    try:
+        yield pools
+    finally:
+        pools.close()
+
+
+def sessions_in(db, state: str) -> int:
+    return db.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                      "'pgq-test-peers' AND state = %s", (state,)).fetchone()[0]
+
+
+def test_a_write_commits_on_every_peer(peers, db, dsn):
+    body = b"x" * 100
+    done = peers.write(INSERT, (("a", dsn, {"id": 1, "v": body}), ("b", dsn, {"id": 2, "v": body})), 5)
+    assert done == {"a": [(1,)], "b": [(2,)]}
+    assert db.execute("SELECT id, length(v) FROM t ORDER BY id").fetchall() == [(1, 100), (2, 100)]
+
+
+def test_a_failed_write_is_that_peers_error_and_leaves_no_transaction_open(peers, db, dsn):
+    body = b"x" * 100
+    peers.write(INSERT, (("a", dsn, {"id": 1, "v": body}),), 5)
+    done = peers.write(INSERT, (("a", dsn, {"id": 1, "v": body}), ("b", dsn, {"id": 2, "v": body})), 5)
+    assert isinstance(done["a"], psycopg.errors.UniqueViolation) and done["b"] == [(2,)]
+    assert sessions_in(db, "idle in transaction (aborted)") == sessions_in(db, "idle in transaction") == 0
+    # The connections go on serving: the next writes commit.
+    assert peers.write(INSERT, (("a", dsn, {"id": 3, "v": body}),), 5) == {"a": [(3,)]}
+    assert db.execute("SELECT count(*) FROM t").fetchone()[0] == 3
+
+
+def test_a_peer_that_does_not_answer_is_given_up_at_the_timeout(peers, db, dsn):
+    peers.write(INSERT, (("a", dsn, {"id": 1, "v": b"old"}),), 5)
+    release = threading.Event()
+
+    def hold_the_row() -> None:  # the peer's write waits for this lock (lock_timeout 1 s)
+        with psycopg.connect(dsn) as holder:
+            holder.execute("SELECT 1 FROM t WHERE id = 1 FOR UPDATE")
+            locked.set()
+            release.wait(10)
+
+    locked = threading.Event()
+    holder = threading.Thread(target=hold_the_row)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        started = time.monotonic()
+        done = peers.write("UPDATE t SET v = %(v)s WHERE id = 1 RETURNING id",
+                           (("a", dsn, {"v": b"y"}), ("b", dsn, {"v": b"z"})), 0.3)
+        elapsed = time.monotonic() - started
+        # The writes given up on end on the peer, rolled back, while the row
+        # is still locked: at the peer sessions' lock timeout (1 s).
+        wait_until(lambda: sessions_in(db, "active") == 0, 10,
+                   message="the abandoned writes to end on the server")
+    finally:
+        release.set()
+        holder.join()
+    assert isinstance(done["a"], PeerTimeout) and isinstance(done["b"], PeerTimeout)
+    # 0.3 s asked: well under the peer's own lock timeout (1 s), which would
+    # have answered the write with an error had the caller waited for it.
+    assert elapsed < 0.9
+    assert db.execute("SELECT v FROM t WHERE id = 1").fetchone()[0] == b"old"
+    assert peers.write(INSERT, (("a", dsn, {"id": 2, "v": b"new"}),), 5) == {"a": [(2,)]}
