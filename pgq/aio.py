@@ -11,6 +11,7 @@ started by the constructor (a blocking step of about a second the first time).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -67,7 +68,8 @@ class AsyncClient(ClientCore):
         # Blocked GETs share one LISTEN connection (pgq.listener), served by
         # a task of `async with`; a client opened otherwise LISTENs per GET.
         self._listener: SharedListener | None = None
-        self._listening: Any = None  # the task group serving it
+        # The task serving it, and the cancel scope that stops it.
+        self._listening: tuple[asyncio.Task[None], anyio.CancelScope] | None = None
         self._opening = anyio.Lock()
         self._switching = anyio.Lock()
         self._closed = False
@@ -199,30 +201,53 @@ class AsyncClient(ClientCore):
     # ------------------------------------------------------------ lifecycle
 
     async def close(self) -> None:
-        """Close the client's connections (the embedded server keeps running)."""
+        """Close the client's connections (the embedded server keeps running),
+        its shared LISTEN connection too."""
         self._closed = True
-        pool, self._pool = self._pool, None
-        if pool is not None:
-            await pool.close()
-        await self._peers.close()
+        try:
+            await self._stop_listening()
+        finally:
+            pool, self._pool = self._pool, None
+            if pool is not None:
+                await pool.close()
+            await self._peers.close()
 
     async def __aenter__(self) -> AsyncClient:
         await self.open()
         if self._listening is None:
-            tasks = anyio.create_task_group()
-            await tasks.__aenter__()
-            self._listening = tasks
-            await tasks.start(self._serve_listener)
+            # A task of its own, not a task group entered here: a client may
+            # be left in another task than it was entered in (an async
+            # pytest fixture, a framework's startup and shutdown hooks), and
+            # a task group's cancel scope refuses that ("Attempted to exit
+            # cancel scope in a different task"), which left the listener
+            # running. psycopg's async connections run on asyncio only.
+            listener = SharedListener(self._connect_listener)
+            self._listener = listener
+            scope = anyio.CancelScope()
+            task = asyncio.get_running_loop().create_task(self._run_listener(listener, scope),
+                                                          name="pgq-listener")
+            self._listening = (task, scope)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        tasks, self._listening = self._listening, None
+        await self.close()
+
+    async def _run_listener(self, listener: SharedListener, scope: anyio.CancelScope) -> None:
         try:
-            if tasks is not None:
-                tasks.cancel_scope.cancel()
-                await tasks.__aexit__(*exc)
+            with scope:  # entered and left in this task; cancelled by close()
+                await listener.run()
+        except Exception:  # SharedListener degrades to polling; never expected
+            log.exception("pgq: the shared LISTEN connection stopped; blocked GETs poll")
         finally:
-            await self.close()
+            if self._listener is listener:
+                self._listener = None
+
+    async def _stop_listening(self) -> None:
+        listening, self._listening = self._listening, None
+        if listening is not None:
+            task, scope = listening
+            scope.cancel()  # anyio's cancellation: the listener's shielded cleanup runs
+            await asyncio.wait([task])  # never raises the task's outcome
 
     async def _serve_listener(self, *, task_status: Any = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve the shared LISTEN connection of this client's blocked GETs

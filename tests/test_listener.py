@@ -160,6 +160,28 @@ async def test_the_registration_goes_once_nobody_waits_and_comes_back_when_someo
     assert await _waiters(dsn) == []  # closed: nothing left behind
 
 
+@pytest.mark.anyio
+async def test_a_client_entered_in_one_task_and_left_in_another_serves_and_stops(dsn):
+    # As an async pytest fixture or a framework's startup and shutdown hooks
+    # do. The listener ran in a task group entered by `async with`, whose
+    # exit from another task raised "Attempted to exit cancel scope in a
+    # different task" and left the listener running.
+    import asyncio
+
+    consumer = pgq.AsyncClient(dsn, poll_interval=60)  # only a wake delivers within 20 s
+    await asyncio.create_task(consumer.__aenter__())
+    try:
+        async with pgq.AsyncClient(dsn) as producer:
+            waiting = asyncio.create_task(consumer.get_job("hooks", timeout=20))
+            await async_wait_until(lambda: _waiters(dsn), timeout=10)
+            job_id = await producer.add_job("hooks", b"x")
+            assert [j.id for j in await waiting] == [job_id]
+    finally:
+        await asyncio.create_task(consumer.__aexit__(None, None, None))
+    assert consumer._listener is None and consumer._listening is None
+    assert await _waiters(dsn) == []  # its registration went with it
+
+
 # ---------------------------------------------------------------- pgq.Client (threads)
 
 
