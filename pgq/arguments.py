@@ -64,7 +64,11 @@ def seconds(
     """A duration in seconds (int or float), finite, within [minimum, maximum]."""
     if not _is_number(value):
         raise InvalidTypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    result = float(value)  # type: ignore[arg-type]
+    try:
+        result = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond any float (about 10**308)
+        raise InvalidArgumentError(f"{name} must be ≤ {maximum:g} seconds; "
+                                   "this number is beyond any duration") from None
     if math.isnan(result) or math.isinf(result):
         raise InvalidArgumentError(f"{name} must be a finite number of seconds, not {value!r}")
     too_small = result < minimum if allow_minimum else result <= minimum

@@ -32,23 +32,37 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hmac
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from . import errors
 from .aio import AsyncClient
+from .arguments import MAX_COUNT, MAX_PRIORITY, MAX_REPLICATE, seconds
 from .httpjson import BadRequest, error_response, json_body, status_of
 from .job import Job
 from .jsonable import body_fields, jsonable
 
 __all__ = ["create_app", "OPENAPI"]
 
+log = logging.getLogger("pgq")
+
 _ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "timeout", "priority")
+# The fields each body may hold: any other is refused (a typo such as
+# "prority" would otherwise be dropped without a word).
+_ITEM_FIELDS = frozenset({"body", "body_base64", "key", "priority"})
+_ADD_FIELDS = _ITEM_FIELDS | {"jobs", "async", *_ADD_OPTIONS}
+_LEASE_FIELDS = frozenset({"queues", "count", "timeout", "withcounters"})
+# The longest a request may wait (a blocking lease, a wait): an HTTP
+# request is not a subscription, and each waiting request holds resources.
+MAX_WAIT = 300.0
 # add_job's defaults, for checking an item before any is added
 _CALL_DEFAULTS: dict[str, Any] = {"replicate": None, "delay": 0, "retry": None, "ttl": None,
                                   "maxlen": None, "asynchronous": False, "timeout": None}
@@ -60,16 +74,35 @@ _CALL_DEFAULTS: dict[str, Any] = {"replicate": None, "delay": 0, "retry": None, 
 
 
 
+def _known(data: dict[str, Any], fields: frozenset[str], what: str) -> None:
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise BadRequest(f"{what} has unknown fields {unknown}; it takes {sorted(fields)}")
+
+
 def _body_of(item: dict[str, Any]) -> bytes:
     if "body_base64" in item:
+        if "body" in item:
+            raise BadRequest('give a job "body" or "body_base64", not both')
+        encoded = item["body_base64"]
+        if not isinstance(encoded, str):
+            raise BadRequest("body_base64 must be a string of base64")
         try:
-            return base64.b64decode(str(item["body_base64"]), validate=True)
+            return base64.b64decode(encoded, validate=True)
         except (binascii.Error, ValueError):
             raise BadRequest("body_base64 is not valid base64") from None
     body = item.get("body")
     if not isinstance(body, str):
         raise BadRequest('a job needs "body" (text) or "body_base64"')
-    return body.encode()
+    try:
+        return body.encode()
+    except UnicodeEncodeError:  # a lone surrogate, as JSON's "\ud800" allows
+        raise BadRequest('"body" is not valid Unicode text: send the bytes as "body_base64"') from None
+
+
+def _wait(data: dict[str, Any], default: float) -> float:
+    """A request's ``timeout``: seconds to wait, 0 to MAX_WAIT."""
+    return seconds("timeout", data.get("timeout", default), maximum=MAX_WAIT)
 
 
 def _job_json(job: Job) -> dict[str, Any]:
@@ -88,10 +121,23 @@ Handler = Callable[[Request], Awaitable[Response]]
 def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
     """The HTTP API over ``client`` (see the module doc)."""
 
+    def authorized(request: Request) -> bool:
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+                                                                  (token or "").encode())
+
     def guarded(handler: Handler, public: bool = False) -> Handler:
         async def run(request: Request) -> Response:
-            if token and not public and request.headers.get("authorization") != f"Bearer {token}":
-                return error_response("unauthorized", "send Authorization: Bearer <token>", 401)
+            if not public and not _same_origin(request):
+                # A web page's request to this API (a form or fetch() to
+                # localhost): browsers name the page in Origin; programs
+                # send none. Without a token that page could add or ack jobs.
+                return error_response("forbidden", "requests from web pages of another origin "
+                                      "are refused (no Origin header, or this server's)", 403)
+            if token and not public and not authorized(request):
+                response = error_response("unauthorized", "send Authorization: Bearer <token>", 401)
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
             try:
                 return await handler(request)
             except BadRequest as exc:
@@ -102,6 +148,7 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
 
     async def add(request: Request) -> Response:
         data = await json_body(request)
+        _known(data, _ADD_FIELDS, "an add")
         queue = request.path_params["queue"]
         options = {k: data[k] for k in _ADD_OPTIONS if k in data}
         if "async" in data:
@@ -110,6 +157,8 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
             items = data["jobs"]
             if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
                 raise BadRequest('"jobs" must be a list of objects')
+            for item in items:
+                _known(item, _ITEM_FIELDS, "an item of \"jobs\" (options go beside \"jobs\")")
             if "key" in data:
                 raise BadRequest('"key" names one job: give each item of "jobs" its own "key"')
             if any("key" in i or "priority" in i for i in items):
@@ -132,15 +181,19 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
 
     async def lease(request: Request) -> Response:
         data = await json_body(request)
+        _known(data, _LEASE_FIELDS, "a lease")
         queues = data.get("queues")
         if isinstance(queues, str):
             queues = [queues]
         if not isinstance(queues, list) or not queues or not all(isinstance(q, str) for q in queues):
             raise BadRequest('"queues" must name at least one queue')
-        timeout = data.get("timeout", 0)
+        timeout = _wait(data, 0)
+        withcounters = data.get("withcounters", True)
+        if not isinstance(withcounters, bool):
+            raise BadRequest('"withcounters" must be true or false')
         jobs = await client.get_job(*queues, count=data.get("count", 1),
                                     timeout=timeout or None, nohang=not timeout,
-                                    withcounters=bool(data.get("withcounters", True)))
+                                    withcounters=withcounters)
         return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
 
     async def ack(request: Request) -> Response:
@@ -148,6 +201,7 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
 
     async def nack(request: Request) -> Response:
         data = await json_body(request)
+        _known(data, frozenset({"delay"}), "a nack")
         return JSONResponse({"nacked": await client.nack_job(request.path_params["id"],
                                                              delay=data.get("delay", 0))})
 
@@ -162,7 +216,8 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
 
     async def wait(request: Request) -> Response:
         data = await json_body(request)
-        done = await client.wait_job(request.path_params["id"], timeout=data.get("timeout", 30))
+        _known(data, frozenset({"timeout"}), "a wait")
+        done = await client.wait_job(request.path_params["id"], timeout=_wait(data, 30))
         return JSONResponse({"done": done})
 
     async def stats(request: Request) -> Response:
@@ -201,25 +256,70 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
         Route("/metrics", guarded(metrics), methods=["GET"]),
         Route("/openapi.json", guarded(openapi, public=True), methods=["GET"]),
     ]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error,
+                                                        Exception: _server_error})
 
 
-def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200") -> dict[str, Any]:
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    return origin is None or origin == f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route 404, wrong method 405) as JSON."""
+    assert isinstance(exc, HTTPException)
+    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return error_response(kind, f"{exc.detail}: {request.method} {request.url.path} "
+                          "(GET /openapi.json lists the routes)", exc.status_code)
+
+
+async def _server_error(request: Request, exc: Exception) -> Response:
+    """A failure pgq did not foresee: JSON like every other error (the
+    traceback goes to the log, not to the client)."""
+    return error_response("internal_error", f"{type(exc).__name__} while serving "
+                          f"{request.method} {request.url.path}; see the server's log", 500)
+
+
+_ERROR = {"description": "refused", "content": {"application/json": {"schema": {
+    "type": "object", "required": ["error", "message"],
+    "properties": {"error": {"type": "string", "description": "the kind, e.g. bad_request, "
+                                                                "NoJobError, PausedError"},
+                   "message": {"type": "string"}}}}}}
+_PARAMETERS = {name: [{"name": name, "in": "path", "required": True, "schema": {"type": "string"},
+                       "description": what}]
+               for name, what in (("queue", "a queue name, percent-encoded"),
+                                  ("id", "a job ID, percent-encoded ('/' and '+' included)"))}
+
+
+def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200",
+        path: str | None = None) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary,
                           "responses": {ok: {"description": "done"},
-                                        "400": {"description": "bad input"},
-                                        "401": {"description": "token missing or wrong"}}}
+                                        "400": {**_ERROR, "description": "bad input"},
+                                        "401": {**_ERROR, "description": "token missing or wrong"},
+                                        "403": {**_ERROR, "description": "from a web page of "
+                                                "another origin"},
+                                        "404": {**_ERROR, "description": "no such job or queue"},
+                                        "409": {**_ERROR, "description": "refused: queue paused "
+                                                "or full, too late, node leaving"},
+                                        "503": {**_ERROR, "description": "no replicas or no "
+                                                "database"}}}
+    if path is not None:
+        op["parameters"] = _PARAMETERS[path]
     if body is not None:
         op["requestBody"] = {"content": {"application/json": {"schema": body}}}
     return op
 
 
+_SECONDS: dict[str, Any] = {"type": "number", "minimum": 0}
 _JOB_PROPERTIES: dict[str, Any] = {
     "body": {"type": "string"}, "body_base64": {"type": "string"},
     "key": {"type": "string", "description": "idempotency key: the live job holding it is "
             "answered instead of adding"},
-    "priority": {"type": "integer", "minimum": 0, "description": "higher first"}}
-_JOB_IN: dict[str, Any] = {"type": "object", "properties": _JOB_PROPERTIES}
+    "priority": {"type": "integer", "minimum": 0, "maximum": MAX_PRIORITY,
+                 "description": "higher first"}}
+_JOB_IN: dict[str, Any] = {"type": "object", "properties": _JOB_PROPERTIES,
+                           "additionalProperties": False}
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "pgq", "version": "1", "description": "Disque's job queue on PostgreSQL"},
@@ -227,26 +327,40 @@ OPENAPI: dict[str, Any] = {
     "security": [{"bearer": []}],
     "paths": {
         "/v1/queues/{queue}/jobs": {"post": _op("Add one job, or many (jobs)", {
-            "type": "object", "properties": {
+            "type": "object", "additionalProperties": False, "properties": {
                 **_JOB_PROPERTIES, "jobs": {"type": "array", "items": _JOB_IN},
-                **{k: {"type": "number"} for k in _ADD_OPTIONS if k != "priority"},
+                "replicate": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICATE},
+                "maxlen": {"type": "integer", "minimum": 1},
+                **{k: _SECONDS for k in ("delay", "retry", "ttl", "timeout")},
                 "async": {"type": "boolean"}}},
-            ok="201")},
+            ok="201", path="queue")},
         "/v1/lease": {"post": _op("Get jobs from queues, left to right", {
-            "type": "object", "required": ["queues"], "properties": {
-                "queues": {"type": "array", "items": {"type": "string"}},
-                "count": {"type": "integer"}, "timeout": {"type": "number"},
+            "type": "object", "required": ["queues"], "additionalProperties": False,
+            "properties": {
+                "queues": {"oneOf": [{"type": "array", "items": {"type": "string"}, "minItems": 1},
+                                     {"type": "string"}]},
+                "count": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT},
+                "timeout": {**_SECONDS, "maximum": MAX_WAIT,
+                            "description": "seconds to wait for a job (0: answer at once)"},
                 "withcounters": {"type": "boolean"}}})},
-        "/v1/jobs/{id}/ack": {"post": _op("Acknowledge a job")},
+        "/v1/jobs/{id}/ack": {"post": _op("Acknowledge a job", path="id")},
         "/v1/jobs/{id}/nack": {"post": _op("Put a job back in its queue", {
-            "type": "object", "properties": {"delay": {"type": "number"}}})},
-        "/v1/jobs/{id}/working": {"post": _op("Extend a job's lease")},
+            "type": "object", "additionalProperties": False,
+            "properties": {"delay": _SECONDS}}, path="id")},
+        "/v1/jobs/{id}/working": {"post": _op("Extend a job's lease", path="id")},
         "/v1/jobs/{id}/wait": {"post": _op("Wait until a job is done with", {
-            "type": "object", "properties": {"timeout": {"type": "number"}}})},
-        "/v1/jobs/{id}": {"get": _op("A job's status")},
-        "/v1/queues/{queue}": {"get": _op("A queue's statistics")},
+            "type": "object", "additionalProperties": False,
+            "properties": {"timeout": {**_SECONDS, "maximum": MAX_WAIT, "default": 30}}},
+            path="id")},
+        "/v1/jobs/{id}": {"get": _op("A job's status", path="id")},
+        "/v1/queues/{queue}": {"get": _op("A queue's statistics", path="queue")},
         "/health": {"get": {"summary": "Liveness", "security": [],
                             "responses": {"200": {"description": "up"}}}},
-        "/metrics": {"get": _op("Prometheus metrics")},
+        "/metrics": {"get": {**_op("Prometheus metrics"), "responses": {
+            "200": {"description": "metrics", "content": {"text/plain": {"schema": {
+                "type": "string"}}}},
+            "401": {**_ERROR, "description": "token missing or wrong"}}}},
+        "/openapi.json": {"get": {"summary": "This document", "security": [],
+                                  "responses": {"200": {"description": "OpenAPI 3.1"}}}},
     },
 }

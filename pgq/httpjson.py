@@ -55,6 +55,8 @@ async def json_body(request: Request) -> dict[str, Any]:
         data = json.loads(raw)
     except ValueError:
         raise BadRequest("the request body is not JSON") from None
+    except RecursionError:  # arrays or objects nested about a thousand deep
+        raise BadRequest("the request body nests too deeply") from None
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object")
     return data

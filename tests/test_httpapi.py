@@ -25,9 +25,9 @@ def q(job_id: str) -> str:
     return urllib.parse.quote(job_id, safe="")
 
 
-def call(base, method, path, body=None, token=TOKEN, raw=None):
+def call(base, method, path, body=None, token=TOKEN, raw=None, headers=None):
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(base + path, data=data, method=method)
+    request = urllib.request.Request(base + path, data=data, method=method, headers=headers or {})
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     try:
@@ -135,9 +135,53 @@ def test_bad_input_gets_a_typed_4xx(api, method, path, body, raw, status, kind):
     assert call(api, "GET", "/v1/queues/q")[0] == 404  # nothing was added (every item checked first)
 
 
+def test_odd_input_gets_a_json_4xx_never_a_500(api):
+    # One server for all of them (a server per case costs a second each).
+    cases = [
+        # (method, path, body, raw, status, kind)
+        ("POST", "/v1/queues/q/jobs", {"body": "x", "delay": 10**400}, None, 400, "InvalidArgumentError"),
+        ("POST", "/v1/queues/q/jobs", None, b"[" * 5000, 400, "bad_request"),  # nested too deep
+        ("POST", "/v1/queues/q/jobs", None, b'{"body": "\\ud800"}', 400, "bad_request"),  # lone surrogate
+        ("POST", "/v1/queues/q/jobs", {"body_base64": None}, None, 400, "bad_request"),
+        ("POST", "/v1/queues/q/jobs", {"body": "x", "body_base64": "eA=="}, None, 400, "bad_request"),
+        ("POST", "/v1/queues/q/jobs", {"body": "x", "prority": 5}, None, 400, "bad_request"),
+        ("POST", "/v1/queues/q/jobs", {"jobs": [{"body": "x", "ttl": 5}]}, None, 400, "bad_request"),
+        ("POST", "/v1/lease", {"queues": ["q"], "timeout": ""}, None, 400, "InvalidTypeError"),
+        ("POST", "/v1/lease", {"queues": ["q"], "timeout": 301}, None, 400, "InvalidArgumentError"),
+        ("POST", "/v1/lease", {"queues": ["q"], "withcounters": "false"}, None, 400, "bad_request"),
+        ("POST", "/v1/jobs/D-00000000-++++++++++++++++++++++++-0001/wait", {"timeout": None}, None,
+         400, "InvalidTypeError"),
+        ("GET", "/v1/nothing", None, None, 404, "not_found"),
+        ("DELETE", "/v1/lease", None, None, 405, "method_not_allowed"),
+    ]
+    for method, path, body, raw, status, kind in cases:
+        got_status, error = call(api, method, path, body, raw=raw)
+        assert (got_status, error["error"]) == (status, kind) and error["message"], (path, body, raw)
+    assert call(api, "GET", "/v1/queues/q")[0] == 404  # none of them added anything
+
+
+def test_a_web_page_of_another_origin_is_refused(api):
+    # Browsers name the page in Origin; a form or fetch() to this API from
+    # any site would otherwise add or acknowledge jobs (with no token, on
+    # loopback, nothing else would stop it).
+    status, error = call(api, "POST", "/v1/queues/web/jobs", {"body": "x"},
+                         headers={"Origin": "http://evil.example"})
+    assert (status, error["error"]) == (403, "forbidden")
+    same = api  # http://127.0.0.1:port, as the Host header says
+    assert call(api, "POST", "/v1/queues/web/jobs", {"body": "x"}, headers={"Origin": same})[0] == 201
+    assert call(api, "GET", "/v1/queues/web")[1]["len"] == 1
+
+
 def test_the_token_is_required_and_checked(api):
     assert call(api, "GET", "/v1/queues/q", token=None)[0] == 401
     assert call(api, "GET", "/v1/queues/q", token="wrong")[0] == 401
+    request = urllib.request.Request(api + "/v1/queues/q")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=30)
+    assert refused.value.headers["WWW-Authenticate"] == "Bearer"
+    # The scheme's case does not matter (RFC 9110): 404, past the token check.
+    assert call(api, "GET", "/v1/queues/q", token=None,
+                headers={"Authorization": f"bearer {TOKEN}"})[0] == 404
     assert call(api, "GET", "/health", token=None)[0] == 200
 
 
