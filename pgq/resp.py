@@ -114,7 +114,9 @@ class Parser:
             text, position = line
             if text[0:1] != b"$":
                 raise ProtocolError(f"expected '$', got '{text[0:1].decode(errors='replace')}'")
-            size = _number(text[1:], MAX_BULK, "invalid bulk length")
+            # Never negative: a size of -100 moved the position back, so the
+            # buffer never shrank and feed() looped for ever on one request.
+            size = _number(text[1:], MAX_BULK, "invalid bulk length", minimum=0)
             if len(self._buffer) < position + size + 2:
                 return None
             args.append(bytes(self._buffer[position:position + size]))
@@ -123,12 +125,12 @@ class Parser:
         return args
 
 
-def _number(text: bytes, limit: int, what: str) -> int:
+def _number(text: bytes, limit: int, what: str, minimum: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise ProtocolError(what) from None
-    if value > limit:
+    if value > limit or (minimum is not None and value < minimum):
         raise ProtocolError(what)
     return value
 
@@ -200,10 +202,15 @@ def _text(arg: bytes) -> str:
 
 
 def _int(arg: bytes, what: str) -> int:
+    """A signed 64-bit integer, as Disque's (an int of hundreds of digits
+    overflowed later, in a division by 1000)."""
     try:
-        return int(arg)
+        value = int(arg)
     except ValueError:
         raise _Syntax(f"ERR {what} is not an integer or out of range") from None
+    if not -2**63 <= value < 2**63:
+        raise _Syntax(f"ERR {what} is not an integer or out of range")
+    return value
 
 
 def _float(arg: bytes, what: str) -> float:
@@ -339,7 +346,8 @@ class Session:
         queue, body, timeout_ms = _text(args[0]), args[1], _int(args[2], "timeout")
         if timeout_ms < 0:
             raise _Syntax("ERR timeout is negative")
-        options: dict[str, Any] = {"timeout": timeout_ms / 1000 if timeout_ms else None}
+        # 0: wait until replicated or expired (Disque), not the client's 5 s.
+        options: dict[str, Any] = {"timeout": timeout_ms / 1000}
         rest = args[3:]
         i = 0
         while i < len(rest):
@@ -460,7 +468,10 @@ class Session:
     async def qpeek(self, args: list[bytes]) -> Any:
         if len(args) != 2:
             raise _Syntax("ERR wrong number of arguments for 'qpeek' command")
-        jobs = await self.client.qpeek(_text(args[0]), _int(args[1], "count"))
+        count = _int(args[1], "count")
+        if count == 0:  # Disque: nothing to peek (pgq's Python API refuses 0)
+            return []
+        jobs = await self.client.qpeek(_text(args[0]), count)
         return [_job_reply(job, False) for job in jobs]
 
     async def qstat(self, args: list[bytes]) -> Any:
@@ -481,9 +492,16 @@ class Session:
     async def qscan(self, args: list[bytes]) -> Any:
         cursor, options = self._scan_args(args, ("count", "minlen", "maxlen", "importrate"),
                                           flags=("busyloop",))
-        found = await self.client.qscan(cursor, **{k: v for k, v in options.items()
-                                                   if k != "busyloop"})
-        return [str(found[0]).encode(), list(found[1])]
+        busyloop = options.pop("busyloop", False)
+        for bound in ("minlen", "maxlen"):  # Disque: MAXLEN -1 (or MINLEN 0) is no bound
+            if bound in options and options[bound] < (0 if bound == "maxlen" else 1):
+                del options[bound]
+        found = await self.client.qscan(cursor, **options)
+        queues = list(found[1])
+        while busyloop and found[0] != 0:  # BUSYLOOP: every page, one reply, cursor 0
+            found = await self.client.qscan(found[0], **options)
+            queues += found[1]
+        return [str(found[0]).encode(), queues]
 
     async def jscan(self, args: list[bytes]) -> Any:
         cursor, options = self._scan_args(args, ("count", "queue", "state", "reply"),
@@ -521,7 +539,7 @@ class Session:
                     options[word] = value
                 i += 2
             elif args[i].isdigit() and cursor is None:
-                cursor = int(args[i])
+                cursor = _int(args[i], "cursor")
                 i += 1
             else:
                 raise _Syntax("ERR syntax error")
@@ -545,7 +563,7 @@ class Session:
     async def cluster(self, args: list[bytes]) -> Any:
         sub = args[0].lower() if args else b""
         if sub == b"myid":
-            return Status(self.client.node_id)
+            return self.client.node_id.encode()  # a bulk string, as Disque's
         if sub == b"nodes":
             info = await self.client.hello()
             lines = [f"{n['id']} {n.get('host') or ''}:{n.get('port') or 0} "

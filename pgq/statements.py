@@ -929,10 +929,12 @@ SELECT * FROM (
 WHERE %(states)s::text[] IS NULL OR page.state = ANY (%(states)s::text[])
 """
 
+# Dummy ACKs (an ACK of an ID this node never held) are no jobs: Disque's
+# JSCAN skips them.
 JSCAN_ACKS = f"""
 SELECT {_ACK_COLUMNS}
 FROM pgq.acks
-WHERE id > %(after)s AND expires_at > pgq.now()
+WHERE id > %(after)s AND expires_at > pgq.now() AND NOT dummy
 {_JSCAN_FILTERS}
 ORDER BY id LIMIT %(count)s
 """

@@ -161,10 +161,19 @@ def test_scans_and_cluster_introspection(resp):
     _, full = r.call("JSCAN", "REPLY", "all", "QUEUE", "sa")
     assert full[0][:2] == [b"id", ids[0].encode()] and len(full[0]) == 30
     assert r.call("JSCAN", "REPLY", "nope") == Error("ERR Invalid REPLY type, try ID or ALL")
-    myid = r.call("CLUSTER", "MYID").text
-    assert len(myid) == 40 and myid.encode() in r.call("CLUSTER", "NODES")
+    myid = r.call("CLUSTER", "MYID")  # a bulk string, as Disque's
+    assert isinstance(myid, bytes) and len(myid) == 40 and myid in r.call("CLUSTER", "NODES")
     assert r.call("CLUSTER", "LEAVING") == Status("no")
     assert r.call("QSCAN", "1", "2") == Error("ERR syntax error")  # a second bare number
+    # BUSYLOOP: every page in one reply (it was accepted and ignored: one page
+    # of COUNT 1); MAXLEN -1 is no bound (it left out every queue).
+    assert r.call("QSCAN", "COUNT", 1, "BUSYLOOP") == [b"0", [b"sa", b"sb"]]
+    assert sorted(r.call("QSCAN", "COUNT", 10, "MAXLEN", -1)[1]) == [b"sa", b"sb"]
+    assert r.call("QPEEK", "sa", 0) == []  # Disque: nothing to peek
+    # A dummy ACK (an unknown at-least-once ID acknowledged) is no job: JSCAN skips it.
+    dummy = "D-00000000-++++++++++++++++++++++++-0001"
+    assert r.call("ACKJOB", dummy) == 0
+    assert dummy.encode() not in [j.text.encode() for j in r.call("JSCAN", "STATE", "acked")[1]]
 
 
 def test_errors_have_disques_prefixes(resp):
@@ -175,6 +184,11 @@ def test_errors_have_disques_prefixes(resp):
     assert r.call("WORKING", "D-00000000-++++++++++++++++++++++++-0001") \
         == Error("NOJOB Job not known in the context of this node.")
     assert r.call("ADDJOB", "q", "x", -1) == Error("ERR timeout is negative")
+    # Integers beyond 64 bits: an error reply, not an OverflowError inside.
+    assert r.call("ADDJOB", "q", "x", "9" * 400) == Error("ERR timeout is not an integer or out of range")
+    assert r.call("GETJOB", "TIMEOUT", "9" * 400, "FROM", "q") \
+        == Error("ERR TIMEOUT is not an integer or out of range")
+    assert r.call("QSCAN", "9" * 5000) == Error("ERR cursor is not an integer or out of range")
     assert r.call("ADDJOB", "q", "x", 0, "BOGUS", 1) == Error("ERR syntax error")
     assert r.call("GETJOB", "emails") == Error("ERR syntax error")
     assert r.call("GETJOB", "COUNT", 0, "FROM", "q") == Error("ERR COUNT must be a number greater than zero")
@@ -278,6 +292,10 @@ def test_the_parser_takes_pieces_inline_commands_and_refuses_garbage():
         Parser().feed(b"*1\r\n+oops\r\n")
     with pytest.raises(ProtocolError):
         Parser().feed(b"*1\r\n$99999999999\r\n")
+    # A negative size moved the parser back: feed() looped for ever on it.
+    for request in (b"*1\r\n$-100\r\n", b"*1\r\n$-5\r\nabc\r\n"):
+        with pytest.raises(ProtocolError, match="invalid bulk length"):
+            Parser().feed(request)
     assert encode([Status("OK"), Error("ERR x"), 3, b"b", None, NULL_ARRAY]) == \
         b"*6\r\n+OK\r\n-ERR x\r\n:3\r\n$1\r\nb\r\n$-1\r\n*-1\r\n"
 
