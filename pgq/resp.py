@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import errors
+from . import commands, errors
 from .aio import AsyncClient
 from .job import Job
 
@@ -201,16 +201,41 @@ def _text(arg: bytes) -> str:
         raise _Syntax("ERR invalid UTF-8 in a name") from None
 
 
-def _int(arg: bytes, what: str) -> int:
+def _int(arg: bytes, what: str, error: str | None = None) -> int:
     """A signed 64-bit integer, as Disque's (an int of hundreds of digits
     overflowed later, in a division by 1000)."""
+    error = error or f"ERR {what} is not an integer or out of range"
     try:
         value = int(arg)
     except ValueError:
-        raise _Syntax(f"ERR {what} is not an integer or out of range") from None
+        raise _Syntax(error) from None
     if not -2**63 <= value < 2**63:
-        raise _Syntax(f"ERR {what} is not an integer or out of range")
+        raise _Syntax(error)
     return value
+
+
+def _check_addjob(options: dict[str, Any]) -> None:
+    """ADDJOB's option checks, with Disque's words (src/job.c); the client
+    checks again, and answers what Disque has no word for (a fractional
+    REPLICATE, a priority, a key)."""
+    replicate, delay, retry = options.get("replicate"), options.get("delay"), options.get("retry")
+    ttl = options.get("ttl")
+    if replicate is not None and not 1 <= replicate <= 65535:
+        raise _Syntax("ERR REPLICATE must be between 1 and 65535")
+    if delay is not None and delay < 0:
+        raise _Syntax("ERR DELAY time must be a non negative number")
+    if retry is not None and retry < 0:
+        raise _Syntax("ERR RETRY time must be a non negative number")
+    if ttl is not None and ttl <= 0:
+        raise _Syntax("ERR TTL must be a number > 0")
+    if options.get("maxlen") is not None and options["maxlen"] <= 0:
+        raise _Syntax("ERR MAXLEN must be a positive number")
+    if delay is not None and delay >= (ttl if ttl is not None else 86400):
+        raise _Syntax("ERR The specified DELAY is greater than TTL. Job refused since would "
+                      "never be delivered")
+    if retry == 0 and replicate is not None and replicate > 1:  # a default W is one copy here
+        raise _Syntax("ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 "
+                      "(at-most-once delivery)")
 
 
 def _float(arg: bytes, what: str) -> float:
@@ -367,6 +392,7 @@ class Session:
             else:
                 options[key] = _float(value, key.upper())
             i += 2
+        _check_addjob(options)
         return Status(await self.client.add_job(queue, body, **options))
 
     async def getjob(self, args: list[bytes]) -> Any:
@@ -378,14 +404,15 @@ class Session:
                 nohang = True
             elif word == b"withcounters":
                 withcounters = True
-            elif word in (b"timeout", b"count") and i + 1 < len(args):
-                value = _int(args[i + 1], word.decode().upper())
-                if word == b"count":
-                    if value <= 0:
-                        raise _Syntax("ERR COUNT must be a number greater than zero")
-                    count = value
-                else:
-                    timeout_ms = value
+            elif word == b"count" and i + 1 < len(args):
+                count = _int(args[i + 1], "COUNT", "ERR COUNT must be a number greater than zero")
+                if count <= 0:
+                    raise _Syntax("ERR COUNT must be a number greater than zero")
+                i += 1
+            elif word == b"timeout" and i + 1 < len(args):
+                timeout_ms = _int(args[i + 1], "TIMEOUT")
+                if timeout_ms < 0:
+                    raise _Syntax("ERR timeout is negative")
                 i += 1
             else:
                 raise _Syntax("ERR syntax error")
@@ -509,6 +536,8 @@ class Session:
         reply = str(options.get("reply", "id")).lower()
         if reply not in ("id", "all"):
             raise _Syntax("ERR Invalid REPLY type, try ID or ALL")
+        if any(state not in commands.JOB_STATES for state in options.get("state", [])):
+            raise _Syntax("ERR Invalid job state name")
         next_cursor, items = await self.client.jscan(
             cursor, count=options.get("count", 100), queue=options.get("queue"),
             states=options.get("state", []), reply=reply)
@@ -629,8 +658,10 @@ class Session:
     async def pause(self, args: list[bytes]) -> Any:
         if len(args) < 2:
             raise _Syntax("ERR wrong number of arguments for 'pause' command")
-        state = await self.client.pause(_text(args[0]), *[_text(a).lower() for a in args[1:]])
-        return Status(state)
+        flags = [_text(a).lower() for a in args[1:]]
+        if any(flag not in commands.PAUSE_FLAGS for flag in flags):
+            raise _Syntax("ERR syntax error")
+        return Status(await self.client.pause(_text(args[0]), *flags))
 
 
 COMMANDS: dict[str, Callable[[Session, list[bytes]], Awaitable[Any]]] = {

@@ -193,7 +193,25 @@ def test_errors_have_disques_prefixes(resp):
     assert r.call("GETJOB", "emails") == Error("ERR syntax error")
     assert r.call("GETJOB", "COUNT", 0, "FROM", "q") == Error("ERR COUNT must be a number greater than zero")
     assert r.call("NOSUCH").text.startswith("ERR unknown command")
-    assert r.call("ADDJOB", "q", "x", 0, "MAXLEN", 0).text.startswith("ERR ")
+    assert r.call("ADDJOB", "q", "x", 0, "MAXLEN", 0) == Error("ERR MAXLEN must be a positive number")
+    # ADDJOB's and GETJOB's checks in Disque's words (src/job.c, queue.c)
+    for options, error in [
+        (("REPLICATE", 0), "ERR REPLICATE must be between 1 and 65535"),
+        (("DELAY", -1), "ERR DELAY time must be a non negative number"),
+        (("RETRY", -1), "ERR RETRY time must be a non negative number"),
+        (("TTL", 0), "ERR TTL must be a number > 0"),
+        (("TTL", 10, "DELAY", 20), "ERR The specified DELAY is greater than TTL. Job refused "
+                                   "since would never be delivered"),
+        (("RETRY", 0, "REPLICATE", 2),
+         "ERR With RETRY set to 0 please explicitly set  REPLICATE to 1 (at-most-once delivery)"),
+    ]:
+        assert r.call("ADDJOB", "q", "x", 0, *options) == Error(error), options
+    assert r.call("GETJOB", "COUNT", "abc", "FROM", "q") \
+        == Error("ERR COUNT must be a number greater than zero")
+    assert r.call("GETJOB", "TIMEOUT", -1, "FROM", "q") == Error("ERR timeout is negative")
+    assert r.call("JSCAN", "STATE", "done") == Error("ERR Invalid job state name")
+    assert r.call("PAUSE", "q", "sideways") == Error("ERR syntax error")
+    assert r.call("QLEN", "q") == 0  # none of them added anything
 
 
 def test_goware_disque_calls_work_unchanged(resp):
