@@ -201,16 +201,27 @@ class _Runner:
             entry = pwd.getpwnam(self.user)
             os.chown(path, entry.pw_uid, entry.pw_gid)
 
-    def can_enter(self, directory: Path) -> bool:
+    def entry_refused(self, directory: Path) -> str | None:
+        """Why the server user cannot enter ``directory`` (None: it can),
+        as the probe said it: a chaos run once saw a start refused here for
+        no reason its message could tell, so the reason is kept. A probe
+        killed by a signal is tried once more (it says nothing of the
+        directory)."""
         if self.user is None:
-            return os.access(directory, os.X_OK)
+            return None if os.access(directory, os.X_OK) else "no search permission"
         entry = pwd.getpwnam(self.user)
-        probe = subprocess.run(
-            ["/bin/sh", "-c", 'cd "$1"', "sh", str(directory)],
-            user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
-            capture_output=True, check=False, cwd="/",
-        )
-        return probe.returncode == 0
+        for _attempt in range(2):
+            probe = subprocess.run(
+                ["/bin/sh", "-c", 'cd "$1"', "sh", str(directory)],
+                user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
+                capture_output=True, check=False, cwd="/",
+            )
+            if probe.returncode >= 0:
+                break
+        if probe.returncode == 0:
+            return None
+        said = probe.stderr.decode(errors="replace").strip().splitlines()
+        return said[-1] if said else f"the probe exited with status {probe.returncode}"
 
 
 def _server_user() -> str | None:
@@ -415,11 +426,12 @@ def _prepare_directories(home: Path, runner: _Runner) -> tuple[Path, Path]:
     home.mkdir(parents=True, exist_ok=True)
     if runner.user is not None:
         os.chmod(home, 0o711)  # the server user may traverse, not list
-        if not runner.can_enter(home):
+        refused = runner.entry_refused(home)
+        if refused is not None:
             raise EmbeddedServerError(
                 f"PGQ_HOME={home} is not reachable by the server user {runner.user!r} "
-                "(a parent directory is private, e.g. under /root); choose a directory "
-                "such as /var/lib/pgq or /tmp/pgq"
+                f"({refused}; a parent directory may be private, e.g. under /root); choose "
+                "a directory such as /var/lib/pgq or /tmp/pgq"
             )
     data, log = home / "data", home / "log"
     for directory in (data, log):

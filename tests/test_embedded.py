@@ -127,8 +127,9 @@ def test_missing_binaries_say_what_to_do(tmp_path, monkeypatch):
 def test_home_unreachable_by_the_server_user_is_explained(monkeypatch):
     private = Path(tempfile.mkdtemp(prefix="pgq-private-", dir="/root"))
     try:
-        with pytest.raises(EmbeddedServerError, match="not reachable by the server user"):
+        with pytest.raises(EmbeddedServerError, match="not reachable by the server user") as info:
             embedded.ensure_running(private / "home")
+        assert "can't cd to" in str(info.value)  # what the server user's probe said
     finally:
         shutil.rmtree(private, ignore_errors=True)
 
