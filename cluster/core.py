@@ -90,6 +90,7 @@ class CoreSettings:
     joins: list[tuple[str, int]] = field(default_factory=list)
     membership: Config = field(default_factory=Config)
     advertise_dsn: str = ""  # this node's database, for other nodes' clients ("": none)
+    advertise_resp: str = ""  # HOST:PORT of this node's RESP front, for HELLO ("": none)
 
 
 def _csv(nodes: Iterable[str]) -> str:
@@ -197,6 +198,7 @@ class NodeCore:
         self._advert_at = float("-inf")
         self._import_stats_at = float("-inf")
         self.adverts: dict[str, str] = {}  # peer id -> the DSN it advertised ("": none)
+        self.resp_adverts: dict[str, str] = {}  # peer id -> its RESP address ("": none)
         self.bus_stats: Callable[[], dict[str, Any]] = dict
 
     # ------------------------------------------------------------ lifecycle
@@ -215,11 +217,13 @@ class NodeCore:
         now = self.clock.monotonic()
         joins = list(self.settings.joins)
         for row in (yield _rows(sql.LOAD_MEMBERS)):
-            member_id, name, host, port, _status, member_incarnation, member_leaving, dsn = row
+            member_id, name, host, port, _status, member_incarnation, member_leaving, dsn, resp = row
             if member_id == node_id:
                 continue
             if dsn is not None:
                 self.adverts[member_id] = dsn
+            if resp is not None:
+                self.resp_adverts[member_id] = resp
             self.membership.members[member_id] = m.Member(
                 member_id, host, int(port), int(member_incarnation), "alive",
                 bool(member_leaving), name)
@@ -284,11 +288,12 @@ class NodeCore:
                     self.outgoing.append((member.host, member.port, self._advert()))
 
     def _advert(self) -> m.Advert:
-        return m.Advert(self.settings.advertise_dsn)
+        return m.Advert(self.settings.advertise_dsn, self.settings.advertise_resp)
 
     def _on_advert(self, peer: str, message: m.Advert) -> None:
-        if self.adverts.get(peer) != message.dsn:
+        if self.adverts.get(peer) != message.dsn or self.resp_adverts.get(peer) != message.resp:
             self.adverts[peer] = message.dsn
+            self.resp_adverts[peer] = message.resp
             self._members_dirty = True
 
     def take_outgoing(self) -> list[tuple[str, int, m.Message]]:
@@ -321,6 +326,8 @@ class NodeCore:
                 "incarnations": [x.incarnation for x in members],
                 "leavings": [x.leaving for x in members], "forgotten": forgotten,
                 "dsns": [self.adverts.get(x.id) or None for x in members],
+                "resps": [(self.settings.advertise_resp if x.id == self.node_id
+                           else self.resp_adverts.get(x.id)) or None for x in members],
             })
             me = self.membership.me
             yield from self.set_meta(incarnation=str(me.incarnation),

@@ -58,6 +58,7 @@ MAX_SECONDS = 10 * 365 * 86400.0  # the longest TTL
 MAX_BODY = 64 * 1024 * 1024
 MAX_INT = 2**62
 MAX_DSN = 4096
+MAX_ADDRESS = 300  # HOST:PORT (a DNS name is at most 253 bytes)
 
 
 class MessageError(Exception):
@@ -493,21 +494,25 @@ class Pause(Message):
 @dataclass(frozen=True, slots=True)
 class Advert(Message):
     """The DSN of my database, for your clients to write copies into
-    (empty: write none, send them through me). Sent to each peer when it
-    comes alive and every :data:`cluster.core.ADVERT_EVERY` seconds. A
-    node from before this kind closes the link on it (it is unknown
-    there), which the bus opens again: upgrade every node, as the guide
-    says, before relying on direct copies."""
+    (empty: write none, send them through me), and the HOST:PORT where I
+    speak Disque's client protocol (empty: I do not; HELLO lists it). Sent
+    to each peer when it comes alive and every
+    :data:`cluster.core.ADVERT_EVERY` seconds. A node from before this
+    kind closes the link on it (it is unknown there), which the bus opens
+    again: upgrade every node, as the guide says, before relying on direct
+    copies. A node from before the address ignores it (it reads "d" only)
+    and sends none."""
 
     KIND: ClassVar[str] = "advert"
     dsn: str = ""
+    resp: str = ""
 
     def fields(self) -> dict[str, Any]:
-        return {"d": self.dsn}
+        return {"d": self.dsn, "r": self.resp} if self.resp else {"d": self.dsn}
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Advert:
-        return cls(_str(raw.get("d"), MAX_DSN))
+        return cls(_str(raw.get("d"), MAX_DSN), _str(raw.get("r"), MAX_ADDRESS))
 
 
 KINDS: dict[str, type[Message]] = {

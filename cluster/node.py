@@ -66,6 +66,7 @@ class NodeSettings:
     pool_size: int = 8
     metrics: str | None = None  # HOST:PORT of the Prometheus endpoint
     advertise_dsn: str = ""  # for other nodes' clients to write copies into ("": none)
+    advertise_resp: str = ""  # HOST:PORT of this node's RESP front, for HELLO ("": none)
 
 
 def _weight(message: m.Message) -> int:
@@ -86,7 +87,7 @@ class Node:
         self.clock = clock or SystemClock()
         self.core = NodeCore(CoreSettings(settings.name, settings.bus_host, settings.bus_port,
                                           list(settings.joins), settings.membership,
-                                          settings.advertise_dsn),
+                                          settings.advertise_dsn, settings.advertise_resp),
                              self.clock, rng, on_replicated=self._replicated)
         self._make_transport = transport
         self.pool: AsyncConnectionPool | None = None

@@ -165,7 +165,7 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
         served_fronts = FrontsThread(dsn, fronts).start() if fronts else None
         try:
             return _serve(name, dsn, host, port, peers, secret, metrics, listener, directory,
-                          advertised(advertise_dsn, dsn))
+                          advertised(advertise_dsn, dsn), resp_address(fronts, host))
         finally:
             if served_fronts is not None:
                 served_fronts.stop()
@@ -185,6 +185,18 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
             with contextlib.suppress(OSError):
                 directory.write(state="stopped")
             directory.release()
+
+
+def resp_address(fronts: Fronts | None, bus_host: str) -> str:
+    """HOST:PORT where other nodes' Disque clients reach this node's RESP
+    front (HELLO lists it), "" without one. A front listening on every
+    interface is reached at the host the node gives its peers for the bus."""
+    if fronts is None or fronts.resp is None:
+        return ""
+    host, port = fronts.resp
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = bus_host
+    return f"{host}:{port}"
 
 
 def advertised(option: str | None, dsn: str) -> str:
@@ -208,12 +220,12 @@ def advertised(option: str | None, dsn: str) -> str:
 
 def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int]],
            secret: bytes, metrics: str | None, listener: socket.socket,
-           directory: NodeDirectory | None, advertise_dsn: str) -> int:
+           directory: NodeDirectory | None, advertise_dsn: str, advertise_resp: str) -> int:
     from .node import Node, NodeSettings
 
     settings = NodeSettings(name=name, dsn=dsn, bus_host=host, bus_port=port,
                             secret=secret, joins=peers, metrics=metrics,
-                            advertise_dsn=advertise_dsn)
+                            advertise_dsn=advertise_dsn, advertise_resp=advertise_resp)
     node = Node(settings, listener=listener)
 
     async def main() -> None:

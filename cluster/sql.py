@@ -37,21 +37,22 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value
 """
 
 LOAD_MEMBERS = """
-SELECT id, name, host, port, status, incarnation, leaving, dsn FROM pgq.nodes
+SELECT id, name, host, port, status, incarnation, leaving, dsn, resp FROM pgq.nodes
 """
 
 SAVE_MEMBERS = """
 WITH saved AS (
     INSERT INTO pgq.nodes AS n (id, name, host, port, status, incarnation, leaving, dsn,
-                                updated_at)
+                                resp, updated_at)
     SELECT *, pgq.now()
     FROM unnest(%(ids)s::text[], %(names)s::text[], %(hosts)s::text[], %(ports)s::int[],
                 %(statuses)s::text[], %(incarnations)s::bigint[], %(leavings)s::boolean[],
-                %(dsns)s::text[])
+                %(dsns)s::text[], %(resps)s::text[])
     ON CONFLICT (id) DO UPDATE SET
         name = excluded.name, host = excluded.host, port = excluded.port,
         status = excluded.status, incarnation = excluded.incarnation,
-        leaving = excluded.leaving, dsn = excluded.dsn, updated_at = pgq.now()
+        leaving = excluded.leaving, dsn = excluded.dsn, resp = excluded.resp,
+        updated_at = pgq.now()
     RETURNING 1
 ), removed AS (
     DELETE FROM pgq.nodes WHERE id = ANY (%(forgotten)s::text[]) RETURNING 1

@@ -268,9 +268,11 @@ def _number_or_null(value: Any) -> Any:
 class Session:
     """One connection's commands, run against an :class:`AsyncClient`."""
 
-    def __init__(self, client: AsyncClient, password: str | None = None) -> None:
+    def __init__(self, client: AsyncClient, password: str | None = None,
+                 address: str | None = None) -> None:
         self.client = client
         self.password = password
+        self.address = address  # HOST:PORT this connection reached (HELLO's own entry)
         self.authenticated = password is None
         self.resp3 = False  # after HELLO 3 (redis-py 8 asks for it on connect)
 
@@ -315,9 +317,22 @@ class Session:
         if not self.authenticated:
             return Error("NOAUTH Authentication required.")
         info = await self.client.hello()
-        nodes = [[n["id"], n.get("host") or "", str(n.get("port") or ""), str(n["priority"])]
-                 for n in info["nodes"]]
+        nodes = [[n["id"], *self._client_address(n), str(n["priority"])] for n in info["nodes"]]
         return [1, info.get("id", self.client.node_id), *nodes]
+
+    def _client_address(self, node: dict[str, Any]) -> tuple[str, str]:
+        """Where a Disque client reaches ``node`` (HELLO, CLUSTER NODES):
+        this front at the address the connection came to; another node at
+        the RESP address it advertised over the bus; a node serving no RESP
+        front at its bus address (the Python API's ``hello()`` gives these)."""
+        if node["id"] == self.client.node_id and self.address:
+            address = self.address
+        elif node.get("resp"):
+            address = str(node["resp"])
+        else:
+            return node.get("host") or "", str(node.get("port") or "")
+        host, _, port = address.rpartition(":")
+        return host, port
 
     def _handshake(self, args: list[bytes]) -> Any:
         """``HELLO protover [AUTH user pass] [SETNAME name]``: the RESP
@@ -595,7 +610,7 @@ class Session:
             return self.client.node_id.encode()  # a bulk string, as Disque's
         if sub == b"nodes":
             info = await self.client.hello()
-            lines = [f"{n['id']} {n.get('host') or ''}:{n.get('port') or 0} "
+            lines = [f"{n['id']} {':'.join(self._client_address(n))} "
                      f"{'myself' if n['id'] == self.client.node_id else 'noflags'} 0 0 connected"
                      for n in info["nodes"]]
             return ("\n".join(lines) + "\n").encode()
@@ -677,9 +692,12 @@ _ADDJOB_OPTIONS = (b"replicate", b"delay", b"retry", b"ttl", b"maxlen", b"priori
 
 async def _connection(stream: Any, client: AsyncClient, password: str | None) -> None:
     import anyio
+    from anyio.abc import SocketAttribute
 
     parser = Parser()
-    session = Session(client, password)
+    local = stream.extra(SocketAttribute.local_address, None)  # (host, port, ...) on TCP
+    address = f"{local[0]}:{local[1]}" if isinstance(local, tuple) else None
+    session = Session(client, password, address)
     async with stream:
         while True:
             try:

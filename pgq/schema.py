@@ -262,6 +262,8 @@ nodes = Table(
     # The DSN the node advertised for its database (schema 0014): clients
     # of this node write copies there directly. NULL: none advertised.
     Column("dsn", Text),
+    # HOST:PORT of the node's RESP front (schema 0015), for HELLO. NULL: none.
+    Column("resp", Text),
     PrimaryKeyConstraint("id", name="nodes_pkey"),
     CheckConstraint("status = ANY (ARRAY['alive'::text, 'suspect'::text, 'dead'::text, 'left'::text])",
                     name="nodes_status_check"),

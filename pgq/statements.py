@@ -980,8 +980,11 @@ SELECT current_setting('server_version') AS server_version,
 
 JOB_COUNTS = "SELECT state, jobs FROM pgq.job_counts"
 
+# resp: the node's RESP address (schema 0015), NULL where it serves none.
 HELLO_NODES = """
-SELECT id, host, port, priority FROM pgq.cluster_nodes ORDER BY NOT myself, id
+SELECT c.id, c.host, c.port, c.priority, n.resp
+FROM pgq.cluster_nodes c LEFT JOIN pgq.nodes n ON n.id = c.id
+ORDER BY NOT c.myself, c.id
 """
 
 # ------------------------------------------------------------------- results

@@ -100,6 +100,21 @@ def test_every_command_across_a_3_node_cluster(make_cluster):
     py.connect()
     raw = Resp(two)
     try:
+        # HELLO lists where a Disque client reaches each node (as Disque's
+        # client port): n2's front where this connection came, n1's RESP
+        # front as n1 advertised it over the bus, n3's bus (it serves none).
+        ids = cluster.ids()
+
+        def hello_addresses() -> dict[str, tuple[str, str]]:
+            return {node[0].decode(): (node[1].decode(), node[2].decode())
+                    for node in raw.call("HELLO")[2:]}
+
+        wait_until(lambda: hello_addresses().get(ids["n1"]) == ("127.0.0.1", str(one)), 30,
+                   message="n2 to learn n1's RESP address")
+        addresses = hello_addresses()
+        assert addresses[ids["n2"]] == ("127.0.0.1", str(two))
+        assert addresses[ids["n3"]][1] not in (str(one), str(two))
+        assert f"{ids['n1']} 127.0.0.1:{one} ".encode() in raw.call("CLUSTER", "NODES")
         # pydisque on n1
         hello = py.hello()
         assert hello[0] == 1 and len(hello) == 2 + 3  # version, my ID, three nodes

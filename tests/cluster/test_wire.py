@@ -148,9 +148,16 @@ JOB = "D-aaaaaaaa-" + "A" * 24 + "-0001"
     m.WillQueue((JOB,), ((A, B),)), m.Queued((JOB,), "", ((A,),)),
     m.Working((JOB,)), m.SetAck(((JOB, (A, B)),)), m.GotAck(((JOB, True),)), m.DelJob((JOB,)),
     m.NeedJobs("q", 10), m.YourJobs(()), m.Pause("q", "out"),
+    m.Advert("host=h dbname=d"), m.Advert("", "10.0.0.2:7711"),
 ])
 def test_every_message_round_trips(message):
     assert m.decode(m.encode(message)) == message
+
+
+def test_an_advert_without_a_resp_address_is_read_as_none_and_sends_none():
+    # A node from before schema 0015 sends only "d", and reads only "d".
+    assert m.decode(m.encode(m.Advert("dsn"))) == m.Advert("dsn", "")
+    assert m.Advert("dsn").fields() == {"d": "dsn"}
 
 
 @pytest.mark.parametrize("payload", [
