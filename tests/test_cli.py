@@ -219,6 +219,35 @@ def test_every_command_takes_json(path, command):
     assert "--json" in {o for p in command.params for o in getattr(p, "opts", [])}, path
 
 
+def test_bad_input_is_one_line_and_an_exit_status_never_a_traceback(tmp_path):
+    (tmp_path / "binary.token").write_bytes(b"\xff\xfe secret")
+    cases = [
+        # (arguments, exit status, what stderr says); none touches a database
+        (["cluster", "nodes", "--dsn", "bogus"], 1, "error: the database:"),
+        (["migrate", "--dsn", "bogus"], 1, "error: the database:"),
+        (["node", "wait", "--data", str(tmp_path), "--timeout", "nan"], 2, "finite number"),
+        (["jscan", "--limit", "0"], 2, "--limit"),
+        (["serve", "--http", "127.0.0.1:0", "--token-file", str(tmp_path / "binary.token")],
+         2, "is not UTF-8 text"),
+        (["worker", "nomodule:f", "--metrics", "foo"], 2, "--metrics wants HOST:PORT"),
+    ]
+    for args, status, message in cases:
+        done = pgq(*args, check=False)
+        assert (done.returncode, "Traceback" in done.stderr) == (status, False), (args, done.stderr)
+        assert message in done.stderr, (args, done.stderr)
+
+
+def test_a_body_that_is_not_utf8_is_added_as_its_bytes(dsn):
+    # Python reads such an argument with surrogates; encode() refused them.
+    done = subprocess.run([*PGQ, "add", "raw", b"\xffok", "--dsn", dsn],
+                          capture_output=True, timeout=60)
+    assert done.returncode == 0 and b"Traceback" not in done.stderr, done.stderr
+    import pgq as library
+
+    with library.Client(dsn) as client:
+        assert [j.body for j in client.get_job("raw", nohang=True)] == [b"\xffok"]
+
+
 def test_nothing_found_exits_3_with_json_that_says_so(dsn):
     job = json.loads(pgq("add", "none-cli", "x", "--json", dsn=dsn).stdout)[0]
     assert pgq("ack", job, dsn=dsn).stdout.strip() == "1"

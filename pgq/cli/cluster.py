@@ -19,10 +19,12 @@ import click
 from .. import contracts
 from ..errors import PgqError
 from .common import (
+    SECONDS,
     emit,
     fail,
     fronts_of,
     fronts_options,
+    handles_errors,
     json_logs_option,
     json_option,
     node_dsn,
@@ -93,7 +95,7 @@ def node_group() -> None:
 @fronts_options
 @click.option("--detach", is_flag=True,
               help="Run in the background (log in DIR/node.log) and return once the node serves.")
-@click.option("--wait-timeout", type=float, default=90.0, show_default=True,
+@click.option("--wait-timeout", type=SECONDS, default=90.0, show_default=True,
               help="With --detach: seconds to wait for the node to serve.")
 @json_logs_option
 def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tuple[str, ...],
@@ -164,7 +166,7 @@ def _wait_serving(directory: Any, timeout: float, child: Any = None) -> dict[str
 
 @node_group.command("wait")
 @click.option("--data", type=click.Path(file_okay=False), required=True, help="Node directory.")
-@click.option("--timeout", type=float, default=90.0, show_default=True, help="Seconds to wait.")
+@click.option("--timeout", type=SECONDS, default=90.0, show_default=True, help="Seconds to wait.")
 @json_option
 def node_wait(data: str, timeout: float, as_json: bool) -> None:
     """Wait until the node in DIR serves (after `pgq node start ... &`)."""
@@ -177,7 +179,7 @@ def node_wait(data: str, timeout: float, as_json: bool) -> None:
 
 @node_group.command("stop")
 @click.option("--data", type=click.Path(file_okay=False), required=True, help="Node directory.")
-@click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds to wait.")
+@click.option("--timeout", type=SECONDS, default=30.0, show_default=True, help="Seconds to wait.")
 @click.option("--postgres/--no-postgres", default=True, show_default=True,
               help="Also stop the node's embedded PostgreSQL.")
 @json_option
@@ -268,6 +270,7 @@ def cluster_secret(as_json: bool) -> None:
 @click.argument("address")
 @_node_target
 @json_option
+@handles_errors
 def cluster_meet(address: str, data: str | None, dsn: str | None, as_json: bool) -> None:
     """Make the node contact another node at ADDRESS (HOST:PORT) and join its cluster."""
     from ..cluster.addresses import parse_address
@@ -283,6 +286,7 @@ def cluster_meet(address: str, data: str | None, dsn: str | None, as_json: bool)
 @cluster_group.command("nodes")
 @_node_target
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@handles_errors
 def cluster_nodes(data: str | None, dsn: str | None, as_json: bool) -> None:
     """List the nodes this node knows, with their state."""
     import psycopg
@@ -302,6 +306,7 @@ def cluster_nodes(data: str | None, dsn: str | None, as_json: bool) -> None:
 @click.argument("node_id")
 @_node_target
 @json_option
+@handles_errors
 def cluster_forget(node_id: str, data: str | None, dsn: str | None, as_json: bool) -> None:
     """Remove NODE_ID from the cluster (every node refuses it for a minute)."""
     from ..ids import is_node_id
@@ -316,6 +321,7 @@ def cluster_forget(node_id: str, data: str | None, dsn: str | None, as_json: boo
 @click.argument("flag", type=click.Choice(["yes", "no"]))
 @_node_target
 @json_option
+@handles_errors
 def cluster_leaving(flag: str, data: str | None, dsn: str | None, as_json: bool) -> None:
     """Mark the node as leaving (it takes no new copies and drains) or not."""
     _set_leaving(node_dsn(data, dsn), flag == "yes")
@@ -324,8 +330,9 @@ def cluster_leaving(flag: str, data: str | None, dsn: str | None, as_json: bool)
 
 @cluster_group.command("leave")
 @_node_target
-@click.option("--timeout", type=float, default=600.0, show_default=True, help="Seconds to wait.")
+@click.option("--timeout", type=SECONDS, default=600.0, show_default=True, help="Seconds to wait.")
 @json_option
+@handles_errors
 def cluster_leave(data: str | None, dsn: str | None, timeout: float, as_json: bool) -> None:
     """Mark the node leaving and wait until it holds no jobs; then it is safe to stop."""
     import time

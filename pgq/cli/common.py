@@ -53,16 +53,51 @@ def fail(message: str | PgqError) -> None:
 
 
 def handles_errors(func: F) -> F:
-    """Turn pgq errors into exit status 1 with a one-line message."""
+    """Turn pgq errors, and the database's own (a bad DSN, no server, a
+    refused statement), into exit status 1 with a one-line message."""
+    import psycopg
+
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except PgqError as exc:
             fail(exc)
+        except psycopg.Error as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            fail(f"the database: {first} (check --dsn, --data or PGQ_DSN, and that the "
+                 "server runs)")
         except KeyboardInterrupt:
             sys.exit(130)
     return wrapper  # type: ignore[return-value]
+
+
+class Seconds(click.ParamType):  # type: ignore[type-arg]  # generic since click 8.3
+    """A duration in seconds: a finite number ≥ 0 (click's FloatRange lets
+    NaN through, and a wait until NaN never ends)."""
+
+    name = "seconds"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        import math
+
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds < 0:
+            self.fail(f"{value!r} is not a finite number of seconds ≥ 0", param, ctx)
+        return seconds
+
+
+SECONDS = Seconds()
+
+
+def arg_bytes(text: str) -> bytes:
+    """A command-line argument's own bytes: Python decodes argv with
+    surrogateescape, so an argument that is not UTF-8 (a binary body) holds
+    lone surrogates, which a plain encode() refused with a traceback."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 def to_json(data: Any) -> str:
@@ -220,7 +255,13 @@ def read_token(token_file: str | None) -> str | None:
     """The secret in ``token_file`` (None without one); an empty file is bad usage."""
     if not token_file:
         return None
-    token = Path(token_file).read_text().strip()
+    try:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise click.UsageError(f"the token file {token_file} is not UTF-8 text: write the "
+                               "secret as text (e.g. `pgq cluster secret > FILE`)") from None
+    except OSError as exc:
+        raise click.UsageError(f"the token file {token_file}: {exc.strerror}") from None
     if not token:
         raise click.UsageError(f"the token file {token_file} is empty")
     return token

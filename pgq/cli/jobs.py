@@ -10,6 +10,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .common import (
+    arg_bytes,
     client_for,
     emit_found,
     handles_errors,
@@ -59,9 +60,9 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
     ids: list[str] = []
     with client_for(dsn, data) as client:
         if key is not None:
-            ids.append(client.add_job(queue, bodies[0].encode(), key=key, **options))
+            ids.append(client.add_job(queue, arg_bytes(bodies[0]), key=key, **options))
         elif bodies:
-            ids += client.add_jobs(queue, [b.encode() for b in bodies], **options)
+            ids += client.add_jobs(queue, [arg_bytes(b) for b in bodies], **options)
         if path is not None:
             lines = [line.rstrip(b"\r\n") for line in path]
             with _progress() as progress:
@@ -192,7 +193,8 @@ def qscan(minlen: int | None, maxlen: int | None, as_json: bool, dsn: str | None
 @click.option("--queue", help="Only jobs of this queue.")
 @click.option("--state", "states", multiple=True,
               type=click.Choice(["wait-repl", "active", "queued", "acked"]), help="Only these states.")
-@click.option("--limit", type=int, default=1000, show_default=True, help="Stop after this many jobs.")
+@click.option("--limit", type=click.IntRange(1), default=1000, show_default=True,
+              help="Stop after this many jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @target_options
 @handles_errors
@@ -233,7 +235,7 @@ def dead_letters() -> None:
 
 @dead_letters.command("list")
 @click.option("--queue", help="Only this queue.")
-@click.option("--limit", type=int, default=100, show_default=True, help="Most to show.")
+@click.option("--limit", type=click.IntRange(1), default=100, show_default=True, help="Most to show.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @target_options
 @handles_errors
@@ -249,7 +251,8 @@ def dead_letters_list(queue: str | None, limit: int, as_json: bool, dsn: str | N
 @dead_letters.command("requeue")
 @click.option("--queue", help="Only this queue.")
 @click.option("--id", "ids", multiple=True, help="Only these job IDs (repeatable).")
-@click.option("--limit", type=int, default=100_000, show_default=True, help="Most to requeue.")
+@click.option("--limit", type=click.IntRange(1), default=100_000, show_default=True,
+              help="Most to requeue.")
 @json_option
 @target_options
 @handles_errors

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from .common import client_for, handles_errors, json_option, report, table, target_options
+from .common import SECONDS, arg_bytes, client_for, handles_errors, json_option, report, table, target_options
 
 
 @click.group("periodic")
@@ -25,7 +25,7 @@ def periodic_group() -> None:
 @click.option("--replicate", type=int, help="Copies of each job (cluster).")
 @click.option("--retry", type=float, help="Seconds before an unacknowledged job is queued again.")
 @click.option("--ttl", type=float, help="Seconds a job lives.")
-@click.option("--catch-up", type=float, default=3600.0, show_default=True,
+@click.option("--catch-up", type=SECONDS, default=3600.0, show_default=True,
               help="After downtime, add the latest missed tick if it is at most this old.")
 @json_option
 @target_options
@@ -41,7 +41,7 @@ def periodic_add(name: str, cron: str, queue: str, body: str, tz: str, replicate
 
     options = {k: v for k, v in (("replicate", replicate), ("retry", retry), ("ttl", ttl))
                if v is not None}
-    schedule = periodic.Schedule(name, cron, queue, body.encode(), tz,
+    schedule = periodic.Schedule(name, cron, queue, arg_bytes(body), tz,
                                  {**options, "catch_up": catch_up})
     now = dt.datetime.now(dt.UTC)
     with client_for(dsn, data) as client, psycopg.connect(client.dsn, autocommit=True) as conn:

@@ -15,7 +15,7 @@ from .common import handles_errors, report
 @click.command()
 @click.option("--seeds", type=click.IntRange(1, 100_000), default=20, show_default=True,
               help="How many seeds to run (from --first).")
-@click.option("--first", type=int, default=1, show_default=True, help="The first seed.")
+@click.option("--first", type=click.IntRange(0), default=1, show_default=True, help="The first seed.")
 @click.option("--seed", type=int, default=None,
               help="Replay this one seed and print its trace on a violation (as reported).")
 @click.option("--nodes", type=click.IntRange(3, 7), default=3, show_default=True)
@@ -60,7 +60,8 @@ def simulate(seeds: int, first: int, seed: int | None, nodes: int, faults: str, 
             click.echo(f"seed={result.seed} steps={result.steps} "  # type: ignore[attr-defined]
                        f"virtual={result.virtual_seconds:.1f}s added={result.added} "  # type: ignore[attr-defined]
                        f"delivered={result.delivered} violations={len(result.violations)} "  # type: ignore[attr-defined]
-                       f"digest={result.digest[:16]}")  # type: ignore[attr-defined]
+                       f"digest={result.digest[:16]}",  # type: ignore[attr-defined]
+                       err=as_json)  # --json: stdout holds the one JSON object
 
     with contextlib.ExitStack() as cleanup:
         if home is None:  # a server of its own, gone at the end

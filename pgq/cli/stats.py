@@ -122,7 +122,7 @@ def _keys() -> Iterator[Any]:
 @click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
               help="Seconds between refreshes (and over which rates are measured).")
 @click.option("--once", is_flag=True, help="Print one snapshot (rates over --interval) and exit.")
-@click.option("--limit", type=int, default=30, show_default=True, help="Most queues shown.")
+@click.option("--limit", type=click.IntRange(1), default=30, show_default=True, help="Most queues shown.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one snapshot (rates over --interval) as JSON and exit.")
 @target_options

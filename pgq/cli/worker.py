@@ -64,12 +64,17 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
     import logging
 
     from ..cluster.process import setup_logging
-    from ..metrics import WorkerMetrics
+    from ..metrics import WorkerMetrics, parse_listen
     from ..worker import Worker
 
     os.environ["PGQ_LOG_LEVEL"] = log_level.upper()
     setup_logging(f"worker:{target}")
     job_level = getattr(logging, job_log_level.upper())
+    if metrics:  # a bad address fails here, not after connecting
+        try:
+            parse_listen(metrics)
+        except ValueError:
+            raise click.UsageError(f"--metrics wants HOST:PORT, not {metrics!r}") from None
     handler = _load(target)
     gauges = WorkerMetrics() if metrics else None
     with client_for(dsn, data, connect_timeout=FIRST_CONNECT_TIMEOUT) as client:
