@@ -46,8 +46,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
 
+from . import arguments as args
 from . import statements as sql
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, InvalidTypeError
 
 __all__ = ["Schedule", "Scheduler", "due_tick", "latest_tick", "next_tick", "DEFAULT_CATCH_UP"]
 
@@ -108,12 +109,26 @@ class Schedule:
     options: dict[str, Any] = field(default_factory=dict)  # replicate, retry, ttl, catch_up
 
     def __post_init__(self) -> None:
+        """Everything is checked here, when the schedule is made or loaded:
+        a value the add would refuse at each tick (a bad retry, a queue name)
+        or a catch_up that is no number made every scheduler on the database
+        fail, tick after tick, and stopped the schedules after it."""
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
             raise InvalidArgumentError("a schedule needs a name (1 to 200 characters)")
         unknown = set(self.options) - {*_ADD_OPTIONS, "catch_up"}
         if unknown:
             raise InvalidArgumentError(f"unknown schedule option(s) {sorted(unknown)}: "
                                        f"choose among {', '.join((*_ADD_OPTIONS, 'catch_up'))}")
+        if not isinstance(self.cron, str) or not isinstance(self.tz, str):
+            raise InvalidTypeError("a schedule's cron expression and time zone are strings")
+        if not isinstance(self.body, bytes):
+            raise InvalidTypeError(f"a schedule's body is bytes, not {type(self.body).__name__}")
+        args.queue_name(self.queue)
+        args.body_bytes(self.body, args.HARD_MAX_BODY_SIZE)
+        args.job_params(replicate=self.options.get("replicate"), delay=0,
+                        retry=self.options.get("retry"), ttl=self.options.get("ttl"),
+                        maxlen=None, asynchronous=False, timeout=None)
+        args.seconds("catch_up", self.options.get("catch_up", DEFAULT_CATCH_UP))
         latest_tick(self.cron, self.tz, dt.datetime.now(dt.UTC))  # checks both
 
     @property

@@ -76,7 +76,10 @@ class JsonSerializer:
 
     def dumps(self, call: dict[str, Any]) -> bytes:
         try:
-            return json.dumps(call, separators=(",", ":"), ensure_ascii=False).encode()
+            # allow_nan=False: NaN and Infinity are not JSON; jsonb and other
+            # languages refuse them.
+            return json.dumps(call, separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
             raise InvalidTypeError(f"task arguments must be JSON values: {exc} "
                                    "(pass ids or plain data, or give Tasks a serializer)") from None

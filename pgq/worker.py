@@ -62,6 +62,7 @@ import anyio.to_thread
 import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from . import arguments as args
 from . import tracing
 from .aio import AsyncClient
 from .client import Client
@@ -93,6 +94,35 @@ class TaskOptions:
     backoff: float = 1.0
     max_backoff: float = 300.0
     transactional: bool = False
+
+    def __post_init__(self) -> None:
+        """Checked once, here: a bad value (a string timeout, a negative
+        back-off) made every job fail, or the worker crash, at run time."""
+        if self.timeout is not None:
+            args.seconds("timeout", self.timeout, maximum=args.MAX_TTL, allow_minimum=False)
+        for name in ("max_nacks", "max_deliveries"):
+            value = getattr(self, name)
+            if value is not None:
+                args.positive_int(name, value, maximum=2**31 - 1)
+        args.seconds("backoff", self.backoff, maximum=args.MAX_TTL)
+        args.seconds("max_backoff", self.max_backoff, maximum=args.MAX_TTL)
+        if not isinstance(self.transactional, bool):
+            raise InvalidTypeError("transactional is True or False")
+
+
+def backoff_delay(options: TaskOptions, nacks: int) -> float:
+    """Seconds before a job that failed ``nacks`` times is delivered again:
+    ``backoff`` doubling from the first failure, at most ``max_backoff``.
+    The doubling stops at 2**60: 2.0 ** 1024 overflows a float, which after
+    about a thousand failures crashed the worker."""
+    return min(options.backoff * 2.0 ** min(nacks - 1, 60), options.max_backoff)
+
+
+def _safe_text(text: str) -> str:
+    """A handler's error as storable text: PostgreSQL text holds no NUL, and
+    UTF-8 no lone surrogate (either made the worker crash while keeping the
+    error, and the job came back to crash the next one)."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 @dataclass
@@ -175,9 +205,14 @@ class Worker:
         if isinstance(queues, str):
             queues = [queues]
         self.concurrency = concurrency
-        self.batch = max(1, batch)
-        self.grace = grace
-        self.poll_timeout = poll_timeout
+        self.batch = args.positive_int("batch", batch, maximum=args.MAX_COUNT)
+        self.grace = args.seconds("grace", grace, maximum=args.MAX_TTL)
+        # > 0: a claim's timeout of 0 means "block for ever" (the worker
+        # then never saw stop() while its queues were idle).
+        self.poll_timeout = args.seconds("poll_timeout", poll_timeout, maximum=3600.0,
+                                         allow_minimum=False)
+        if keep_results is not None:
+            args.seconds("keep_results", keep_results, maximum=args.MAX_TTL, allow_minimum=False)
         self.defaults = TaskOptions(timeout, max_nacks, max_deliveries, backoff, max_backoff,
                                     transactional)
         self.tasks: dict[str, _Task] = {}
@@ -222,7 +257,10 @@ class Worker:
 
         def register(fn: Handler) -> Handler:
             schedule_name = name or f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', queue)}"
-            data = body.encode() if isinstance(body, str) else bytes(body)
+            if not isinstance(body, (bytes, str)):  # bytes(5) is five NUL bytes
+                raise InvalidTypeError(f"a periodic job's body is bytes or str, not "
+                                       f"{type(body).__name__}")
+            data = args.body_bytes(body, args.HARD_MAX_BODY_SIZE)
             self.schedules.append(Schedule(schedule_name, cron, queue, data, tz, dict(options)))
             self.scheduler = True
             if queue not in self.tasks:
@@ -245,6 +283,7 @@ class Worker:
         unknown = set(options) - set(TaskOptions.__dataclass_fields__)
         if unknown:
             raise InvalidArgumentError(f"unknown task option(s): {', '.join(sorted(unknown))}")
+        args.queue_name(queue)
         if queue in self.tasks:
             raise InvalidArgumentError(f"queue {queue!r} already has a handler")
         self.tasks[queue] = _Task(queue, handler, _is_async(handler), replace(self.defaults, **options))
@@ -462,7 +501,15 @@ class Worker:
                 await self._failed(task, job, failure)
                 return
             if self.keep_results is not None and outcome is not None:
-                await self._keep(job, self.encode_result(outcome.value), None)
+                try:
+                    value = self.encode_result(outcome.value)
+                except Exception as exc:  # the work is done: acknowledge it, say why no result
+                    log.warning("worker: the result of job %s could not be encoded: %s", job.id, exc)
+                    await self._keep(job, None, _safe_text(
+                        f"the handler returned a value that could not be kept: "
+                        f"{type(exc).__name__}: {exc}"))
+                else:
+                    await self._keep(job, value, None)
             if outcome is not None:  # None: transactional, acknowledged already
                 self._ack_later(job.id)
             self.stats.count(job.queue, "succeeded")
@@ -594,7 +641,7 @@ class Worker:
             log.warning("worker: job %s of %s failed (%s)", job.id, job.queue, reason)
         if over or (job.retry == 0 and policy):
             # the dead letter keeps the traceback, for whoever looks at it later
-            full = f"{reason}\n{failure.trace}" if failure.trace else reason
+            full = _safe_text(f"{reason}\n{failure.trace}" if failure.trace else reason)
             if self.keep_results is not None:
                 await self._keep(job, None, full)
             await self.client.dead_letter(job.id, reason=full)
@@ -605,7 +652,7 @@ class Worker:
             self.stats.count(job.queue, "failed")
             self._done(job, "failed")
         else:
-            delay = min(opts.backoff * 2 ** (nacks - 1), opts.max_backoff)
+            delay = backoff_delay(opts, nacks)
             await self.client.nack_job(job.id, delay=delay)
             self.stats.count(job.queue, "failed")
             self._done(job, "failed")
@@ -616,7 +663,7 @@ class Worker:
         assert self.keep_results is not None
         try:
             await self.client.store_result(job.id, value, error=error, keep=self.keep_results)
-        except PgqError as exc:
+        except (PgqError, psycopg.Error) as exc:
             log.warning("worker: could not keep the result of job %s: %s", job.id, exc)
 
     # ------------------------------------------------------------ acks

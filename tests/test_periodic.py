@@ -61,6 +61,19 @@ def test_bad_schedules_are_refused_with_what_to_fix(cron, tz, message):
         periodic.Schedule("s", "* * * * *", "q", options={"priority": 1})
 
 
+@pytest.mark.parametrize("queue,body,options", [
+    ("q", b"", {"catch_up": "x"}),  # float("x") crashed every scheduler at each tick
+    ("q", b"", {"catch_up": float("nan")}),
+    ("q", b"", {"retry": -5}),  # refused by every add: the schedules after it never fired
+    ("q", b"", {"replicate": 0}),
+    ("", b"", {}),
+    ("q", "text", {}),  # a body is bytes here (Worker.periodic encodes str)
+])
+def test_a_schedule_with_options_an_add_would_refuse_is_refused_when_made(queue, body, options):
+    with pytest.raises(InvalidArgumentError):  # InvalidTypeError is one too
+        periodic.Schedule("s", "* * * * *", queue, body, options=options)
+
+
 def test_one_job_per_tick_however_many_schedulers_run(client, dsn):
     start = at("2026-11-25T08:52")
     with psycopg.connect(dsn, autocommit=True) as conn:

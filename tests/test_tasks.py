@@ -55,6 +55,8 @@ def test_a_wrong_call_fails_in_the_caller_and_adds_nothing(client):
         send_email.defer(to="a", cc="b")
     with pytest.raises(InvalidTypeError, match="JSON"):
         send_email.defer(to=object())
+    with pytest.raises(InvalidTypeError, match="JSON"):  # NaN is no JSON: jsonb refuses it
+        send_email.defer(to="a", subject=float("nan"))
     with pytest.raises(InvalidArgumentError, match="unknown option"):
         send_email.using(priority=3)
     assert client.qlen("mail") == 0

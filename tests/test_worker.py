@@ -233,6 +233,44 @@ def test_bad_worker_configuration_is_explained(client):
         worker.task("q", retries=3)(lambda job: None)
     with pytest.raises(pgq.errors.InvalidArgumentError):
         pgq.Worker(client, concurrency=0)
+    # Checked when made: each of these made every job fail, or the worker
+    # crash or hang, only once it ran.
+    for bad in ({"poll_timeout": 0}, {"poll_timeout": -1}, {"batch": 0}, {"timeout": -5},
+                {"backoff": float("nan")}, {"max_nacks": 0}, {"grace": -1}):
+        with pytest.raises(pgq.errors.InvalidArgumentError):
+            pgq.Worker(client, **bad)
+    for bad in ({"batch": 2.5}, {"timeout": "5"}, {"max_nacks": "5"}, {"grace": "x"}):
+        with pytest.raises(pgq.errors.InvalidTypeError):
+            pgq.Worker(client, **bad)
+    with pytest.raises(pgq.errors.InvalidArgumentError):
+        worker.task("", timeout=1)(lambda job: None)  # not a queue name
+    with pytest.raises(pgq.errors.InvalidTypeError):
+        worker.task("q2", backoff="1")(lambda job: None)
+
+
+def test_the_back_off_stops_doubling_before_a_float_overflows():
+    from pgq.worker import TaskOptions, backoff_delay
+
+    options = TaskOptions(backoff=0.5, max_backoff=300.0)
+    assert [backoff_delay(options, n) for n in (1, 2, 3)] == [0.5, 1.0, 2.0]
+    assert backoff_delay(options, 5000) == 300.0  # 2 ** 4999 overflowed a float
+
+
+def test_a_handler_error_that_is_no_storable_text_still_dead_letters_its_job(client):
+    # A NUL or a lone surrogate in the error: storing it failed inside the
+    # worker, which crashed, and the job came back to crash the next one.
+    job_id = client.add_job("nul", b"x", retry=30)
+
+    def handler(job):
+        raise ValueError("bad\x00byte and \ud800")
+
+    worker = pgq.Worker(client, queues=["nul"], handler=handler, max_deliveries=1,
+                        keep_results=60)
+    stats = run_until(worker, lambda: worker.stats.dead == 1)
+    assert stats.dead == 1
+    [letter] = client.dead_letters("nul")
+    assert letter["id"] == job_id and letter["reason"].startswith("ValueError: bad\\x00byte and \\ud800")
+    assert client.wait_result(job_id, timeout=0)[1].startswith("ValueError: bad\\x00byte")
 
 
 def test_by_default_a_failing_job_is_dead_lettered_after_5_deliveries_with_its_traceback(
@@ -273,3 +311,20 @@ def test_a_worker_keeps_results_when_told(client):
     plain = client.add_job("kept", b"data", retry=30)
     pgq.testing.run_jobs(pgq.Worker(client, queues=["kept"], handler=handler))
     assert client.wait_result(plain, timeout=0) is None  # not kept unless asked
+
+
+def test_a_result_that_cannot_be_encoded_acknowledges_the_job_and_says_why(client):
+    # The encoder raised outside the worker's guard: the worker crashed and
+    # the job, never acknowledged, crashed the next worker too.
+    job_id = client.add_job("unkept", b"x", retry=30)
+
+    def refuse(value):
+        raise pgq.errors.InvalidTypeError(f"{type(value).__name__} is not JSON")
+
+    worker = pgq.Worker(client, queues=["unkept"], handler=lambda job: {1, 2},
+                        keep_results=60, encode_result=refuse)
+    stats = pgq.testing.run_jobs(worker)
+    assert stats.succeeded == 1 and client.qlen("unkept") == 0
+    assert client.show(job_id) is None or client.show(job_id)["state"] == "acked"
+    value, error = client.wait_result(job_id, timeout=0)
+    assert value is None and "could not be kept: InvalidTypeError: set is not JSON" in error
