@@ -53,6 +53,8 @@ def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    if not sep or not host or not port.isdigit() or not valid_port(int(port)):
+    # isascii and at most 5 digits: isdigit() takes '²', which int() refuses
+    if not sep or not host or not (port.isascii() and port.isdigit() and len(port) <= 5) \
+            or not valid_port(int(port)):
         raise InvalidArgumentError(f"expected HOST:PORT, not {text!r}")
     return check_host(host), int(port)

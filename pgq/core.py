@@ -271,7 +271,7 @@ class ClientCore:
         name = args.queue_name(queue)
         if isinstance(bodies, (str, bytes, bytearray, memoryview)):
             raise InvalidTypeError("add_jobs takes an iterable of bodies; use add_job for one body")
-        data = [args.body_bytes(body, self.options.max_body_size) for body in bodies]
+        data = [args.body_bytes(body, self.options.max_body_size) for body in _iterable(bodies, "bodies")]
         params = args.job_params(
             replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
             asynchronous=asynchronous, timeout=timeout, priority=priority, key=key,
@@ -342,7 +342,9 @@ class ClientCore:
     def requeue_dead_letters_command(self, queue: object, ids: object, count: object,
                                      ttl: object) -> CommandFactory[list[str]]:
         name = None if queue is None else args.queue_name(queue)
-        checked = None if ids is None else _job_ids(tuple(ids))  # type: ignore[arg-type]
+        if isinstance(ids, str):  # one ID, not its characters
+            ids = [ids]
+        checked = None if ids is None else _job_ids(tuple(_iterable(ids, "ids")))
         page = args.positive_int("count", count, maximum=args.MAX_COUNT)
         params = args.job_params(replicate=None, delay=0, retry=None, ttl=ttl, maxlen=None,
                                  asynchronous=True, timeout=None)
@@ -351,7 +353,7 @@ class ClientCore:
     def wait_replicated_command(self, ids: Iterable[object], timeout: object) -> CommandFactory[None]:
         if isinstance(ids, str):
             ids = [ids]
-        checked = list(dict.fromkeys(validate_job_ids(ids)))
+        checked = list(dict.fromkeys(validate_job_ids(_iterable(ids, "ids"))))
         wait = args.seconds("timeout", timeout, maximum=args.MAX_TTL)
         return lambda session: commands.wait_replicated(session, checked, wait)
 
@@ -477,6 +479,17 @@ class GetRequest:
         return lambda session: commands.get_jobs(session, list(call.queues), call.count,
                                                  self.timeout, self.nohang, call.withcounters,
                                                  claimed=claimed)
+
+
+def _iterable(values: object, what: str) -> Iterable[Any]:
+    """``values`` if it can be iterated, else a typed error (``add_jobs(q,
+    5)`` raised Python's own TypeError from deep inside)."""
+    try:
+        iter(values)  # type: ignore[call-overload]
+    except TypeError:
+        raise InvalidTypeError(f"{what} must be a list (or any iterable), not "
+                               f"{type(values).__name__}") from None
+    return values  # type: ignore[return-value]
 
 
 def _job_ids(ids: tuple[object, ...]) -> list[str]:

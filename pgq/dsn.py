@@ -33,7 +33,10 @@ def _params(dsn: str) -> dict[str, Any]:
     except psycopg.ProgrammingError as exc:
         raise InvalidArgumentError(f"invalid DSN: {redact(str(exc))}") from None
     for port in str(params.get("port") or "").split(","):
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
+        # isascii: str.isdigit() takes '²' and other scripts' digits, which
+        # int() refuses or reads as another number
+        if port and not (port.isascii() and port.isdigit() and len(port) <= 5
+                         and 0 < int(port) < 65536):
             raise InvalidArgumentError(
                 f"invalid DSN: port {port!r} is not a TCP port (1-65535)")
     return params

@@ -68,6 +68,10 @@ def test_malformed_ids_are_bad_id_errors(client, call):
     (lambda c: c.add_job("q", b"x", ttl="1h"), InvalidTypeError),
     (lambda c: c.add_job("q", b"x", delay=-1), InvalidArgumentError),
     (lambda c: c.add_jobs("q", b"not a list"), InvalidTypeError),
+    (lambda c: c.add_jobs("q", 5), InvalidTypeError),  # Python's own TypeError before
+    (lambda c: c.add_jobs("q", None), InvalidTypeError),
+    (lambda c: c.wait_replicated(5), InvalidTypeError),
+    (lambda c: c.add_job("q", b"x", delay=10**400), InvalidArgumentError),  # beyond any float
     (lambda c: c.get_job(), InvalidArgumentError),
     (lambda c: c.get_job("q", count=0), InvalidArgumentError),
     (lambda c: c.get_job("q", count=10**12), InvalidArgumentError),
@@ -158,7 +162,8 @@ def test_jscan_states_must_be_names(client):
         client.jscan(states=[["queued"]])
 
 
-@pytest.mark.parametrize("dsn", ["host=x port=abc", "postgresql://u@h:99999/db"])
+@pytest.mark.parametrize("dsn", ["host=x port=abc", "postgresql://u@h:99999/db",
+                                 "host=x port=\u00b2", "host=x port=" + "1" * 5000])
 def test_a_dsn_with_a_bad_port_is_an_argument_error(dsn):
     with pytest.raises(InvalidArgumentError, match="port"):
         pgq.Client(dsn)
