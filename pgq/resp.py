@@ -283,6 +283,8 @@ class Session:
             return Error(f"ERR unknown command '{name}'")
         if not self.authenticated and name not in ("auth", "ping", "quit", "hello"):
             return Error("NOAUTH Authentication required.")
+        if len(args) - 1 < _AT_LEAST.get(name, 0):  # Disque's arity -2: one argument at least
+            return Error(f"ERR wrong number of arguments for '{name}' command")
         try:
             return await handler(self, args[1:])
         except _Syntax as exc:
@@ -376,6 +378,7 @@ class Session:
         for key, value in sorted(info.items()):
             if not isinstance(value, (dict, list)):
                 lines.append(f"{key}:{value}")
+        lines.append(f"registered_queues:{info.get('queues', 0)}")  # Disque's name for it
         return ("\r\n".join(lines) + "\r\n").encode()
 
     # -------------------------------------------------------------- jobs
@@ -685,6 +688,10 @@ COMMANDS: dict[str, Callable[[Session, list[bytes]], Awaitable[Any]]] = {
         "enqueue", "dequeue", "deljob", "working", "show", "qlen", "qpeek", "qstat", "pause",
         "qscan", "jscan", "cluster", "waitjob", "config", "debug")
 }
+
+# The commands of arity -2 in Disque (at least one argument) that would
+# otherwise answer a syntax error or their help.
+_AT_LEAST = {"getjob": 1, "cluster": 1, "config": 1, "debug": 1}
 
 # ADDJOB's options with a value: Disque's, then pgq's own (PRIORITY, KEY).
 _ADDJOB_OPTIONS = (b"replicate", b"delay", b"retry", b"ttl", b"maxlen", b"priority", b"key")

@@ -191,6 +191,9 @@ def test_errors_have_disques_prefixes(resp):
     assert r.call("QSCAN", "9" * 5000) == Error("ERR cursor is not an integer or out of range")
     assert r.call("ADDJOB", "q", "x", 0, "BOGUS", 1) == Error("ERR syntax error")
     assert r.call("GETJOB", "emails") == Error("ERR syntax error")
+    for command in ("GETJOB", "CLUSTER", "CONFIG", "DEBUG"):  # Disque's arity -2
+        assert r.call(command) == Error(f"ERR wrong number of arguments for '{command.lower()}' command")
+    assert b"registered_queues:" in r.call("INFO")
     assert r.call("GETJOB", "COUNT", 0, "FROM", "q") == Error("ERR COUNT must be a number greater than zero")
     assert r.call("NOSUCH").text.startswith("ERR unknown command")
     assert r.call("ADDJOB", "q", "x", 0, "MAXLEN", 0) == Error("ERR MAXLEN must be a positive number")
