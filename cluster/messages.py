@@ -512,7 +512,7 @@ class Advert(Message):
 
     @classmethod
     def parse(cls, raw: dict[str, Any]) -> Advert:
-        return cls(_str(raw.get("d"), MAX_DSN), _str(raw.get("r"), MAX_ADDRESS))
+        return cls(_str(raw.get("d"), MAX_DSN), _str(raw.get("r", ""), MAX_ADDRESS))
 
 
 KINDS: dict[str, type[Message]] = {

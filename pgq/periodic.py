@@ -155,7 +155,7 @@ def load(conn: psycopg.Connection[Any]) -> list[tuple[Schedule, dt.datetime | No
     for name, cron, tz, queue, body, options, last in conn.execute(sql.SCHEDULES).fetchall():
         try:
             out.append((Schedule(name, cron, queue, bytes(body), tz, dict(options or {})), last))
-        except InvalidArgumentError as exc:
+        except (InvalidArgumentError, InvalidTypeError) as exc:
             log.warning("periodic: schedule %s is skipped: %s", name, exc)
     return out
 
