@@ -1272,11 +1272,11 @@ def hello(session: Session) -> Command[dict[str, Any]]:
     (1 ok, 10 suspected, 100 failed or leaving); just itself on one node."""
     view = yield from cluster_view(session)
     nodes = [{"id": session.node_id, "host": session.host, "port": session.port, "priority": 1,
-              "resp": None}]
+              "resp": None, "status": "alive", "leaving": False}]
     if view.active:
         rows = yield Query(sql.HELLO_NODES, None, Result.ROWS)
-        nodes = [{"id": r[0], "host": r[1], "port": r[2], "priority": r[3], "resp": r[4]}
-                 for r in rows]
+        nodes = [{"id": r[0], "host": r[1], "port": r[2], "priority": r[3], "resp": r[4],
+                  "status": r[5], "leaving": bool(r[6])} for r in rows]
     return {"version": 1, "id": session.node_id, "nodes": nodes}
 
 

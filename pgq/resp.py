@@ -322,6 +322,21 @@ class Session:
         nodes = [[n["id"], *self._client_address(n), str(n["priority"])] for n in info["nodes"]]
         return [1, info.get("id", self.client.node_id), *nodes]
 
+    def _node_flags(self, node: dict[str, Any]) -> str:
+        """CLUSTER NODES' flags, pings and link, as Disque: myself, leaving,
+        fail? (suspected), fail (dead or left) or noflags; the link
+        connected while the node is believed alive (pings: not tracked, 0)."""
+        status = node.get("status", "alive")
+        flags = ["myself"] if node["id"] == self.client.node_id else []
+        if node.get("leaving"):
+            flags.append("leaving")
+        if status == "suspect":
+            flags.append("fail?")
+        elif status in ("dead", "left"):
+            flags.append("fail")
+        link = "connected" if status in ("alive", "suspect") else "disconnected"
+        return f"{','.join(flags) or 'noflags'} 0 0 {link}"
+
     def _client_address(self, node: dict[str, Any]) -> tuple[str, str]:
         """Where a Disque client reaches ``node`` (HELLO, CLUSTER NODES):
         this front at the address the connection came to; another node at
@@ -613,8 +628,7 @@ class Session:
             return self.client.node_id.encode()  # a bulk string, as Disque's
         if sub == b"nodes":
             info = await self.client.hello()
-            lines = [f"{n['id']} {':'.join(self._client_address(n))} "
-                     f"{'myself' if n['id'] == self.client.node_id else 'noflags'} 0 0 connected"
+            lines = [f"{n['id']} {':'.join(self._client_address(n))} {self._node_flags(n)}"
                      for n in info["nodes"]]
             return ("\n".join(lines) + "\n").encode()
         if sub == b"leaving" and len(args) == 1:  # HELLO shows a leaving node at priority 100

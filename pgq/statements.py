@@ -982,7 +982,7 @@ JOB_COUNTS = "SELECT state, jobs FROM pgq.job_counts"
 
 # resp: the node's RESP address (schema 0015), NULL where it serves none.
 HELLO_NODES = """
-SELECT c.id, c.host, c.port, c.priority, n.resp
+SELECT c.id, c.host, c.port, c.priority, n.resp, c.status, c.leaving
 FROM pgq.cluster_nodes c LEFT JOIN pgq.nodes n ON n.id = c.id
 ORDER BY NOT c.myself, c.id
 """

@@ -340,6 +340,24 @@ def test_pydisque_works_unchanged(dsn, tmp_path):
         process.wait(20)
 
 
+def test_cluster_nodes_flags_follow_the_membership():
+    # Disque's flags: myself, leaving, fail? (suspected), fail; the link
+    # connected while the node is believed alive (it printed "noflags ...
+    # connected" for every node whatever its state).
+    from types import SimpleNamespace
+
+    from pgq.resp import Session
+
+    me, peer = "a" * 40, "b" * 40
+    session = Session(SimpleNamespace(node_id=me))  # only its node_id is read
+    assert session._node_flags({"id": me, "status": "alive"}) == "myself 0 0 connected"
+    assert session._node_flags({"id": peer, "status": "alive"}) == "noflags 0 0 connected"
+    assert session._node_flags({"id": peer, "status": "suspect"}) == "fail? 0 0 connected"
+    assert session._node_flags({"id": peer, "status": "dead"}) == "fail 0 0 disconnected"
+    assert session._node_flags({"id": me, "status": "alive", "leaving": True}) \
+        == "myself,leaving 0 0 connected"
+
+
 def test_a_resp3_handshake_and_its_replies():
     import asyncio
 
