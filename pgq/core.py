@@ -119,6 +119,16 @@ class ClientOptions:
                 raise InvalidTypeError(f"{name} must be a bool")
         if self.migrate is not None and not isinstance(self.migrate, bool):
             raise InvalidTypeError("migrate must be a bool or None")
+        # libpq sends it as a C string: a NUL cut it short, a lone surrogate
+        # failed every connection (30 s later, as "database unavailable").
+        if not isinstance(self.application_name, str):
+            raise InvalidTypeError("application_name must be a str")
+        if "\x00" in self.application_name:
+            raise InvalidArgumentError("application_name holds a NUL character")
+        try:
+            self.application_name.encode()
+        except UnicodeEncodeError:
+            raise InvalidArgumentError("application_name is not valid Unicode text") from None
 
 
 def translate_database_error(exc: psycopg.Error) -> Exception | None:

@@ -28,6 +28,14 @@ MASK = "***"
 
 
 def _params(dsn: str) -> dict[str, Any]:
+    # libpq reads C strings: "host=a\x00b" was silently host a, and a lone
+    # surrogate raised UnicodeEncodeError from inside psycopg.
+    if "\x00" in dsn:
+        raise InvalidArgumentError("invalid DSN: it holds a NUL character")
+    try:
+        dsn.encode()
+    except UnicodeEncodeError:
+        raise InvalidArgumentError("invalid DSN: it is not valid Unicode text") from None
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:

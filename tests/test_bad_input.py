@@ -169,6 +169,17 @@ def test_a_dsn_with_a_bad_port_is_an_argument_error(dsn):
         pgq.Client(dsn)
 
 
+@pytest.mark.parametrize("dsn,options", [
+    ("host=a\x00b dbname=x", {}),  # libpq read host 'a'
+    ("host=a\udc80 dbname=x", {}),  # a raw UnicodeEncodeError from inside psycopg
+    ("host=a dbname=x", {"application_name": "app\x00"}),
+    ("host=a dbname=x", {"application_name": "app\udc80"}),  # failed each connection, 30 s on
+])
+def test_a_dsn_or_application_name_libpq_cannot_send_is_an_argument_error(dsn, options):
+    with pytest.raises(InvalidArgumentError):
+        pgq.Client(dsn, **options)
+
+
 def test_wrong_password_fails_at_once_with_the_servers_reason(dsn):
     import time
 
