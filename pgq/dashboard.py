@@ -314,7 +314,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                 refused = _refusal(token, request) if action else None
                 response = refused or await handler(request)
             except BadRequest as exc:
-                response = error_response("bad_request", str(exc), 400)
+                response = error_response(exc.kind, str(exc), exc.status)
             except errors.PgqError as exc:
                 response = error_response(type(exc).__name__, str(exc), status_of(exc))
             response.headers.update(_HEADERS)

@@ -141,7 +141,7 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
             try:
                 return await handler(request)
             except BadRequest as exc:
-                return error_response("bad_request", str(exc), 400)
+                return error_response(exc.kind, str(exc), exc.status)
             except errors.PgqError as exc:
                 return error_response(type(exc).__name__, str(exc), status_of(exc))
         return run

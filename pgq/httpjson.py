@@ -19,7 +19,8 @@ from starlette.responses import JSONResponse
 
 from . import errors
 
-__all__ = ["BadRequest", "error_response", "status_of", "json_body"]
+__all__ = ["BadRequest", "RequestTooLarge", "MAX_REQUEST_BYTES", "error_response", "status_of",
+           "json_body"]
 
 STATUS: list[tuple[type[errors.PgqError], int]] = [
     (errors.NoJobError, 404),
@@ -38,6 +39,21 @@ STATUS: list[tuple[type[errors.PgqError], int]] = [
 class BadRequest(Exception):
     """Input the app itself refuses (a body that is not JSON, a missing field): 400."""
 
+    status, kind = 400, "bad_request"
+
+
+class RequestTooLarge(BadRequest):
+    """A request body over MAX_REQUEST_BYTES: 413, refused while it arrives."""
+
+    status, kind = 413, "too_large"
+
+
+# The largest request body read: it is refused as it arrives, never held
+# whole (it was read whole, then parsed, then its jobs checked against the
+# client's body limit, so a client could make the server hold gigabytes).
+# A batch of jobs over this goes in several requests.
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
 
 def error_response(kind: str, message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": kind, "message": message}, status_code=status)
@@ -48,7 +64,18 @@ def status_of(exc: errors.PgqError) -> int:
 
 
 async def json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    too_large = RequestTooLarge(f"the request body is over {MAX_REQUEST_BYTES // 2**20} MiB: "
+                                "add the jobs in several requests")
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_REQUEST_BYTES:
+            raise too_large
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     if not raw:
         return {}
     try:

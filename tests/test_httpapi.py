@@ -160,6 +160,43 @@ def test_odd_input_gets_a_json_4xx_never_a_500(api):
     assert call(api, "GET", "/v1/queues/q")[0] == 404  # none of them added anything
 
 
+def test_a_request_body_over_the_limit_is_refused_as_it_arrives(api):
+    # It was read whole, then parsed: a client could make the server hold
+    # gigabytes. Raw sockets: urllib cannot read an answer that comes while
+    # it still sends.
+    import socket
+
+    from pgq.httpjson import MAX_REQUEST_BYTES
+
+    host, port = api.removeprefix("http://").split(":")
+    head = (f"POST /v1/queues/big/jobs HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n")
+
+    def answer(request: bytes, body_chunks=()) -> bytes:
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(request)
+            for chunk in body_chunks:
+                sock.sendall(chunk)
+            reply = b""
+            while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < int(
+                    reply.lower().partition(b"content-length: ")[2].partition(b"\r\n")[0] or 0):
+                data = sock.recv(65536)
+                if not data:
+                    break
+                reply += data
+            return reply
+
+    # A declared length over the limit: refused before any byte of the body.
+    declared = answer((head + f"Content-Length: {MAX_REQUEST_BYTES + 1}\r\n\r\n").encode())
+    assert declared.startswith(b"HTTP/1.1 413") and b"several requests" in declared
+    # A chunked body: refused once past the limit (one byte past it is sent).
+    megabyte = b"x" * 2**20
+    chunks = [b"100000\r\n" + megabyte + b"\r\n"] * (MAX_REQUEST_BYTES // 2**20) + [b"1\r\nx\r\n"]
+    chunked = answer((head + "Transfer-Encoding: chunked\r\n\r\n").encode(), chunks)
+    assert chunked.startswith(b"HTTP/1.1 413")
+    assert call(api, "GET", "/v1/queues/big")[0] == 404  # nothing added
+
+
 def test_a_web_page_of_another_origin_is_refused(api):
     # Browsers name the page in Origin; a form or fetch() to this API from
     # any site would otherwise add or acknowledge jobs (with no token, on
