@@ -43,6 +43,10 @@ log = logging.getLogger("pgq.resp")
 
 MAX_BULK = 512 * 1024 * 1024  # Disque's (Redis's) limit on one argument
 MAX_ARGS = 1024 * 1024
+# Before AUTH (when a password is set), as Redis: a client that has not
+# authenticated could otherwise make the server hold 512 MiB per connection.
+UNAUTHENTICATED_BULK = 16 * 1024
+UNAUTHENTICATED_ARGS = 10
 
 
 class ProtocolError(Exception):
@@ -70,18 +74,28 @@ class Parser:
     """RESP2 requests (arrays of bulk strings, or inline commands) from a
     byte stream fed in pieces."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_bulk: int = MAX_BULK, max_args: int = MAX_ARGS) -> None:
         self._buffer = bytearray()
+        self.max_bulk, self.max_args = max_bulk, max_args
 
     def feed(self, data: bytes) -> list[list[bytes]]:
-        self._buffer += data
+        """Every complete command of the stream so far."""
+        self.add(data)
         commands: list[list[bytes]] = []
+        while (command := self.take()) is not None:
+            commands.append(command)
+        return commands
+
+    def add(self, data: bytes) -> None:
+        self._buffer += data
+
+    def take(self) -> list[bytes] | None:
+        """The next complete command (None: none yet), so that a server
+        can change the limits between commands (after AUTH)."""
         while True:
             command = self._one()
-            if command is None:
-                return commands
-            if command:
-                commands.append(command)
+            if command is None or command:
+                return command
 
     def _line(self, start: int) -> tuple[bytes, int] | None:
         end = self._buffer.find(b"\r\n", start)
@@ -104,7 +118,7 @@ class Parser:
         head = self._line(0)
         if head is None:
             return None
-        count = _number(head[0][1:], MAX_ARGS, "invalid multibulk length")
+        count = _number(head[0][1:], self.max_args, "invalid multibulk length")
         position = head[1]
         args = []
         for _ in range(max(count, 0)):
@@ -116,7 +130,7 @@ class Parser:
                 raise ProtocolError(f"expected '$', got '{text[0:1].decode(errors='replace')}'")
             # Never negative: a size of -100 moved the position back, so the
             # buffer never shrank and feed() looped for ever on one request.
-            size = _number(text[1:], MAX_BULK, "invalid bulk length", minimum=0)
+            size = _number(text[1:], self.max_bulk, "invalid bulk length", minimum=0)
             if len(self._buffer) < position + size + 2:
                 return None
             args.append(bytes(self._buffer[position:position + size]))
@@ -715,27 +729,33 @@ async def _connection(stream: Any, client: AsyncClient, password: str | None) ->
     import anyio
     from anyio.abc import SocketAttribute
 
-    parser = Parser()
     local = stream.extra(SocketAttribute.local_address, None)  # (host, port, ...) on TCP
     address = f"{local[0]}:{local[1]}" if isinstance(local, tuple) else None
     session = Session(client, password, address)
+    parser = Parser() if session.authenticated else \
+        Parser(UNAUTHENTICATED_BULK, UNAUTHENTICATED_ARGS)
     async with stream:
         while True:
             try:
                 data = await stream.receive(65536)
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 return
-            try:
-                commands = parser.feed(data)
-            except ProtocolError as exc:
-                await stream.send(encode(Error(f"ERR Protocol error: {exc}")))
-                return
+            parser.add(data)
             out = bytearray()
-            for command in commands:
+            while True:
+                try:
+                    command = parser.take()
+                except ProtocolError as exc:
+                    await stream.send(bytes(out) + encode(Error(f"ERR Protocol error: {exc}")))
+                    return
+                if command is None:
+                    break
                 if command[0].lower() == b"quit":
                     await stream.send(bytes(out) + encode(Status("OK")))
                     return
                 out += encode(await session.run(command), session.resp3)
+                if session.authenticated:
+                    parser.max_bulk, parser.max_args = MAX_BULK, MAX_ARGS
             if out:
                 await stream.send(bytes(out))
 

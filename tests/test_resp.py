@@ -305,6 +305,26 @@ def test_auth_is_required_and_checked(resp):
     assert r.call("AUTH", SECRET) == Status("OK") and r.call("QLEN", "q") == 0
 
 
+def test_before_auth_a_request_is_small_and_after_it_as_large_as_disques(resp):
+    # Before AUTH, as Redis: at most 10 arguments of 16 KiB. Any client could
+    # make the server hold 512 MiB per connection before authenticating.
+    stranger = resp(auth=False)
+    stranger.sock.sendall(b"*2\r\n$4\r\nPING\r\n$%d\r\n" % (16 * 1024 + 1))
+    assert stranger.reply() == Error("ERR Protocol error: invalid bulk length")
+    assert stranger.sock.recv(1) == b""  # and the connection is closed
+    crowd = resp(auth=False)
+    crowd.send(*["PING"] * 11)
+    assert crowd.reply() == Error("ERR Protocol error: invalid multibulk length")
+    # AUTH and a large ADDJOB in one packet: the limits lift right after AUTH.
+    member = resp(auth=False)
+    big = b"x" * (256 * 1024)
+    member.sock.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(SECRET), SECRET.encode())
+                        + b"*4\r\n$6\r\nADDJOB\r\n$3\r\nbig\r\n$%d\r\n%s\r\n$1\r\n0\r\n"
+                        % (len(big), big))
+    assert member.reply() == Status("OK") and member.reply().text.startswith("D-")
+    assert member.call("QLEN", "big") == 1
+
+
 def test_the_parser_takes_pieces_inline_commands_and_refuses_garbage():
     parser = Parser()
     assert parser.feed(b"*2\r\n$4\r\nQLEN\r\n$") == []
