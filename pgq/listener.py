@@ -32,13 +32,17 @@ Invariants:
   time it is registered, and drops the registration (UNLISTEN, and its
   ``pgq.waiters`` rows) once no GET has waited for ``linger`` seconds, so
   adds stop notifying a client with nobody blocked.
+* **QSTAT counts GETs, not clients.** The registration's rows say how many
+  GETs wait on each queue (``pgq.waiters.gets``), written by the task at
+  most every ``PUBLISH_EVERY`` seconds when the count changed
+  (:class:`BlockedCounts`): a QSTAT may lag a blocked GET by that much.
 * **A failing listener degrades to polling**, never to an error: its
   tickets are woken (their GETs claim again, on the pool, which reports an
   unreachable database as usual), and a ticket it could not register
   waits by sleeping (``Ticket.failed``). The task reconnects and registers
   again on the next subscription.
 
-:class:`Wakeups` and :class:`Linger` are the rule (no I/O);
+:class:`Wakeups`, :class:`Linger` and :class:`BlockedCounts` are the rule (no I/O);
 :class:`SharedListener` runs it with anyio and psycopg, and
 :class:`SyncSharedListener` with a thread.
 """
@@ -51,7 +55,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -65,6 +69,7 @@ __all__ = ["Ticket", "Wakeups", "SharedListener", "SyncSharedListener", "take_no
 log = logging.getLogger("pgq")
 
 LINGER = 1.0  # seconds a registration outlives the last blocked GET (no churn between GETs)
+PUBLISH_EVERY = 0.25  # seconds between two writes of the blocked GETs' counts
 RETRY = 1.0  # seconds between attempts to reconnect a failed listener
 
 
@@ -177,6 +182,47 @@ class Linger:
         return self.seconds if registered and not wanted else 5.0
 
 
+@dataclass
+class BlockedCounts:
+    """How many GETs wait on each registered queue, as ``pgq.waiters.gets``
+    holds it for QSTAT (no I/O): what to write now, at most every ``every``
+    seconds, so that GETs that come and go by the thousand a second cost a
+    few statements. A row is registered with 1."""
+
+    every: float
+    published: dict[str, int] = field(default_factory=dict)
+    at: float = float("-inf")
+
+    def due(self, tickets: Sequence[Ticket], registered: set[str],
+            now: float) -> tuple[dict[str, int], float | None]:
+        """(the counts to write now, seconds until held-back ones may be
+        written: None when nothing is held back)."""
+        counts = dict.fromkeys(registered, 0)
+        for ticket in tickets:
+            for queue in ticket.queues:
+                if queue in counts:
+                    counts[queue] += 1
+        changed = {q: n for q, n in counts.items() if self.published.get(q, 1) != n}
+        if not changed:
+            return {}, None
+        if now - self.at < self.every:
+            return {}, self.every - (now - self.at)
+        return changed, None
+
+    def written(self, counts: dict[str, int], now: float) -> None:
+        self.published.update(counts)
+        self.at = now
+
+    def forget(self) -> None:
+        """The rows are gone (unregistered, or the connection dropped)."""
+        self.published = {}
+
+
+def _gets_params(counts: dict[str, int]) -> dict[str, list[Any]]:
+    queues = sorted(counts)
+    return {"queues": queues, "gets": [counts[q] for q in queues]}
+
+
 def take_notifications(conn: Any) -> list[str]:
     """The queues named by the notifications that arrived on an idle
     connection, read without a round trip (a ``SELECT 1`` to make psycopg
@@ -207,6 +253,7 @@ class SharedListener:
                  linger: float = LINGER) -> None:
         self._connect = connect
         self.linger = Linger(linger)
+        self.counts = BlockedCounts(PUBLISH_EVERY)
         self.wakeups = Wakeups(anyio.Event)
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._registered: set[str] = set()
@@ -293,10 +340,15 @@ class SharedListener:
                 await self._register(wanted - self._registered)
             for ticket in self.wakeups.registered(self._registered):
                 ticket.ready.set()
-            if self.linger.over(bool(wanted), bool(self._registered), anyio.current_time()):
+            now = anyio.current_time()
+            if self.linger.over(bool(wanted), bool(self._registered), now):
                 await self._unregister()
                 continue
-            await self._read(self.linger.timeout(bool(wanted), bool(self._registered)))
+            counts, held = self.counts.due(self.wakeups.tickets, self._registered, now)
+            if counts:
+                await self._publish(counts, now)
+            timeout = self.linger.timeout(bool(wanted), bool(self._registered))
+            await self._read(timeout if held is None else min(timeout, held))
 
     async def _read(self, timeout: float) -> None:
         """Wait for notifications, a change of tickets, or ``timeout``."""
@@ -338,6 +390,12 @@ class SharedListener:
             await self._conn.execute(sql.REGISTER_WAITER, {"queues": sorted(queues)})
             self._registered |= queues
 
+    async def _publish(self, counts: dict[str, int], now: float) -> None:
+        assert self._conn is not None  # registered
+        with anyio.CancelScope(shield=True):
+            await self._conn.execute(sql.SET_WAITER_GETS, _gets_params(counts))
+        self.counts.written(counts, now)
+
     async def _unregister(self) -> None:
         if self._conn is not None:
             with anyio.CancelScope(shield=True):
@@ -345,6 +403,7 @@ class SharedListener:
                 await self._conn.execute(sql.UNREGISTER_WAITER)
         self._registered = set()
         self._received = []
+        self.counts.forget()
 
     def _notified(self, notify: psycopg.Notify) -> None:
         if notify.channel == JOBS_CHANNEL:
@@ -353,6 +412,7 @@ class SharedListener:
     async def _drop(self) -> None:
         conn, self._conn = self._conn, None
         self._registered = set()
+        self.counts.forget()
         if conn is not None:
             with anyio.CancelScope(shield=True):
                 await conn.close()
@@ -379,6 +439,7 @@ class SyncSharedListener:
     def __init__(self, connect: Callable[[], psycopg.Connection[Any]], linger: float = LINGER) -> None:
         self._connect = connect
         self.linger = Linger(linger)
+        self.counts = BlockedCounts(PUBLISH_EVERY)
         self.wakeups = Wakeups(threading.Event)
         self._lock = threading.Lock()  # the tickets, and what is registered
         self._conn: psycopg.Connection[Any] | None = None  # the thread's only
@@ -507,14 +568,20 @@ class SyncSharedListener:
             ready = self.wakeups.registered(self._registered)
         for ticket in ready:
             ticket.ready.set()
-        if self.linger.over(bool(wanted), bool(self._registered), time.monotonic()):
+        now = time.monotonic()
+        if self.linger.over(bool(wanted), bool(self._registered), now):
             self._unregister()
             return
+        with self._lock:
+            counts, held = self.counts.due(list(self.wakeups.tickets), set(self._registered), now)
+        if counts and self._conn is not None:
+            self._conn.execute(sql.SET_WAITER_GETS, _gets_params(counts))
+            self.counts.written(counts, now)
         watched: list[Any] = [self._poke_in]  # made with the thread
         if self._conn is not None and self._registered:
             watched.append(self._conn.fileno())
         timeout = self.linger.timeout(bool(wanted), bool(self._registered))
-        readable, _, _ = select.select(watched, [], [], timeout)
+        readable, _, _ = select.select(watched, [], [], timeout if held is None else min(timeout, held))
         if self._conn is not None and self._registered and self._conn.fileno() in readable:
             queues = take_notifications(self._conn)
             with self._lock:
@@ -548,6 +615,7 @@ class SyncSharedListener:
         with self._lock:
             self._registered = set()
             self._received = []
+        self.counts.forget()
 
     def _notified(self, notify: psycopg.Notify) -> None:
         if notify.channel == JOBS_CHANNEL:
@@ -558,6 +626,7 @@ class SyncSharedListener:
         with self._lock:
             conn, self._conn = self._conn, None
             self._registered = set()
+        self.counts.forget()
         if conn is not None:
             conn.close()
 

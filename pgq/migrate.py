@@ -19,7 +19,7 @@ from .errors import SchemaNotReadyError
 
 __all__ = ["SCHEMA_VERSION", "migrate", "schema_version", "check_schema"]
 
-SCHEMA_VERSION = "0015"
+SCHEMA_VERSION = "0016"
 
 # Alembic keeps its migration context in module globals: two migrations in
 # one process must not overlap (processes are serialised by an advisory lock).

@@ -219,6 +219,9 @@ waiters = Table(
     Column("queue", Text(collation=C), nullable=False),
     Column("since", DateTime(timezone=True), nullable=False,
            server_default=text("pgq.now()")),
+    # GETs the connection holds blocked on the queue (schema 0016: QSTAT's
+    # blocked sums it); a shared listener keeps it, a lone GET leaves 1.
+    Column("gets", Integer, nullable=False, server_default=text("1")),
     PrimaryKeyConstraint("pid", "queue", name="waiters_pkey"),
     Index("waiters_queue_idx", "queue"),
     prefixes=["UNLOGGED"],

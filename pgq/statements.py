@@ -600,6 +600,14 @@ ON CONFLICT DO NOTHING
 """
 UNREGISTER_WAITER = "DELETE FROM pgq.waiters WHERE pid = pg_backend_pid()"
 
+# A shared listener's count of the GETs it holds blocked per queue (QSTAT's
+# blocked sums it; schema 0016).
+SET_WAITER_GETS = """
+UPDATE pgq.waiters w SET gets = c.gets
+FROM unnest(%(queues)s::text[], %(gets)s::integer[]) AS c(queue, gets)
+WHERE w.pid = pg_backend_pid() AND w.queue = c.queue AND w.gets <> c.gets
+"""
+
 # ---------------------------------------------------------------- ack / del
 
 _LOG_GONE = """
@@ -972,7 +980,8 @@ SELECT current_setting('server_version') AS server_version,
        current_database() AS database,
        extract(epoch FROM pgq.now() - pg_postmaster_start_time())::float8 AS uptime,
        (SELECT count(DISTINCT queue) FROM pgq.queue_stats) AS queues,
-       (SELECT count(DISTINCT pid) FROM pgq.waiters) AS blocked_clients,
+       (SELECT coalesce(sum(most), 0) FROM (SELECT max(gets) AS most FROM pgq.waiters
+                                            GROUP BY pid) AS g) AS blocked_clients,
        current_setting('synchronous_commit') AS synchronous_commit,
        current_setting('fsync') AS fsync,
        pgq.meta_value('bus_stats') AS bus_stats

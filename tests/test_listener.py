@@ -9,7 +9,7 @@ import psycopg
 import pytest
 
 import pgq
-from pgq.listener import Linger, Wakeups
+from pgq.listener import BlockedCounts, Linger, Ticket, Wakeups
 
 from .conftest import async_wait_until
 
@@ -88,6 +88,21 @@ def test_the_registration_goes_a_linger_after_the_last_ticket_left():
     assert not linger.over(wanted=False, registered=False, now=20.0)  # nothing to drop
 
 
+def test_blocked_counts_are_written_when_they_change_at_most_every_period():
+    counts = BlockedCounts(every=0.25)
+    a, b = Ticket(("q", "r"), None, None), Ticket(("q",), None, None)
+    # A row is registered with 1: two GETs on q, one on r.
+    assert counts.due([a, b], {"q", "r"}, now=10.0) == ({"q": 2}, None)
+    counts.written({"q": 2}, now=10.0)
+    assert counts.due([a, b], {"q", "r"}, now=10.1) == ({}, None)  # nothing changed
+    assert counts.due([a], {"q", "r"}, now=10.1) == ({}, pytest.approx(0.15))  # held back
+    assert counts.due([a], {"q", "r"}, now=10.3) == ({"q": 1}, None)
+    counts.written({"q": 1}, now=10.3)
+    assert counts.due([], {"q", "r"}, now=11.0) == ({"q": 0, "r": 0}, None)  # lingering: 0
+    counts.forget()  # the rows went: new ones start at 1
+    assert counts.due([b], {"q"}, now=11.1) == ({}, None)
+
+
 # ---------------------------------------------------------------- real server
 
 @pytest.fixture
@@ -126,6 +141,32 @@ async def test_blocked_gets_of_one_client_share_one_registration_and_all_get_a_b
             ids = await producer.add_jobs("shared", [b"1", b"2", b"3", b"4"])  # one statement, one NOTIFY
         assert sorted(j.id for jobs in got for j in jobs) == sorted(ids)
         assert all(len(jobs) == 1 for jobs in got)
+
+
+@pytest.mark.anyio
+async def test_qstat_counts_the_blocked_gets_of_one_client_not_the_client(dsn):
+    # One registration row for the client, as before; QSTAT's blocked says 3,
+    # as Disque's would for three blocked clients (it said 1).
+    async with pgq.AsyncClient(dsn, pool_size=6) as consumer, pgq.AsyncClient(dsn) as other:
+        async with anyio.create_task_group() as tasks:
+            for _ in range(3):
+                tasks.start_soon(lambda: consumer.get_job("counted", timeout=20))
+
+            async def blocked() -> int:
+                stat = await other.qstat("counted")
+                return 0 if stat is None else int(stat["blocked"])
+
+            await async_wait_until(lambda: _equals(blocked, 3), timeout=10)
+            assert len(await _waiters(dsn)) == 1
+            info = await other.info()
+            assert info["blocked_clients"] == 3
+            await other.add_jobs("counted", [b"1", b"2", b"3"])
+        # They returned: 0 while the registration lingers, then no queue.
+        await async_wait_until(lambda: _equals(blocked, 0), timeout=10)
+
+
+async def _equals(read, value) -> bool:
+    return await read() == value
 
 
 @pytest.mark.anyio
@@ -208,6 +249,9 @@ def test_blocked_gets_of_threads_share_one_registration_and_all_get_a_batch(dsn)
                        10, message="four blocked GETs")
             waiters = _sync_waiters(dsn)
             assert len(waiters) == 1 and waiters[0][1] == "tshared"  # one backend, whatever the GETs
+            # ... yet QSTAT counts the four GETs (schema 0016), once the thread wrote them
+            wait_until(lambda: producer.qstat("tshared")["blocked"] == 4, 10,
+                       message="QSTAT to count four blocked GETs")
             ids = producer.add_jobs("tshared", [b"1", b"2", b"3", b"4"])  # one statement, one NOTIFY
         finally:
             for thread in threads:
