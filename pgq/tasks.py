@@ -47,6 +47,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from . import tracing
+from .arguments import queue_name
 from .errors import InvalidArgumentError, InvalidTypeError, TaskFailedError
 from .job import Job
 
@@ -124,8 +125,10 @@ class Task(Generic[P, R]):
         if unknown:
             raise InvalidArgumentError(f"unknown option(s) {sorted(unknown)}: "
                                        f"choose among conn, queue, {', '.join(_ADD_OPTIONS)}")
-        options = replace(self.options, queue=queue or self.options.queue,
-                          add={**self.options.add, **add}, conn=conn)
+        # None keeps the task's queue; any other value must be a queue name
+        # ("" fell back to the task's queue without a word).
+        chosen = self.options.queue if queue is None else queue_name(queue)
+        options = replace(self.options, queue=chosen, add={**self.options.add, **add}, conn=conn)
         return Task(self.app, self.fn, self.name, options)
 
     def body(self, kwargs: Mapping[str, Any]) -> bytes:

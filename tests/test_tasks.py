@@ -59,6 +59,8 @@ def test_a_wrong_call_fails_in_the_caller_and_adds_nothing(client):
         send_email.defer(to="a", subject=float("nan"))
     with pytest.raises(InvalidArgumentError, match="unknown option"):
         send_email.using(priority=3)
+    with pytest.raises(InvalidArgumentError):  # it fell back to the task's queue
+        send_email.using(queue="")
     assert client.qlen("mail") == 0
 
 
