@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 import re
 
+from pgq.arguments import port_number
 from pgq.errors import InvalidArgumentError
 
 __all__ = ["valid_host", "valid_port", "check_host", "parse_address"]
@@ -53,8 +54,7 @@ def parse_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    # isascii and at most 5 digits: isdigit() takes '²', which int() refuses
-    if not sep or not host or not (port.isascii() and port.isdigit() and len(port) <= 5) \
-            or not valid_port(int(port)):
+    number = port_number(port)
+    if number is None or not sep or not host or not valid_port(number):
         raise InvalidArgumentError(f"expected HOST:PORT, not {text!r}")
-    return check_host(host), int(port)
+    return check_host(host), number

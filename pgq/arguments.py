@@ -139,6 +139,15 @@ def text(name: str, value: object, max_chars: int) -> str:
     return value[:max_chars]
 
 
+def port_number(text: str) -> int | None:
+    """A TCP port's digits as a number, None when they are not ASCII digits
+    (str.isdigit() takes '²' and other scripts' digits, which int() refuses
+    or reads as another number) or too many for a port; callers bound it."""
+    if text.isascii() and text.isdigit() and len(text) <= 5:
+        return int(text)
+    return None
+
+
 def queue_names(values: Iterable[object]) -> list[str]:
     """One or more queue names, in priority order; duplicates keep their first position."""
     names: list[str] = []

@@ -121,14 +121,7 @@ class ClientOptions:
             raise InvalidTypeError("migrate must be a bool or None")
         # libpq sends it as a C string: a NUL cut it short, a lone surrogate
         # failed every connection (30 s later, as "database unavailable").
-        if not isinstance(self.application_name, str):
-            raise InvalidTypeError("application_name must be a str")
-        if "\x00" in self.application_name:
-            raise InvalidArgumentError("application_name holds a NUL character")
-        try:
-            self.application_name.encode()
-        except UnicodeEncodeError:
-            raise InvalidArgumentError("application_name is not valid Unicode text") from None
+        args.text("application_name", self.application_name, max_chars=len(self.application_name))
 
 
 def translate_database_error(exc: psycopg.Error) -> Exception | None:

@@ -20,6 +20,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from .arguments import port_number, text
 from .errors import InvalidArgumentError
 
 __all__ = ["libpq_url", "host_and_port", "redact", "MASK"]
@@ -30,12 +31,7 @@ MASK = "***"
 def _params(dsn: str) -> dict[str, Any]:
     # libpq reads C strings: "host=a\x00b" was silently host a, and a lone
     # surrogate raised UnicodeEncodeError from inside psycopg.
-    if "\x00" in dsn:
-        raise InvalidArgumentError("invalid DSN: it holds a NUL character")
-    try:
-        dsn.encode()
-    except UnicodeEncodeError:
-        raise InvalidArgumentError("invalid DSN: it is not valid Unicode text") from None
+    text("the DSN", dsn, max_chars=len(dsn))
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
@@ -43,8 +39,7 @@ def _params(dsn: str) -> dict[str, Any]:
     for port in str(params.get("port") or "").split(","):
         # isascii: str.isdigit() takes '²' and other scripts' digits, which
         # int() refuses or reads as another number
-        if port and not (port.isascii() and port.isdigit() and len(port) <= 5
-                         and 0 < int(port) < 65536):
+        if port and not 0 < (port_number(port) or 0) < 65536:
             raise InvalidArgumentError(
                 f"invalid DSN: port {port!r} is not a TCP port (1-65535)")
     return params

@@ -33,7 +33,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -51,8 +50,6 @@ from .job import Job
 from .jsonable import body_fields, jsonable
 
 __all__ = ["create_app", "OPENAPI"]
-
-log = logging.getLogger("pgq")
 
 _ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "timeout", "priority")
 # The fields each body may hold: any other is refused (a typo such as

@@ -29,10 +29,13 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 def parse_listen(text: str) -> tuple[str, int]:
     """(host, port) of HOST:PORT (or :PORT, on loopback); ValueError if the
     port is not a number in 0..65535."""
+    from .arguments import port_number
+
     host, _, port = text.rpartition(":")
-    if not (port.isascii() and port.isdigit() and len(port) <= 5 and int(port) <= 65535):
+    number = port_number(port)
+    if number is None or number > 65535:
         raise ValueError(f"not a port: {port!r}")
-    return host or "127.0.0.1", int(port)
+    return host or "127.0.0.1", number
 
 
 class WorkerMetrics:

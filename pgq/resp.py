@@ -34,6 +34,7 @@ from typing import Any
 
 from . import commands, errors
 from .aio import AsyncClient
+from .arguments import DEFAULT_TTL, MAX_REPLICATE
 from .job import Job
 
 __all__ = ["Parser", "ProtocolError", "Status", "Error", "NULL_ARRAY", "encode", "Session",
@@ -234,8 +235,8 @@ def _check_addjob(options: dict[str, Any]) -> None:
     REPLICATE, a priority, a key)."""
     replicate, delay, retry = options.get("replicate"), options.get("delay"), options.get("retry")
     ttl = options.get("ttl")
-    if replicate is not None and not 1 <= replicate <= 65535:
-        raise _Syntax("ERR REPLICATE must be between 1 and 65535")
+    if replicate is not None and not 1 <= replicate <= MAX_REPLICATE:
+        raise _Syntax(f"ERR REPLICATE must be between 1 and {MAX_REPLICATE}")
     if delay is not None and delay < 0:
         raise _Syntax("ERR DELAY time must be a non negative number")
     if retry is not None and retry < 0:
@@ -244,7 +245,7 @@ def _check_addjob(options: dict[str, Any]) -> None:
         raise _Syntax("ERR TTL must be a number > 0")
     if options.get("maxlen") is not None and options["maxlen"] <= 0:
         raise _Syntax("ERR MAXLEN must be a positive number")
-    if delay is not None and delay >= (ttl if ttl is not None else 86400):
+    if delay is not None and delay >= (ttl if ttl is not None else DEFAULT_TTL):
         raise _Syntax("ERR The specified DELAY is greater than TTL. Job refused since would "
                       "never be delivered")
     if retry == 0 and replicate is not None and replicate > 1:  # a default W is one copy here
@@ -645,9 +646,9 @@ class Session:
             lines = [f"{n['id']} {':'.join(self._client_address(n))} {self._node_flags(n)}"
                      for n in info["nodes"]]
             return ("\n".join(lines) + "\n").encode()
-        if sub == b"leaving" and len(args) == 1:  # HELLO shows a leaving node at priority 100
+        if sub == b"leaving" and len(args) == 1:
             me = [n for n in (await self.client.hello())["nodes"] if n["id"] == self.client.node_id]
-            return Status("yes" if me and int(me[0]["priority"]) == 100 else "no")
+            return Status("yes" if me and me[0]["leaving"] else "no")
         if sub == b"leaving" and len(args) == 2 and args[1].lower() in (b"yes", b"no"):
             await self.client.cluster_leaving(args[1].lower() == b"yes")
             return Status("OK")

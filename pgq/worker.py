@@ -257,10 +257,7 @@ class Worker:
 
         def register(fn: Handler) -> Handler:
             schedule_name = name or f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', queue)}"
-            if not isinstance(body, (bytes, str)):  # bytes(5) is five NUL bytes
-                raise InvalidTypeError(f"a periodic job's body is bytes or str, not "
-                                       f"{type(body).__name__}")
-            data = args.body_bytes(body, args.HARD_MAX_BODY_SIZE)
+            data = args.body_bytes(body, args.HARD_MAX_BODY_SIZE)  # bytes(5) was 5 NULs
             self.schedules.append(Schedule(schedule_name, cron, queue, data, tz, dict(options)))
             self.scheduler = True
             if queue not in self.tasks:
