@@ -402,10 +402,14 @@ class Worker:
                 with anyio.move_on_after(self.poll_timeout):
                     await self._room.wait()
                 continue
-            # Jobs finishing in this same turn of the event loop free their
-            # slots too: let them, so one claim fills many slots instead of
-            # a claim per slot.
-            await anyio.lowlevel.checkpoint()
+            if self._free() < self.batch:
+                # Jobs finishing in this same turn of the event loop free
+                # their slots too: let them, so one claim fills many slots
+                # instead of a claim per slot. With a full batch of room
+                # already, claim at once: the runners then work through the
+                # jobs of the last claim while this one is in flight, where
+                # yielding first ran them before it and the two took turns.
+                await anyio.lowlevel.checkpoint()
             free = min(self._free(), self.batch)
             try:
                 started = time.perf_counter()
