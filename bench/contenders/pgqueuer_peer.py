@@ -29,6 +29,25 @@ ENTRY = "bench"
 # (steady state), counting the jobs handled until then. This leaves out the
 # flush of pgqueuer's last buffered completions (at most 0.1 s), in
 # pgqueuer's favour; pgq's clock runs until its last ACK is committed.
+# Once the clock stopped, its managers get GRACE seconds to return and are
+# then cancelled: waiting out those idle seconds measured nothing, and each
+# run is a process of its own whose database is dropped after it (they
+# were about 17 s of the suite's smoke run of the bench).
+GRACE = 0.5
+
+
+async def _end(tasks: list[asyncio.Task[Any]], managers: list[Any]) -> None:
+    """Tell the managers to stop; cancel those still running after GRACE.
+    A consumer that failed before that raises here (it must not look like a
+    slow one)."""
+    for qm in managers:
+        qm.shutdown.set()
+    _done, running = await asyncio.wait(tasks, timeout=GRACE)
+    for task in running:
+        task.cancel()
+    for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(outcome, Exception):
+            raise outcome
 
 
 async def _connect(dsn: str) -> psycopg.AsyncConnection:
@@ -72,19 +91,24 @@ def burn(dsn: str, n: int, batch: int, consumers: int = 2,
                 done[0] += 1
                 if done[0] == n:
                     last.append(time.perf_counter())
+                    finished.set()
 
             await qm.run(batch_size=batch, mode=QueueExecutionMode.drain,
                          dequeue_timeout=timedelta(seconds=0.5))
 
+        finished = asyncio.Event()
         started = time.perf_counter()
         tasks = [asyncio.create_task(consume()) for _ in range(consumers)]
-        try:
-            await asyncio.wait_for(asyncio.gather(*tasks), timeout=max_seconds)
-        except TimeoutError:
-            for qm in managers:
-                qm.shutdown.set()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        # Until every job is handled, every consumer returned, or time is up.
+        waiting = asyncio.create_task(finished.wait())
+        deadline = started + max_seconds
+        while not finished.is_set() and not all(task.done() for task in tasks) \
+                and time.perf_counter() < deadline:
+            await asyncio.wait([*tasks, waiting], timeout=deadline - time.perf_counter(),
+                               return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
         ended = last[0] if last else time.perf_counter()
+        await _end(tasks, managers)
         return {"jobs": done[0], "seconds": ended - started}
 
     return asyncio.run(run())
@@ -119,11 +143,7 @@ def steady(dsn: str, producers: int, consumers: int, seconds: float, batch: int 
         workers = [asyncio.create_task(consume()) for _ in range(consumers)]
         await asyncio.gather(*(produce() for _ in range(producers)))
         elapsed, consumed = time.perf_counter() - started, len(ages)  # see SHUTDOWN
-        for qm in managers:
-            qm.shutdown.set()
-        for outcome in await asyncio.gather(*workers, return_exceptions=True):
-            if isinstance(outcome, Exception):
-                raise outcome  # a failed consumer must not look like a slow one
+        await _end(workers, managers)
         return {"jobs": consumed, "seconds": elapsed, **percentiles(ages)}
 
     return asyncio.run(run())
