@@ -25,7 +25,12 @@ Invariants, and why:
   node down), the scheduler adds one job for the latest missed tick if it
   is at most ``catch_up`` seconds old (an hour by default, per schedule),
   and none for the older ones: a backlog of identical jobs is rarely what a
-  periodic task wants. A new schedule starts with the next tick.
+  periodic task wants. A new schedule, or one whose cron expression or
+  time zone changed, starts with the next tick.
+* **One schedule's failure is its own.** Each tick is claimed and its job
+  added in a transaction of its own: a refused add (a paused queue, say)
+  is logged and tried again at the scheduler's next look, and the other
+  schedules go on.
 * **Cron expressions** are parsed by ``cronsim`` (five fields, ``@daily``
   and friends, ``L``, ``#``), in the schedule's time zone (``zoneinfo``
   names), so "0 3 * * *" stays at 03:00 local time across DST changes.
@@ -48,19 +53,20 @@ import psycopg
 
 from . import arguments as args
 from . import statements as sql
-from .errors import InvalidArgumentError, InvalidTypeError
+from .errors import InvalidArgumentError, InvalidTypeError, PgqError
 
 __all__ = ["Schedule", "Scheduler", "due_tick", "latest_tick", "next_tick", "DEFAULT_CATCH_UP"]
 
 log = logging.getLogger("pgq.periodic")
 DEFAULT_CATCH_UP = 3600.0
+ON_TIME = 60.0  # seconds: the scheduler's longest sleep between two looks (_until_next)
 _ADD_OPTIONS = ("replicate", "retry", "ttl")
 
 
 def _zone(tz: str) -> ZoneInfo:
     try:
         return ZoneInfo(tz)
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # OSError: a directory ("America")
         raise InvalidArgumentError(f"unknown time zone {tz!r} (use an IANA name like "
                                    "'UTC' or 'Europe/Paris')") from None
 
@@ -88,11 +94,17 @@ def due_tick(cron: str, tz: str, last_tick: dt.datetime | None, now: dt.datetime
              catch_up: float = DEFAULT_CATCH_UP) -> dt.datetime | None:
     """The tick whose job is due now, if any: the latest tick at or before
     ``now``, when it is after ``last_tick`` and at most ``catch_up``
-    seconds old (older missed ticks are skipped)."""
+    seconds old (older missed ticks are skipped). A tick at most
+    ``ON_TIME`` seconds old is never missed, whatever ``catch_up``: the
+    scheduler wakes just after a tick, and looks at least that often."""
     tick = latest_tick(cron, tz, now)
-    if last_tick is not None and tick <= last_tick:
+    # Compared as instants: two datetimes of one time zone compare by wall
+    # clock, ignoring DST's fold, so the second 02:00 of an autumn night
+    # (last_tick read back in the session's zone) looked no later than the
+    # first, and the hour's ticks were dropped.
+    if last_tick is not None and tick.astimezone(dt.UTC) <= last_tick.astimezone(dt.UTC):
         return None
-    if (now - tick).total_seconds() > catch_up:
+    if (now - tick).total_seconds() > max(catch_up, ON_TIME):
         return None
     return tick
 
@@ -154,6 +166,8 @@ def load(conn: psycopg.Connection[Any]) -> list[tuple[Schedule, dt.datetime | No
     out = []
     for name, cron, tz, queue, body, options, last in conn.execute(sql.SCHEDULES).fetchall():
         try:
+            if not isinstance(options, dict | None):
+                raise InvalidTypeError(f"its options are {type(options).__name__}, not an object")
             out.append((Schedule(name, cron, queue, bytes(body), tz, dict(options or {})), last))
         except (InvalidArgumentError, InvalidTypeError) as exc:
             log.warning("periodic: schedule %s is skipped: %s", name, exc)
@@ -176,25 +190,43 @@ class Scheduler:
         job this call added (another scheduler may have added some)."""
         now = now or dt.datetime.now(dt.UTC)
         added = []
-        with psycopg.connect(self.client.dsn) as conn:
+        # Autocommit: each schedule's tick is its own transaction, so one
+        # whose add is refused (a paused queue, NOREPL) is logged and
+        # retried at the next look, and the others' jobs are added (one
+        # transaction for all rolled every schedule back, and stopped them).
+        with psycopg.connect(self.client.dsn, autocommit=True) as conn:
             schedules = load(conn)
             for schedule, last in schedules:
                 tick = due_tick(schedule.cron, schedule.tz, last, now, schedule.catch_up)
                 if tick is None:
                     continue
-                with conn.transaction():
-                    row = conn.execute(sql.CLAIM_TICK, {"name": schedule.name,
-                                                        "tick": tick}).fetchone()
-                    if row is None:
-                        continue  # another scheduler took this tick
-                    job_id = self.client.add_job(schedule.queue, schedule.body, conn=conn,
-                                                 **schedule.add_options())
+                try:
+                    job_id = self._fire(conn, schedule, tick)
+                except psycopg.OperationalError:
+                    raise  # the connection: no schedule can go on
+                except (PgqError, psycopg.Error) as exc:
+                    log.warning("periodic: %s could not add its job for its tick %s: %s",
+                                schedule.name, tick.isoformat(), exc)
+                    continue
+                if job_id is None:
+                    continue  # another scheduler took this tick
                 added.append((schedule.name, tick, job_id))
                 log.info("periodic: %s added job %s for its tick %s", schedule.name, job_id,
                          tick.isoformat())
-            conn.commit()
         self.next_in = _until_next(schedules, now)
         return added
+
+    def _fire(self, conn: psycopg.Connection[Any], schedule: Schedule,
+              tick: dt.datetime) -> str | None:
+        """Claim ``tick`` and add its job, in one transaction: the job's ID,
+        or None if another scheduler claimed it first."""
+        with conn.transaction():
+            row = conn.execute(sql.CLAIM_TICK, {"name": schedule.name, "tick": tick}).fetchone()
+            if row is None:
+                return None
+            job_id: str = self.client.add_job(schedule.queue, schedule.body, conn=conn,
+                                              **schedule.add_options())
+            return job_id
 
     def seconds_to_next(self, now: dt.datetime | None = None) -> float:
         """Until the next tick of any schedule (at most 60 s: schedules change)."""

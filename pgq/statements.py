@@ -1030,7 +1030,12 @@ INSERT INTO pgq.periodic AS p (name, cron, tz, queue, body, options, last_tick)
 VALUES (%(name)s, %(cron)s, %(tz)s, %(queue)s, %(body)s, %(options)s::jsonb, %(start_tick)s)
 ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, tz = excluded.tz, queue = excluded.queue,
     body = excluded.body, options = excluded.options, updated_at = pgq.now(),
-    last_tick = coalesce(p.last_tick, excluded.last_tick)
+    -- a changed cron or time zone starts again from the next tick, as a new
+    -- schedule does; unchanged (a worker saving its schedules at start), a
+    -- tick missed meanwhile is still caught up
+    last_tick = CASE WHEN (p.cron, p.tz) IS DISTINCT FROM (excluded.cron, excluded.tz)
+                     THEN excluded.last_tick
+                     ELSE coalesce(p.last_tick, excluded.last_tick) END
 """
 
 SCHEDULES = """

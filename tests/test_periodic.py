@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 import threading
+from zoneinfo import ZoneInfo
 
 import psycopg
 import pytest
@@ -49,10 +50,36 @@ def test_due_ticks_fire_once_and_coalesce_what_was_missed():
                              catch_up=600) is None
 
 
+def test_the_hour_after_an_autumn_dst_change_keeps_its_ticks():
+    """The second 02:00 of 2024-10-27 in Paris (01:00 UTC) follows the first
+    (00:00 UTC). last_tick comes back from the database in the session's
+    zone, the same tzinfo as the tick: compared by wall clock they looked
+    equal, and the repeated hour's ticks were dropped."""
+    paris = dt.datetime(2024, 10, 27, 0, 0, tzinfo=UTC).astimezone(ZoneInfo("Europe/Paris"))
+    assert paris.hour == 2 and paris.fold == 0
+    tick = periodic.due_tick("0 * * * *", "Europe/Paris", paris, at("2024-10-27T01:00:30"))
+    assert tick is not None and tick.astimezone(UTC) == at("2024-10-27T01:00")
+    every15 = [periodic.due_tick("*/15 * * * *", "Europe/Paris", paris + dt.timedelta(minutes=i),
+                                 at("2024-10-27T01:00") + dt.timedelta(minutes=i + 15, seconds=5))
+               for i in (0, 15, 30)]
+    assert all(t is not None for t in every15)
+
+
+def test_a_tick_seen_on_time_fires_whatever_catch_up_says():
+    # the scheduler wakes 0.05 s after a tick: catch_up=0 used to mean never
+    tick = at("2026-11-25T09:00")
+    assert periodic.due_tick("0 * * * *", "UTC", None, tick + dt.timedelta(seconds=0.05),
+                             catch_up=0) == tick
+    assert periodic.due_tick("0 * * * *", "UTC", None, tick + dt.timedelta(minutes=5),
+                             catch_up=0) is None  # missed, and no catching up
+
+
 @pytest.mark.parametrize("cron,tz,message", [
     ("61 * * * *", "UTC", "invalid cron expression"),
     ("* * *", "UTC", "invalid cron expression"),
     ("* * * * *", "Mars/Olympus", "unknown time zone"),
+    ("* * * * *", "America", "unknown time zone"),  # a directory: IsADirectoryError
+    ("* * * * *", "x" * 300, "unknown time zone"),  # a name too long: OSError
 ])
 def test_bad_schedules_are_refused_with_what_to_fix(cron, tz, message):
     with pytest.raises(InvalidArgumentError, match=message):
@@ -97,6 +124,56 @@ def test_one_job_per_tick_however_many_schedulers_run(client, dsn):
         conn.execute("INSERT INTO pgq.periodic (name, cron, queue) VALUES ('broken', 'nope', 'q')")
     assert [t for _, t, _ in schedulers[3].fire_due(at("2026-11-25T09:05"))] == [at("2026-11-25T09:05")]
     assert 0 < schedulers[0].seconds_to_next(at("2026-11-25T09:01")) <= 240
+
+
+def test_one_schedule_that_cannot_add_stops_no_other(client, dsn):
+    start = at("2026-11-25T08:52")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name, queue in (("a-paused", "paused-q"), ("b-fine", "fine-q")):
+            periodic.save(conn, periodic.Schedule(name, "*/5 * * * *", queue), start)
+        # hand-edited rows whose options are no object are skipped, not fatal
+        conn.execute("INSERT INTO pgq.periodic (name, cron, queue, options) "
+                     "VALUES ('c-list', '* * * * *', 'q', '[1]'), ('d-text', '* * * * *', 'q', '\"x\"')")
+    client.pause("paused-q", "in")
+    scheduler = periodic.Scheduler(client)
+    added = scheduler.fire_due(at("2026-11-25T08:55"))
+    assert [(name, tick) for name, tick, _ in added] == [("b-fine", at("2026-11-25T08:55"))]
+    assert client.qlen("fine-q") == 1 and client.qlen("paused-q") == 0
+    client.pause("paused-q", "none")  # its tick was not claimed: the next look adds it
+    assert [name for name, _, _ in scheduler.fire_due(at("2026-11-25T08:56"))] == ["a-paused"]
+    assert client.qlen("paused-q") == 1
+
+
+def test_a_changed_schedule_starts_at_its_next_tick(client, dsn):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        periodic.save(conn, periodic.Schedule("nightly", "0 3 * * *", "backups"),
+                      at("2026-11-25T03:00:10"))
+    scheduler = periodic.Scheduler(client)
+    with psycopg.connect(dsn, autocommit=True) as conn:  # at 10:20, made hourly
+        periodic.save(conn, periodic.Schedule("nightly", "0 * * * *", "backups"),
+                      at("2026-11-25T10:20"))
+    assert scheduler.fire_due(at("2026-11-25T10:20:30")) == []  # not the 10:00 tick
+    assert [t for _, t, _ in scheduler.fire_due(at("2026-11-25T11:00:01"))] == [at("2026-11-25T11:00")]
+    with psycopg.connect(dsn, autocommit=True) as conn:  # saved unchanged: a missed tick stays due
+        periodic.save(conn, periodic.Schedule("nightly", "0 * * * *", "backups"),
+                      at("2026-11-25T12:10"))
+    assert [t for _, t, _ in scheduler.fire_due(at("2026-11-25T12:10:30"))] == [at("2026-11-25T12:00")]
+
+
+def test_two_periodic_functions_may_not_share_a_queue(client):
+    worker = pgq.Worker(client, concurrency=1)
+
+    @worker.periodic("0 * * * *", queue="maint")
+    def hourly(job):
+        pass
+
+    with pytest.raises(InvalidArgumentError, match="already has a handler"):
+        @worker.periodic("0 3 * * *", queue="maint")
+        def nightly(job):
+            pass
+
+    worker.periodic("30 * * * *", queue="maint", name="hourly-too")(hourly)  # one function, two schedules
+    assert [s.name for s in worker.schedules] == [f"{__name__}.{hourly.__qualname__}", "hourly-too"]
 
 
 def test_a_workers_periodic_task_is_scheduled_and_served(client, dsn):
