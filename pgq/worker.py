@@ -78,6 +78,7 @@ __all__ = ["Worker", "TaskOptions", "WorkerStats", "DEFAULT_MAX_DELIVERIES"]
 # traceback), as Celery's max_retries and DQueue's max_retries bound theirs:
 # not "retry until the TTL, then vanish". max_deliveries=None restores that.
 DEFAULT_MAX_DELIVERIES = 5
+ACK_RETRY = 1.0  # seconds between two attempts to ACK after the database refused or was away
 
 log = logging.getLogger("pgq.worker")
 
@@ -258,9 +259,17 @@ class Worker:
         def register(fn: Handler) -> Handler:
             schedule_name = name or f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', queue)}"
             data = args.body_bytes(body, args.HARD_MAX_BODY_SIZE)  # bytes(5) was 5 NULs
-            self.schedules.append(Schedule(schedule_name, cron, queue, data, tz, dict(options)))
+            schedule = Schedule(schedule_name, cron, queue, data, tz, dict(options))
+            known = self.tasks.get(queue)
+            if known is not None and known.handler is not fn:
+                # A queue has one handler: the second schedule's jobs would
+                # have run the first one's function.
+                raise InvalidArgumentError(
+                    f"queue {queue!r} already has a handler ({_name_of(known.handler)}): give "
+                    "each periodic function its own queue, or one function several schedules")
+            self.schedules.append(schedule)
             self.scheduler = True
-            if queue not in self.tasks:
+            if known is None:
                 self._register(queue, fn, {})
             return fn
         return register
@@ -342,7 +351,9 @@ class Worker:
                     await self._claim_until_stopped()
                     await self._drain(jobs)
                     jobs.cancel_scope.cancel()  # the runners, idle by now
-                await self._flush_acks()
+                if not await self._flush_acks():
+                    log.warning("worker: %d finished job(s) left unacknowledged: they will be "
+                                "delivered again after their retry", len(self._acks))
                 tasks.cancel_scope.cancel()
         return self.stats
 
@@ -474,7 +485,10 @@ class Worker:
             log.info("worker: %d job(s) still running after %g s: NACKed", len(left), self.grace)
             jobs.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
-                await self.client.nack_job(*left)
+                try:
+                    await self.client.nack_job(*left)
+                except (PgqError, psycopg.Error) as exc:  # they come back after their retry
+                    log.warning("worker: could not NACK the interrupted jobs: %s", exc)
             for job in left.values():
                 self.stats.count(job.queue, "interrupted")
                 self._done(job, "interrupted")
@@ -640,23 +654,33 @@ class Worker:
             log.warning("worker: job %s of %s failed (%s)\n%s", job.id, job.queue, reason, failure.trace)
         else:
             log.warning("worker: job %s of %s failed (%s)", job.id, job.queue, reason)
+        try:
+            outcome = await self._settle_failure(job, opts, reason, failure.trace, over, policy, nacks)
+        except (PgqError, psycopg.Error) as exc:
+            # The database refused or is away: the job stays claimed and
+            # comes back after its retry, as if this worker had died. Never
+            # an error that ends the worker.
+            log.warning("worker: could not record the failure of job %s (it will be delivered "
+                        "again after its retry): %s", job.id, exc)
+            outcome = "failed"
+        self.stats.count(job.queue, outcome)
+        self._done(job, outcome)
+
+    async def _settle_failure(self, job: Job, opts: TaskOptions, reason: str, trace: str,
+                              over: bool, policy: bool, nacks: int) -> str:
+        """Dead-letter, FASTACK or NACK a failed job; its outcome's name."""
         if over or (job.retry == 0 and policy):
             # the dead letter keeps the traceback, for whoever looks at it later
-            full = _safe_text(f"{reason}\n{failure.trace}" if failure.trace else reason)
+            full = _safe_text(f"{reason}\n{trace}" if trace else reason)
             if self.keep_results is not None:
                 await self._keep(job, None, full)
             await self.client.dead_letter(job.id, reason=full)
-            self.stats.count(job.queue, "dead")
-            self._done(job, "dead")
-        elif job.retry == 0:
+            return "dead"
+        if job.retry == 0:
             await self.client.fast_ack(job.id)  # at-most-once: never delivered again
-            self.stats.count(job.queue, "failed")
-            self._done(job, "failed")
-        else:
-            delay = backoff_delay(opts, nacks)
-            await self.client.nack_job(job.id, delay=delay)
-            self.stats.count(job.queue, "failed")
-            self._done(job, "failed")
+            return "failed"
+        await self.client.nack_job(job.id, delay=backoff_delay(opts, nacks))
+        return "failed"
 
     async def _keep(self, job: Job, value: bytes | None, error: str | None) -> None:
         """Store a result before the ACK (a crash between them reruns the
@@ -677,16 +701,30 @@ class Worker:
         while True:
             await self._acks_ready.wait()
             await anyio.sleep(0.005)  # let a few more finish: one ACK statement for all
-            await self._flush_acks()
+            if not await self._flush_acks():
+                await anyio.sleep(ACK_RETRY)
 
-    async def _flush_acks(self) -> None:
+    async def _flush_acks(self) -> bool:
+        """ACK the finished jobs; False if the database refused or could not
+        be reached. Their IDs then stay for the next flush: a worker that
+        lost its database for a while goes on (the jobs may be delivered
+        again meanwhile, as at-least-once allows), where the error used to
+        end the worker and drop the IDs."""
         self._acks_ready = anyio.Event()
         ids, self._acks = self._acks, []
-        if ids:
-            started = time.perf_counter()
+        if not ids:
+            return True
+        started = time.perf_counter()
+        try:
             with anyio.CancelScope(shield=True):
                 await self.client.ack_job(*ids)
-            self._observe("ack", time.perf_counter() - started)
+        except (PgqError, psycopg.Error) as exc:
+            log.warning("worker: could not acknowledge %d job(s), trying again: %s", len(ids), exc)
+            self._acks[:0] = ids
+            self._acks_ready.set()
+            return False
+        self._observe("ack", time.perf_counter() - started)
+        return True
 
     # ------------------------------------------------------------ metrics
 
@@ -706,6 +744,11 @@ class _no_timeout:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def _name_of(handler: Handler) -> str:
+    return str(getattr(handler, "__qualname__", None) or getattr(handler, "__name__", None)
+               or repr(handler))
 
 
 def _is_async(handler: Handler) -> bool:

@@ -328,3 +328,50 @@ def test_a_result_that_cannot_be_encoded_acknowledges_the_job_and_says_why(clien
     assert client.show(job_id) is None or client.show(job_id)["state"] == "acked"
     value, error = client.wait_result(job_id, timeout=0)
     assert value is None and "could not be kept: InvalidTypeError: set is not JSON" in error
+
+
+
+class _AwayDatabase:
+    """The worker's client while its database is away: each call raises
+    what pgq.AsyncClient raises then (a unit test of the worker's rule for
+    it; the client's own reconnecting is tested against a real server)."""
+
+    def __init__(self) -> None:
+        self.away = True
+        self.acked: list[tuple[str, ...]] = []
+
+    async def ack_job(self, *ids: str) -> int:
+        if self.away:
+            raise pgq.errors.DatabaseUnavailableError("the database is away")
+        self.acked.append(ids)
+        return len(ids)
+
+    async def nack_job(self, *ids: str, delay: float | None = None) -> int:
+        raise pgq.errors.DatabaseUnavailableError("the database is away")
+
+
+def test_a_database_away_neither_ends_the_worker_nor_loses_its_acks():
+    """An ACK or a NACK the database could not take used to end the worker
+    (and drop the IDs taken for the ACK)."""
+    from pgq.worker import _JobFailed
+
+    worker = pgq.Worker("dbname=unused", concurrency=1)
+    worker.task("q")(lambda job: None)
+    away = _AwayDatabase()
+
+    async def main() -> None:
+        worker.client = away  # type: ignore[assignment]
+        worker._acks, worker._acks_ready = [], anyio.Event()
+        worker._ack_later("a")
+        worker._ack_later("b")
+        assert await worker._flush_acks() is False
+        assert worker._acks == ["a", "b"] and worker._acks_ready.is_set()
+        worker._ack_later("c")
+        away.away = False
+        assert await worker._flush_acks() is True
+        assert away.acked == [("a", "b", "c")] and worker._acks == []
+        job = pgq.Job("D-x", "q", b"", nacks=0, additional_deliveries=0, retry=5.0)
+        await worker._failed(worker.tasks["q"], job, _JobFailed("boom"))  # its NACK fails
+        assert worker.stats.failed == 1
+
+    anyio.run(main)
