@@ -180,12 +180,13 @@ class Tasks:
         def register(fn: Callable[P, R]) -> Task[P, R]:
             if not callable(fn):
                 raise InvalidTypeError("a task must be a function")
-            task_name = name or f"{fn.__module__}.{fn.__qualname__}"
+            task_name = name or f"{getattr(fn, '__module__', None)}.{_qualname(fn)}"
             if task_name in self.tasks:
                 raise InvalidArgumentError(f"a task named {task_name!r} exists already "
                                            "(give one of them name=...)")
             task: Task[P, R] = Task(self, fn, task_name,
-                                    _Options(queue or fn.__name__, dict(add)))
+                                    _Options(queue_name(queue) if queue is not None
+                                             else _default_queue(fn), dict(add)))
             self.tasks[task_name] = task
             return task
 
@@ -229,6 +230,12 @@ class Tasks:
         """A :class:`pgq.Worker` serving every task's queue (options as Worker's)."""
         from .worker import Worker
 
+        if options.get("transactional"):
+            # Tasks.run takes the job alone: a transactional handler is
+            # called with (job, conn), which failed every job into the
+            # dead letters.
+            raise InvalidArgumentError("Tasks.worker() cannot be transactional: use "
+                                       "pgq.Worker with a handler fn(job, conn) for that")
         if not self.tasks:
             raise InvalidArgumentError("no task registered: decorate functions with @tasks.task()")
         # all async: run on the worker's loop; otherwise sync handlers in
@@ -265,3 +272,17 @@ class Tasks:
 
 async def _awaited(awaitable: Any) -> Any:
     return await awaitable
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+               or type(fn).__name__)
+
+
+def _default_queue(fn: Callable[..., Any]) -> str:
+    """A task's queue when none is given: its function's name (a callable
+    without one, a partial say, raised AttributeError)."""
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"{fn!r} has no name to make its queue: give the task queue=...")
+    return queue_name(name)

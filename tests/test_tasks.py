@@ -4,6 +4,7 @@ unknown tasks end in the dead letters."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import psycopg
@@ -62,6 +63,17 @@ def test_a_wrong_call_fails_in_the_caller_and_adds_nothing(client):
     with pytest.raises(InvalidArgumentError):  # it fell back to the task's queue
         send_email.using(queue="")
     assert client.qlen("mail") == 0
+
+
+def test_a_task_without_a_queue_name_is_refused_when_made(client):
+    app = pgq.Tasks(client)
+    with pytest.raises(InvalidArgumentError):  # it became the queue 'send'
+        app.task("")(lambda to: None)
+    with pytest.raises(InvalidArgumentError, match="queue="):  # a partial has no __name__
+        app.task()(functools.partial(print, "x"))
+    assert app.task("mail", name="p")(functools.partial(print, "x")).options.queue == "mail"
+    with pytest.raises(InvalidArgumentError, match="transactional"):  # every job failed
+        app.worker(transactional=True)
 
 
 def test_a_defer_inside_the_callers_transaction_commits_with_it(client, dsn):
