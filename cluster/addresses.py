@@ -25,6 +25,7 @@ from pgq.errors import InvalidArgumentError
 __all__ = ["valid_host", "valid_port", "check_host", "parse_address"]
 
 _LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
+_SCOPE = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # an interface name or number (IFNAMSIZ)
 
 
 def valid_host(host: object) -> bool:
@@ -32,10 +33,13 @@ def valid_host(host: object) -> bool:
         return False
     try:
         ipaddress.ip_address(host)
-        return True
     except ValueError:
-        pass
-    return all(_LABEL.match(label) for label in host.removesuffix(".").split("."))
+        return all(_LABEL.match(label) for label in host.removesuffix(".").split("."))
+    # An IPv6 scope id ("fe80::1%eth0") is any text to ipaddress: a NUL or a
+    # newline there passed, and made every save of the members fail on
+    # every node the address was gossiped to.
+    _address, _sep, scope = host.partition("%")
+    return _SCOPE.fullmatch(scope) is not None if _sep else True
 
 
 def valid_port(port: object) -> bool:

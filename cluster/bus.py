@@ -286,6 +286,12 @@ class Bus:
             try:
                 stream = await anyio.connect_tcp(host, port, local_host=self.host)
             except Exception:  # OSError, and anything a resolver may raise
+                if time.monotonic() - link.used > self.limits.link_idle:
+                    # Unreachable, and nothing sent to it for that long (a
+                    # node forgotten, an address mistyped): its messages go
+                    # with the link, which kept its slot for ever before.
+                    self.stats.dropped += len(link.take())
+                    return
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue

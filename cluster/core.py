@@ -209,7 +209,8 @@ class NodeCore:
         self.node_id = node_id
         self.leaving = bool(leaving)
         me = m.Member(node_id, self.settings.bus_host, self.settings.bus_port,
-                      int(incarnation) + 1, "alive", self.leaving, self.settings.name)
+                      min(int(incarnation) + 1, m.MAX_INCARNATION), "alive", self.leaving,
+                      self.settings.name)
         self.membership = Membership(me, self.settings.membership, self.rng)
         self.replicator = Replicator(node_id, self.rng)
         self.acks = AckCollector(node_id)
@@ -319,16 +320,24 @@ class NodeCore:
             self._members_dirty = False
             members = list(self.membership.members.values())
             forgotten, self._forgotten = self._forgotten, []
-            yield _rows(sql.SAVE_MEMBERS, {
-                "ids": [x.id for x in members], "names": [x.name for x in members],
-                "hosts": [x.host for x in members], "ports": [x.port for x in members],
-                "statuses": [x.status for x in members],
-                "incarnations": [x.incarnation for x in members],
-                "leavings": [x.leaving for x in members], "forgotten": forgotten,
-                "dsns": [self.adverts.get(x.id) or None for x in members],
-                "resps": [(self.settings.advertise_resp if x.id == self.node_id
-                           else self.resp_adverts.get(x.id)) or None for x in members],
-            })
+            try:
+                yield _rows(sql.SAVE_MEMBERS, {
+                    "ids": [x.id for x in members], "names": [x.name for x in members],
+                    "hosts": [x.host for x in members], "ports": [x.port for x in members],
+                    "statuses": [x.status for x in members],
+                    "incarnations": [x.incarnation for x in members],
+                    "leavings": [x.leaving for x in members], "forgotten": forgotten,
+                    "dsns": [self.adverts.get(x.id) or None for x in members],
+                    "resps": [(self.settings.advertise_resp if x.id == self.node_id
+                               else self.resp_adverts.get(x.id)) or None for x in members],
+                    })
+            except BaseException:
+                # Not saved (a database error ends the step here): the next
+                # persist saves again, forgotten nodes included; dropped,
+                # they stayed in pgq.nodes and came back alive at restart.
+                self._members_dirty = True
+                self._forgotten = forgotten + self._forgotten
+                raise
             me = self.membership.me
             yield from self.set_meta(incarnation=str(me.incarnation),
                                      leaving="true" if me.leaving else "false")

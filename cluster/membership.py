@@ -34,7 +34,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from .messages import Ack, Forget, Member, Message, Ping, PingReq, PushPull
+from .messages import MAX_INCARNATION, Ack, Forget, Member, Message, Ping, PingReq, PushPull
 
 __all__ = ["Config", "Membership", "Send", "Changed", "Action"]
 
@@ -376,7 +376,12 @@ class Membership:
 
     def _about_me(self, update: Member) -> list[Action]:
         # Refute any claim that we are suspect or dead by outranking it.
-        if update.status in ("suspect", "dead") and update.incarnation >= self.me.incarnation:
+        # A claim at the wire's bound cannot be outranked: refuting it would
+        # make an incarnation every peer's decoder refuses, and this node's
+        # every message after it (its own record rides on each) would be
+        # dropped for good. No honest node counts that far.
+        if update.status in ("suspect", "dead") and update.incarnation >= self.me.incarnation \
+                and update.incarnation < MAX_INCARNATION:
             self.me = replace(self.me, incarnation=update.incarnation + 1, status="alive")
             self.health = min(self.health + 1, self.config.max_health)
             self._enqueue_gossip(self.me)

@@ -203,10 +203,13 @@ class Node:
             if member.id != self.node_id and member.status != (previous.status if previous else None):
                 log.info("node %s (%s) is now %s", member.name or "?", member.id[:8], member.status)
         self.core.changes.clear()
-        outgoing = self.core.take_outgoing()
-        if self.bus is not None:
-            for host, port, message in outgoing:
-                self.bus.send(host, port, message)
+        if self.bus is None:
+            # Before the bus exists (load, at start), the messages wait in
+            # the core: the flush after the bus starts sends them (the joins
+            # and the replication load decided were dropped here).
+            return
+        for host, port, message in self.core.take_outgoing():
+            self.bus.send(host, port, message)
 
     def _replicated(self, seconds: float) -> None:
         if self.metrics is not None:

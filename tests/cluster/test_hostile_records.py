@@ -1,0 +1,108 @@
+"""Records and failures that used to stop a node or a whole cluster for
+good, each on its own part (no process): an IPv6 scope id holding a NUL, a
+suspicion at the wire's incarnation bound, a failed save of the members,
+the messages load decides before the bus exists, and a link to an address
+that never answers."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import anyio
+import pytest
+from pgq.cluster import messages as m
+from pgq.cluster import sql as node_sql
+from pgq.cluster.addresses import valid_host
+from pgq.cluster.bus import Bus, BusLimits
+from pgq.cluster.clock import VirtualClock
+from pgq.cluster.core import CoreSettings, NodeCore
+from pgq.cluster.membership import Membership
+from pgq.cluster.node import Node
+
+
+def test_a_scope_id_is_an_interface_name_never_any_text():
+    assert valid_host("fe80::1%eth0") and valid_host("fe80::1%2") and valid_host("::1")
+    for host in ("fe80::1%\x00", "::%\n", "fe80::1%", "fe80::1%" + "x" * 16, "fe80::1%a b"):
+        assert not valid_host(host), host
+
+
+def test_a_suspicion_at_the_incarnation_bound_is_not_refuted_past_it():
+    me = m.Member("a" * 40, "127.0.0.1", 7000, 3, name="n1")
+    membership = Membership(me, None, random.Random(1))
+    claim = m.Member(me.id, me.host, me.port, m.MAX_INCARNATION, "suspect")
+    membership.receive("b" * 40, m.PushPull((claim,), reply=False), 1.0)
+    assert membership.me.incarnation == 3  # unchanged: every peer could still decode it
+    m.decode(m.encode(m.PushPull((membership.me,), reply=False)))
+    # below the bound, a suspicion is refuted as before
+    claim = m.Member(me.id, me.host, me.port, 10, "suspect")
+    membership.receive("b" * 40, m.PushPull((claim,), reply=False), 2.0)
+    assert membership.me.incarnation == 11 and membership.me.status == "alive"
+
+
+async def _ignore(_peer: str, _message: m.Message) -> None:
+    return None
+
+
+def test_a_link_to_an_address_that_never_answers_goes_once_unused():
+    with socket.socket() as closed:  # a port nobody listens on
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+
+    async def main() -> None:
+        bus = Bus("a" * 40, b"s" * 32, "127.0.0.1", 0, handler=_ignore,
+                  limits=BusLimits(link_idle=0.3))
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(bus.serve)
+            bus.send("127.0.0.1", port, m.Ping(1))
+            assert ("127.0.0.1", port) in bus._links
+            # Condition, not a sleep: the link retries with a back-off of at
+            # most 2 s, and must end at the first failure after link_idle.
+            with anyio.fail_after(10):
+                while ("127.0.0.1", port) in bus._links:  # noqa: ASYNC110 (a condition on another task's state)
+                    await anyio.sleep(0.05)
+            assert bus.stats.dropped >= 1
+            tasks.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+def _core() -> NodeCore:
+    core = NodeCore(CoreSettings("n1", "127.0.0.1", 7000), VirtualClock(), random.Random(1))
+    core.node_id = "a" * 40
+    core.membership = Membership(m.Member(core.node_id, "127.0.0.1", 7000, 1, name="n1"),
+                                 None, random.Random(1))
+    return core
+
+
+def test_a_failed_save_of_the_members_loses_no_forgotten_node():
+    core = _core()
+    core._forgotten = ["b" * 40]
+    step = core.persist()
+    request = next(step)
+    assert request.sql == node_sql.SAVE_MEMBERS and request.params["forgotten"] == ["b" * 40]
+    step.close()  # what the driver does when the statement fails
+    assert core._forgotten == ["b" * 40] and core._members_dirty
+    step = core.persist()  # the next persist saves them again
+    assert next(step).params["forgotten"] == ["b" * 40]
+
+
+def test_messages_decided_before_the_bus_exists_wait_for_it():
+    node = Node.__new__(Node)  # only what _flush reads
+    node.core, node.bus = _core(), None  # node_id reads core.node_id
+    node.core.outgoing.append(("127.0.0.1", 7001, m.Ping(1)))
+    node._flush()
+    assert node.core.outgoing  # kept: load runs before the bus starts
+    sent: list[tuple[str, int, m.Message]] = []
+
+    class Recorder:
+        def send(self, host: str, port: int, message: m.Message) -> None:
+            sent.append((host, port, message))
+
+    node.bus = Recorder()  # type: ignore[assignment]
+    node._flush()
+    assert [(h, p) for h, p, _ in sent] == [("127.0.0.1", 7001)] and not node.core.outgoing
+
+
+if __name__ == "__main__":  # pragma: no cover
+    pytest.main([__file__])
