@@ -14,7 +14,11 @@ Invariants:
   retries on its own.
 * Nothing a peer sends can stop the node or exhaust it: at most
   ``max_pending_handshakes`` connections may be unauthenticated at once,
-  each for ``handshake_timeout`` seconds; frames are bounded; a link table
+  at most ``max_pending_per_host`` of them from one address (so one host
+  opening idle connections cannot keep every peer out), each for
+  ``handshake_timeout`` seconds; a failed accept (out of file
+  descriptors, say) is counted and retried, never the end of the
+  listener; frames are bounded; a link table
   holds at most ``max_links`` peers (idle links are dropped); a message
   too big for a frame is refused where it is sent (senders split batches);
   an address that is not an IP address or an ASCII host name is never
@@ -37,6 +41,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from anyio.abc import SocketStream, TaskStatus
@@ -64,12 +69,14 @@ __all__ = ["Bus", "BusStats", "BusLimits", "MAX_MESSAGE"]
 log = logging.getLogger("pgq.cluster.bus")
 Handler = Callable[[str, Message], Awaitable[None]]
 MAX_MESSAGE = MAX_FRAME - TAG  # the largest encoded message one frame carries
+ACCEPT_RETRY = 0.1  # seconds after a failed accept (file descriptors may come free)
 
 
 @dataclass(frozen=True)
 class BusLimits:
     handshake_timeout: float = 5.0
     max_pending_handshakes: int = 64
+    max_pending_per_host: int = 16  # a local cluster's peers all come from 127.0.0.1
     queue_messages: int = 20_000  # per peer
     queue_bytes: int = 256 * 1024 * 1024  # per peer
     max_links: int = 512
@@ -147,6 +154,7 @@ class Bus:
         self._links: dict[tuple[str, int], _Link] = {}
         self._inbound: dict[str, _Inbound] = {}
         self._pending_handshakes = 0
+        self._pending_by_host: collections.Counter[str] = collections.Counter()
         self._tasks: anyio.abc.TaskGroup | None = None
 
     # ------------------------------------------------------------ serving
@@ -162,21 +170,33 @@ class Bus:
         async with listener, anyio.create_task_group() as tasks:
             self._tasks = tasks
             task_status.started()
-            await listener.serve(self._accept, task_group=tasks)
+            # create_tcp_listener may bind several sockets (a MultiListener)
+            listeners = list(getattr(listener, "listeners", [listener]))
+            for one in listeners[1:]:
+                tasks.start_soon(accept_forever, one, self._accept, tasks, self.stats)
+            await accept_forever(listeners[0], self._accept, tasks, self.stats)
 
     async def _accept(self, stream: SocketStream) -> None:
         self.stats.connections_in += 1
         async with stream:
+            host = _remote(stream).rpartition(":")[0]
             if self._pending_handshakes >= self.limits.max_pending_handshakes:
                 self.stats.rejected["too many handshakes"] += 1
+                return
+            if self._pending_by_host[host] >= self.limits.max_pending_per_host:
+                self.stats.rejected["too many handshakes from one host"] += 1
                 return
             peer = ""
             try:
                 self._pending_handshakes += 1
+                self._pending_by_host[host] += 1
                 try:
                     peer, reader = await self._handshake_as_acceptor(stream)
                 finally:
                     self._pending_handshakes -= 1
+                    self._pending_by_host[host] -= 1
+                    if not self._pending_by_host[host]:
+                        del self._pending_by_host[host]
                 await self._read(stream, peer, reader)
             except (WireError, MessageError) as exc:
                 self.stats.rejected[type(exc).__name__] += 1
@@ -341,6 +361,22 @@ async def _close_quietly(stream: SocketStream) -> None:
         await stream.aclose()
     except Exception:
         pass
+
+
+async def accept_forever(listener: Any, handle: Callable[[Any], Awaitable[None]],
+                         tasks: anyio.abc.TaskGroup, stats: BusStats) -> None:
+    """Accept connections and handle each in a task of ``tasks``, until
+    cancelled. anyio's ``Listener.serve`` ends at the first failed accept: out
+    of file descriptors (EMFILE), the node process ended with it."""
+    while True:
+        try:
+            stream = await listener.accept()
+        except (OSError, anyio.BrokenResourceError) as exc:
+            stats.rejected["accept failed"] += 1
+            log.warning("bus: accepting a connection failed (retrying): %s", exc)
+            await anyio.sleep(ACCEPT_RETRY)
+            continue
+        tasks.start_soon(handle, stream)
 
 
 def _remote(stream: SocketStream) -> str:

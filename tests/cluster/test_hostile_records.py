@@ -14,7 +14,7 @@ import pytest
 from pgq.cluster import messages as m
 from pgq.cluster import sql as node_sql
 from pgq.cluster.addresses import valid_host
-from pgq.cluster.bus import Bus, BusLimits
+from pgq.cluster.bus import Bus, BusLimits, BusStats, accept_forever
 from pgq.cluster.clock import VirtualClock
 from pgq.cluster.core import CoreSettings, NodeCore
 from pgq.cluster.membership import Membership
@@ -102,6 +102,66 @@ def test_messages_decided_before_the_bus_exists_wait_for_it():
     node.bus = Recorder()  # type: ignore[assignment]
     node._flush()
     assert [(h, p) for h, p, _ in sent] == [("127.0.0.1", 7001)] and not node.core.outgoing
+
+
+def test_one_host_with_idle_connections_cannot_keep_the_others_out():
+    """Idle connections from one address take at most max_pending_per_host
+    handshake slots: before, 64 of them (about 13 a second, each held 5 s)
+    kept every peer of the node out."""
+    limits = BusLimits(max_pending_per_host=2, handshake_timeout=30)
+
+    async def main() -> None:
+        sock = socket.create_server(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        bus = Bus("a" * 40, b"s" * 32, "127.0.0.1", port, handler=_ignore, listener=sock,
+                  limits=limits)
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(bus.serve)
+            idle = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(3)]
+            other = await anyio.connect_tcp("127.0.0.1", port, local_host="127.0.0.2")
+            with anyio.fail_after(10):  # the four accepts run in the bus's tasks
+                while bus.stats.connections_in < 4:  # noqa: ASYNC110 (the bus's own state)
+                    await anyio.sleep(0.01)
+            assert bus.stats.rejected["too many handshakes from one host"] == 1
+            assert bus._pending_by_host == {"127.0.0.1": 2, "127.0.0.2": 1}
+            for stream in (*idle, other):
+                await stream.aclose()
+            tasks.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
+def test_a_failed_accept_is_counted_and_the_listener_goes_on():
+    """Out of file descriptors, accept() raises: anyio's serve() ended there,
+    and the node process with it."""
+    accepted: list[str] = []
+
+    class Listener:
+        def __init__(self) -> None:
+            self.results: list[object] = [OSError(24, "Too many open files"), "first", "second"]
+
+        async def accept(self) -> str:
+            if not self.results:
+                await anyio.sleep_forever()
+            result = self.results.pop(0)
+            if isinstance(result, Exception):
+                raise result
+            return str(result)
+
+    async def handle(stream: str) -> None:
+        accepted.append(stream)
+
+    async def main() -> None:
+        stats = BusStats()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(accept_forever, Listener(), handle, tasks, stats)
+            with anyio.fail_after(10):
+                while len(accepted) < 2:  # noqa: ASYNC110 (the handler's own record)
+                    await anyio.sleep(0.01)
+            tasks.cancel_scope.cancel()
+        assert accepted == ["first", "second"] and stats.rejected["accept failed"] == 1
+
+    anyio.run(main)
 
 
 if __name__ == "__main__":  # pragma: no cover
