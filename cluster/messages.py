@@ -49,6 +49,9 @@ __all__ = [
 _NODE_RE = re.compile(r"[0-9a-f]{40}\Z")
 _JOB_RE = re.compile(r"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}\Z")
 MAX_ITEMS = 100_000
+# Arrays, maps and their items in one message (see _Budget): a copy takes
+# about 17, and a REPLJOB holds at most 10,000 (senders batch 500).
+MAX_OBJECTS = 10 * MAX_ITEMS
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
 # Incarnations grow by one per refutation: far below 2^63 so that neither
 # an increment nor the BIGINT they are stored in can overflow.
@@ -526,12 +529,31 @@ def encode(message: Message) -> bytes:
     return msgpack.packb({"k": message.KIND, **message.fields()}, use_bin_type=True)
 
 
+class _Budget:
+    """Counts the arrays, maps and their items msgpack builds for one payload,
+    and stops it past ``MAX_OBJECTS``: msgpack bounds each array, not their
+    number, and an empty array is one byte on the wire and about 64 in
+    memory, so a 64 MiB frame of nested empty arrays built some 4 GB."""
+
+    __slots__ = ("left",)
+
+    def __init__(self) -> None:
+        self.left = MAX_OBJECTS
+
+    def spend(self, container: Any) -> Any:
+        self.left -= len(container) + 1
+        if self.left < 0:
+            raise MessageError("too many objects in one message")
+        return container
+
+
 def decode(payload: bytes) -> Message:
     """Decode one message. Raises MessageError for anything that is not exactly valid."""
+    budget = _Budget()
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=True, max_bin_len=MAX_BODY,
                               max_str_len=2**20, max_array_len=MAX_ITEMS, max_map_len=64,
-                              max_ext_len=0)
+                              max_ext_len=0, list_hook=budget.spend, object_hook=budget.spend)
     except Exception as exc:  # msgpack raises several types for garbage
         raise MessageError(f"undecodable payload: {type(exc).__name__}") from None
     _need(isinstance(raw, dict), "payload is not a map")

@@ -164,5 +164,30 @@ def test_a_failed_accept_is_counted_and_the_listener_goes_on():
     anyio.run(main)
 
 
+def test_a_frame_of_nested_empty_arrays_is_refused_before_it_fills_memory():
+    """An empty array is one byte on the wire and about 64 in memory: a 64 MiB
+    frame of them built some 4 GB before its kind was even looked at."""
+    import tracemalloc
+
+    import msgpack
+
+    from pgq.ids import new_job_ids
+
+    payload = msgpack.packb({"k": "ping", "s": 1, "u": [[[]] * 50_000] * 60})  # 3 MB
+    tracemalloc.start()
+    try:
+        with pytest.raises(m.MessageError):
+            m.decode(payload)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 * 2**20  # 3M arrays would take about 200 MB
+    copy = m.JobCopy(id=new_job_ids("abcd1234", 86400.0, 5.0, 1)[0], queue="q", body=b"x",
+                     ctime=1, repl=3, retry=5.0, delay=0.0, expires_at=2e9,
+                     nodes=("a" * 40, "b" * 40, "c" * 40))
+    largest = m.ReplJob(jobs=(copy,) * 10_000)  # the most a REPLJOB may carry
+    assert len(m.decode(m.encode(largest)).jobs) == 10_000
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
