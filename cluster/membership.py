@@ -34,7 +34,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from .messages import MAX_INCARNATION, Ack, Forget, Member, Message, Ping, PingReq, PushPull
+from .messages import MAX_INCARNATION, MAX_MEMBERS, Ack, Forget, Member, Message, Ping, PingReq, PushPull
 
 __all__ = ["Config", "Membership", "Send", "Changed", "Action"]
 
@@ -349,6 +349,11 @@ class Membership:
         if current is None:
             if update.status in ("dead", "left"):
                 return []  # never learn a node from news of its death
+            if len(self.members) + 1 >= MAX_MEMBERS:
+                # A full view must still fit one PUSHPULL, which peers refuse
+                # past MAX_MEMBERS: a table grown by fake records made every
+                # later PUSHPULL of this node undeliverable.
+                return []
             return self._store(update, None)
         if update.status == "alive":
             # Only a higher incarnation (issued by the node itself) outranks

@@ -49,6 +49,7 @@ __all__ = [
 _NODE_RE = re.compile(r"[0-9a-f]{40}\Z")
 _JOB_RE = re.compile(r"D-[0-9a-f]{8}-[A-Za-z0-9+/]{24}-[0-9a-f]{4}\Z")
 MAX_ITEMS = 100_000
+MAX_MEMBERS = 1000  # records in one PUSHPULL or piggyback: a membership view holds no more
 # Arrays, maps and their items in one message (see _Budget): a copy takes
 # about 17, and a REPLJOB holds at most 10,000 (senders batch 500).
 MAX_OBJECTS = 10 * MAX_ITEMS
@@ -224,7 +225,7 @@ def _updates_to_wire(updates: tuple[Member, ...]) -> list[Any]:
 
 
 def _updates_from_wire(raw: Any) -> tuple[Member, ...]:
-    return tuple(Member.from_wire(m) for m in _list(raw, 1000))
+    return tuple(Member.from_wire(m) for m in _list(raw, MAX_MEMBERS))
 
 
 @dataclass(frozen=True, slots=True)

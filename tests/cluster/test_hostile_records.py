@@ -189,5 +189,15 @@ def test_a_frame_of_nested_empty_arrays_is_refused_before_it_fills_memory():
     assert len(m.decode(m.encode(largest)).jobs) == 10_000
 
 
+def test_fake_members_cannot_grow_the_view_past_what_one_pushpull_carries():
+    me = m.Member("a" * 40, "127.0.0.1", 7000, 1, name="n1")
+    membership = Membership(me, None, random.Random(1))
+    fakes = tuple(m.Member(f"{i + 2:040x}", "10.0.0.1", 7000 + i % 50000, 1)
+                  for i in range(m.MAX_MEMBERS))  # one full, valid PUSHPULL
+    membership.receive("b" * 40, m.PushPull(fakes, reply=False), 1.0)
+    assert len(membership.view()) == m.MAX_MEMBERS
+    m.decode(m.encode(m.PushPull(tuple(membership.view()), reply=True)))  # still deliverable
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
