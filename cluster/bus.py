@@ -221,12 +221,22 @@ class Bus:
             await stream.send(acceptor.challenge(await buffered.receive_exactly(HELLO_SIZE)))
             accept = acceptor.verify(await buffered.receive_exactly(PROOF_SIZE))
             self._claim_identity(acceptor.peer_id, stream)
-            await stream.send(accept)
-        reader = FrameReader(acceptor.frame_key)
-        leftover = bytes(buffered.buffer)
-        if leftover:
-            for payload in reader.feed(leftover):
-                await self._dispatch(acceptor.peer_id, payload)
+        try:
+            with anyio.fail_after(self.limits.handshake_timeout):
+                await stream.send(accept)
+            reader = FrameReader(acceptor.frame_key)
+            leftover = bytes(buffered.buffer)
+            if leftover:
+                for payload in reader.feed(leftover):
+                    await self._dispatch(acceptor.peer_id, payload)
+        except BaseException:
+            # The caller never learns the id of a handshake that fails here:
+            # give the claim back, or the peer's reconnects were refused as
+            # "already connected" for stale_after seconds.
+            if (claimed := self._inbound.get(acceptor.peer_id)) is not None \
+                    and claimed.stream is stream:
+                del self._inbound[acceptor.peer_id]
+            raise
         return acceptor.peer_id, reader
 
     def _claim_identity(self, peer: str, stream: SocketStream) -> None:

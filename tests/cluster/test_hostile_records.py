@@ -199,5 +199,60 @@ def test_fake_members_cannot_grow_the_view_past_what_one_pushpull_carries():
     m.decode(m.encode(m.PushPull(tuple(membership.view()), reply=True)))  # still deliverable
 
 
+def test_a_handshake_that_fails_after_its_claim_gives_the_id_back():
+    """A peer that vanishes between its proof and the bus's answer (the send
+    of ACCEPT fails) is cut off; its id used to stay claimed, so that its
+    reconnects were refused as 'already connected' for stale_after seconds.
+    Driven on a stream whose peer side is an Initiator in this test: which of
+    the close and the send comes first is up to the kernel on a socket."""
+    from pgq.cluster.secret import stretch
+    from pgq.cluster.wire import Initiator
+
+    secret, peer = b"s" * 32, "c" * 40
+    initiator = Initiator(stretch(secret), peer)
+
+    class VanishingPeer:
+        """The peer's bytes, answered as a peer would; gone when accepted."""
+
+        def __init__(self) -> None:
+            self.incoming = bytearray(initiator.hello())
+            self.sent = 0
+
+        async def receive(self, max_bytes: int = 65536) -> bytes:
+            if not self.incoming:
+                raise anyio.EndOfStream
+            data = bytes(self.incoming[:max_bytes])
+            del self.incoming[:max_bytes]
+            return data
+
+        async def send(self, data: bytes) -> None:
+            self.sent += 1
+            if self.sent == 1:  # the challenge: the peer proves it holds the secret
+                self.incoming += initiator.answer(data)
+                return
+            raise anyio.BrokenResourceError  # ACCEPT: the peer is gone
+
+        def extra(self, attribute: object, default: object = None) -> object:
+            return default
+
+        async def aclose(self) -> None:
+            return None
+
+        async def __aenter__(self) -> VanishingPeer:
+            return self
+
+        async def __aexit__(self, *exc: object) -> None:
+            return None
+
+    async def main() -> None:
+        bus = Bus("a" * 40, secret, "127.0.0.1", 0, handler=_ignore,
+                  limits=BusLimits(stale_after=600))
+        stream = VanishingPeer()
+        await bus._accept(stream)  # type: ignore[arg-type]
+        assert stream.sent == 2 and peer not in bus._inbound
+
+    anyio.run(main)
+
+
 if __name__ == "__main__":  # pragma: no cover
     pytest.main([__file__])
