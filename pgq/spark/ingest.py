@@ -28,9 +28,10 @@ Why it is safe:
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ from ..errors import (
     InvalidTypeError,
     NoReplError,
     PausedError,
+    PgqError,
     SchemaNotReadyError,
 )
 from ..ids import SORTABLE_BASE64, STANDARD_BASE64
@@ -352,6 +354,23 @@ class Ingestion:
             careful = sql.staging(sql.merge_staged(deduplicate=True, skip_acked=skip_acked), table)
             return conn.execute(careful, params).rowcount
 
+    @contextlib.contextmanager
+    def _failing(self, step: str) -> Iterator[None]:
+        """A failure of Spark or of a node's database as an IngestError that
+        names the ingestion to run again (a Py4JJavaError with a page of
+        Java stack came out as it was, and the default ingest id was never
+        shown, so the run could not be resumed)."""
+        try:
+            yield
+        except PgqError:
+            raise
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500].rstrip(".")
+            raise IngestError(
+                f"ingestion {self.plan.ingest_id!r} failed while {step}: {first}. Fix the cause "
+                f"and run it again with ingest_id={self.plan.ingest_id!r}: nodes that merged "
+                "already are skipped, and no job is added twice") from exc
+
     def finish(self) -> None:
         base = getattr(self, "_base", None)
         if base is not None:
@@ -369,9 +388,11 @@ class Ingestion:
             if prepared is not None:
                 # One Spark job per node, run side by side (Spark schedules
                 # concurrent jobs from threads); then the merges, also in parallel.
-                with ThreadPoolExecutor(max_workers=len(pending)) as pool:
+                with ThreadPoolExecutor(max_workers=len(pending)) as pool, \
+                        self._failing("writing the rows to the nodes"):
                     list(pool.map(lambda i: self.stage(prepared, i), pending))
-            with ThreadPoolExecutor(max_workers=len(pending)) as pool:
+            with ThreadPoolExecutor(max_workers=len(pending)) as pool, \
+                    self._failing("merging the rows into the jobs"):
                 counts = list(pool.map(self.merge, pending))
         finally:
             self.finish()

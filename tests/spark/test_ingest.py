@@ -171,3 +171,22 @@ def test_two_standalone_nodes_share_the_rows(spark, server, dsn):
     finally:
         with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
             conn.execute("DROP DATABASE IF EXISTS pgq_spark_second WITH (FORCE)")
+
+
+def test_a_failure_of_spark_or_a_node_names_the_ingestion_to_run_again():
+    """What Spark raises (a Py4JJavaError: one line, then a page of Java
+    stack) or a node's database raises while staging or merging comes out as
+    an IngestError naming the ingest id, which the default id never showed.
+    The wrapper on its own (the failures themselves need a broken cluster)."""
+    from types import SimpleNamespace
+
+    stand_in = SimpleNamespace(plan=SimpleNamespace(ingest_id="lake-42"))
+    with pytest.raises(IngestError, match=r"ingestion 'lake-42' failed while writing the rows "
+                                          r"to the nodes: An error occurred while calling o93\.save\. "
+                                          r"Fix the cause and run it again with ingest_id='lake-42'"):
+        with Ingestion._failing(stand_in, "writing the rows to the nodes"):  # type: ignore[arg-type]
+            raise RuntimeError("An error occurred while calling o93.save.\n"
+                               ": org.postgresql.util.PSQLException: ...\n\tat org.postgresql...")
+    with pytest.raises(PausedError):  # pgq's own errors pass as they are
+        with Ingestion._failing(stand_in, "merging"):  # type: ignore[arg-type]
+            raise PausedError("paused")
