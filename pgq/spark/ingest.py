@@ -83,6 +83,7 @@ class _Node:
     name: str
     active: bool
     jdbc: JdbcTarget
+    connected: str = ""  # the DSN of what the check connected to (libpq's environment applied)
 
 
 def resolve_nodes(nodes: str | Sequence[str] | None) -> list[str]:
@@ -124,8 +125,13 @@ def _safe(dsn: str) -> str:
 
 
 def _describe(dsn: str) -> _Node:
-    target = jdbc_target(dsn, statement_timeout_ms=WRITE_STATEMENT_TIMEOUT_MS)  # checks the DSN first
+    jdbc_target(dsn, statement_timeout_ms=WRITE_STATEMENT_TIMEOUT_MS)  # checks the DSN first
     with _connect(dsn) as conn:
+        # Spark's JDBC driver reads none of libpq's environment (PGPORT,
+        # PGUSER, PGPASSWORD, ~/.pgpass): it is given what this connection
+        # used, or it reached port 5432 of database "postgres" as user "".
+        connected = _as_connected(conn)
+        target = jdbc_target(connected, statement_timeout_ms=WRITE_STATEMENT_TIMEOUT_MS)
         try:
             version = conn.execute("SELECT version_num FROM pgq.alembic_version").fetchone()
         except psycopg.errors.UndefinedTable:
@@ -136,7 +142,19 @@ def _describe(dsn: str) -> _Node:
         node_id, name, active = conn.execute(sql.NODE).fetchone()  # type: ignore[misc]
     # host:port/database when the node has no name (several databases may share a server)
     fallback = target.url.split("//", 1)[1].split("?", 1)[0]
-    return _Node(dsn, node_id, name or fallback, bool(active), target)
+    return _Node(dsn, node_id, name or fallback, bool(active), target, connected)
+
+
+def _as_connected(conn: psycopg.Connection[Any]) -> str:
+    """The DSN of what ``conn`` connected to, its password included."""
+    from psycopg.conninfo import make_conninfo
+
+    params = dict(conn.info.get_parameters())
+    params.update(host=conn.info.host, port=str(conn.info.port), dbname=conn.info.dbname,
+                  user=conn.info.user)
+    if conn.info.password:
+        params["password"] = conn.info.password
+    return make_conninfo("", **params)
 
 
 def _replication(params: args.JobParams, nodes: list[_Node]) -> int:

@@ -95,7 +95,7 @@ def read_jobs(spark: Any, nodes: str | Sequence[str] | None = None,
         node = _describe(dsn)
         low, high, rows = _bounds(dsn, view, column)
         count = partitions or max(1, min(MAX_PARTITIONS_PER_NODE, math.ceil(rows / rows_per_partition)))
-        target = jdbc_target(dsn, statement_timeout_ms=READ_STATEMENT_TIMEOUT_MS)
+        target = jdbc_target(node.connected, statement_timeout_ms=READ_STATEMENT_TIMEOUT_MS)
         frame = (spark.read.format("jdbc")
                  .options(**target.options())
                  .option("dbtable", view)

@@ -190,3 +190,20 @@ def test_a_failure_of_spark_or_a_node_names_the_ingestion_to_run_again():
     with pytest.raises(PausedError):  # pgq's own errors pass as they are
         with Ingestion._failing(stand_in, "merging"):  # type: ignore[arg-type]
             raise PausedError("paused")
+
+
+def test_spark_connects_where_libpq_did_with_its_environment(dsn, monkeypatch):
+    """Spark's JDBC driver reads none of libpq's environment: a DSN that
+    relies on PGPORT and PGPASSWORD (or ~/.pgpass) used to give a JDBC URL of
+    port 5432 and no password, failing mid-run."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from pgq.spark.ingest import _describe
+
+    full = conninfo_to_dict(dsn)
+    bare = make_conninfo("", **{k: v for k, v in full.items() if k not in ("port", "password")})
+    monkeypatch.setenv("PGPORT", str(full["port"]))
+    monkeypatch.setenv("PGPASSWORD", str(full["password"]))
+    node = _describe(bare)
+    assert f":{full['port']}/" in node.jdbc.url and node.jdbc.password == full["password"]
+    assert node.jdbc.user == full["user"]
