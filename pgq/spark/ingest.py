@@ -5,7 +5,7 @@ The protocol, per target node (see also :mod:`.plan` and docs/spark.md)::
     begin    record the ingestion in pgq.ingests (state 'staging', start time
              fixed by the first attempt); create an UNLOGGED staging table
     stage    Spark writes the node's rows into it through its JDBC data
-             source (one transaction per partition, batched inserts)
+             source (batched inserts, each batch its own transaction)
     merge    one transaction: lock the pgq.ingests row; if 'merged', stop;
              INSERT the staged rows into pgq.jobs; check the count; mark
              'merged'; drop the staging table; wake blocked consumers
@@ -14,7 +14,7 @@ Why it is safe:
 
 * Nothing is visible to GETJOB before the merge commits, and the merge is
   one transaction: a node has all of its rows or none.
-* Spark commits per partition, so a failed or retried task may leave rows
+* Spark commits per batch, so a failed or retried task may leave rows
   staged twice: job IDs are a function of the row number, so duplicates
   collapse (ON CONFLICT DO NOTHING), and a row count check refuses input
   that changed between passes instead of half-ingesting it.
@@ -61,6 +61,14 @@ __all__ = ["write_jobs", "IngestResult", "Ingestion", "resolve_nodes"]
 Progress = Callable[[str], None]
 DEFAULT_REPLICATION = 3
 WRITE_BATCH_SIZE = 10_000
+# An executor holds a whole JDBC batch: 10,000 bodies of 1 MiB would be
+# about 10 GiB per task, where a default executor heap is 1 GiB.
+WRITE_BATCH_BYTES = 64 * 1024 * 1024
+
+
+def batch_rows(largest: int) -> int:
+    """Rows per JDBC batch for bodies of at most ``largest`` bytes."""
+    return max(1, min(WRITE_BATCH_SIZE, WRITE_BATCH_BYTES // max(largest, 1)))
 
 
 @dataclass(frozen=True)
@@ -273,6 +281,7 @@ class Ingestion:
                 f"column {self.body_col!r} has {nulls} null value(s): a job needs a body "
                 "(filter them out or fill them in)")
         largest = max((r["largest"] or 0 for r in stats), default=0)
+        self.largest = largest
         if largest > args.DEFAULT_MAX_BODY_SIZE:
             raise InvalidArgumentError(
                 f"a body in column {self.body_col!r} has {largest} bytes, more than the "
@@ -324,8 +333,12 @@ class Ingestion:
         (rows.write.format("jdbc")
          .options(**target.jdbc.options())
          .option("dbtable", f"pgq_staging.{self.plan.staging_table}")
-         .option("batchsize", str(WRITE_BATCH_SIZE))
-         .option("isolationLevel", "READ_COMMITTED")
+         .option("batchsize", str(batch_rows(getattr(self, "largest", 0))))
+         # Each batch commits on its own: one transaction per partition held
+         # a snapshot, and with it VACUUM of the hot job table, for as long
+         # as a partition took. The staging table is not seen by consumers,
+         # and rows a retried Spark task stages twice are merged once.
+         .option("isolationLevel", "NONE")
          .mode("append")
          .save())
 

@@ -207,3 +207,11 @@ def test_spark_connects_where_libpq_did_with_its_environment(dsn, monkeypatch):
     node = _describe(bare)
     assert f":{full['port']}/" in node.jdbc.url and node.jdbc.password == full["password"]
     assert node.jdbc.user == full["user"]
+
+
+def test_a_jdbc_batch_of_large_bodies_stays_within_an_executors_memory():
+    from pgq.spark.ingest import WRITE_BATCH_BYTES, WRITE_BATCH_SIZE, batch_rows
+
+    assert batch_rows(16) == WRITE_BATCH_SIZE and batch_rows(0) == WRITE_BATCH_SIZE
+    assert batch_rows(2**20) == 64 and batch_rows(2**20) * 2**20 <= WRITE_BATCH_BYTES
+    assert batch_rows(16 * 2**20) == 4 and batch_rows(2**40) == 1
