@@ -61,8 +61,15 @@ def libpq_url(dsn: str) -> str:
         if password:
             auth += ":" + quote(str(password), safe="")
         auth += "@"
+    elif password:  # no user (libpq takes PGUSER): the password goes as a parameter
+        params["password"] = password
+    if "," in host or "," in str(port or ""):
+        # Several hosts: as parameters, which libpq reads as lists ("a,b"
+        # in the netloc was one host named "a,b" and a port of "5432,").
+        params.update({"host": host, **({"port": port} if port else {})})
+        host, port = "", None
     netloc = (f"[{host}]" if ":" in host else quote(host, safe="")) + (f":{port}" if port else "")
-    query = "&".join(f"{k}={quote(str(v), safe='')}" for k, v in params.items())
+    query = "&".join(f"{k}={quote(str(v), safe=',')}" for k, v in params.items())
     return f"postgresql://{auth}{netloc}/{quote(dbname, safe='')}" + (f"?{query}" if query else "")
 
 

@@ -98,3 +98,19 @@ def test_counts_and_timeouts():
     assert args.timeout(None) is None
     assert args.timeout(0) is None  # Disque: TIMEOUT 0 blocks forever
     assert args.timeout(1.5) == 1.5
+
+
+@pytest.mark.parametrize("dsn", [
+    "host=db password=s3cret dbname=pgq",  # no user (PGUSER): the password was dropped
+    "host=a,b port=5432,5433 user=u dbname=pgq",  # was one host 'a,b', port '5432,'
+    "host=a,b dbname=q",
+    "host=::1 port=5 user=u password=p%@ dbname=x sslmode=require",
+    "host=db user=u dbname=pgq",
+])
+def test_a_key_value_dsn_becomes_a_url_libpq_reads_the_same(dsn):
+    from psycopg.conninfo import conninfo_to_dict
+
+    from pgq.dsn import libpq_url
+
+    url = libpq_url(dsn)
+    assert url.startswith("postgresql://") and conninfo_to_dict(url) == conninfo_to_dict(dsn)
