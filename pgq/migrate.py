@@ -66,11 +66,24 @@ def migrate(dsn: str, revision: str = "head") -> str:
     engine = create_engine(
         "postgresql+psycopg://", creator=lambda: psycopg.connect(dsn), poolclass=NullPool
     )
+    from alembic.util.exc import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
     config = _alembic_config()
     try:
         with _in_process, engine.connect() as connection:
             config.attributes["connection"] = connection
             command.upgrade(config, revision)
+    except CommandError as exc:  # a revision this library does not know: a newer pgq's
+        raise SchemaNotReadyError(
+            f"cannot migrate the database to {revision}: {exc}. If a newer pgq migrated it, "
+            "upgrade pgq here too (pip install -U pgq-disque)") from exc
+    except SQLAlchemyError as exc:  # the database refused (no CREATE right, say)
+        cause = getattr(exc, "orig", None) or exc
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise SchemaNotReadyError(
+            f"the database refused the migration: {first} (a role that owns the database, or "
+            "may CREATE in it, must run `pgq migrate` once)") from exc
     finally:
         engine.dispose()
     return first_connection([dsn], schema_version)[1] or ""
@@ -94,6 +107,11 @@ def check_schema(version: str | None, dsn_hint: str = "DSN") -> None:
             f"the database has no pgq schema: run `pgq migrate --dsn {dsn_hint}` "
             "or pgq.migrate(dsn) once (or pass migrate=True to the client)"
         )
+    if version > SCHEMA_VERSION:  # revisions are zero-padded numbers: they sort as text
+        raise SchemaNotReadyError(
+            f"the database's pgq schema is at revision {version}, newer than this library's "
+            f"{SCHEMA_VERSION}: a newer pgq migrated it; upgrade pgq here too "
+            "(pip install -U pgq-disque)")
     raise SchemaNotReadyError(
         f"the database's pgq schema is at revision {version}, this library needs "
         f"{SCHEMA_VERSION}: run `pgq migrate --dsn {dsn_hint}` or pgq.migrate(dsn)"

@@ -234,3 +234,29 @@ def statements_claim() -> str:
     from pgq import statements
 
     return statements.CLAIM
+
+
+def test_a_database_a_newer_pgq_migrated_says_to_upgrade_pgq(dsn, db):
+    """Its revision is unknown here: `pgq migrate`, which the error used to
+    advise, ended in alembic's own traceback."""
+    db.execute("UPDATE pgq.alembic_version SET version_num = '0099'")
+    with pytest.raises(pgq.errors.SchemaNotReadyError, match="newer .* upgrade pgq"):
+        pgq.Client(dsn, reconnect_timeout=2)
+    with pytest.raises(pgq.errors.SchemaNotReadyError, match="upgrade pgq"):
+        pgq.migrate(dsn)
+
+
+def test_a_database_that_refuses_the_migration_gives_an_error_not_a_traceback(server):
+    """SQLAlchemy wraps the database's refusal in its own types, which the
+    CLI and Client(migrate=True) let through as a traceback. Here the
+    database is read-only; a role without CREATE on it is refused the same
+    way."""
+    server.create_database("pgq_readonly")
+    try:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute("ALTER DATABASE pgq_readonly SET default_transaction_read_only = on")
+        with pytest.raises(pgq.errors.SchemaNotReadyError, match="refused the migration: .*read-only"):
+            pgq.migrate(server.dsn("pgq_readonly"))
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP DATABASE pgq_readonly WITH (FORCE)")
