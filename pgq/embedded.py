@@ -264,9 +264,14 @@ def read_postmaster(data: Path) -> Postmaster | None:
         return None
 
 
+_HAS_PROC = Path("/proc/self/stat").exists()
+
+
 def _process_state(pid: int) -> str | None:
     """The kernel's state letter of ``pid`` (``Z``: a zombie), '' if /proc
     cannot tell, None if there is no such process."""
+    if not _HAS_PROC:
+        return ""  # macOS, BSD: a missing /proc/PID says nothing (every pid read as gone)
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:
@@ -306,6 +311,12 @@ def _owns(postmaster: Postmaster, data: Path) -> bool | None:
         return None
     return bool(cmdline) and cmdline[0].endswith(b"postgres") and \
         os.fsencode(str(data)) in cmdline
+
+
+def _serving(data: Path) -> bool:
+    """Whether a live postmaster (or one /proc cannot rule out) holds ``data``."""
+    postmaster = read_postmaster(data)
+    return postmaster is not None and _owns(postmaster, data) is not False
 
 
 # ---------------------------------------------------------------- files
@@ -616,7 +627,10 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
     directory = home_directory(home)
     with _locked(directory):
         instance = _read_instance(directory)
-        if instance is not None and host is not None and host != instance.host:
+        if instance is not None and host is not None and host != instance.host \
+                and _serving(directory / "data"):
+            # Stopped, it starts on the new address (instance.json said the
+            # old one for ever, and this refusal outlived `pgq embedded stop`).
             raise EmbeddedServerError(
                 f"the server in {directory} listens on {instance.host}, not {host}: "
                 "stop it first to move it")

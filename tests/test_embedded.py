@@ -102,6 +102,20 @@ def test_stop_then_restart_keeps_jobs_and_port(home):
         assert [j.id for j in client.get_job("survivor", nohang=True)] == [kept]
 
 
+def test_a_stopped_server_may_move_to_another_address(home):
+    """A node restarted on another bus address moves its server: refused
+    only while the server runs (instance.json kept the old host for ever,
+    and the refusal outlived `pgq embedded stop`)."""
+    embedded.ensure_running(home, host="127.0.0.1")
+    with pytest.raises(pgq.errors.EmbeddedServerError, match="stop it first"):
+        embedded.ensure_running(home, host="127.0.0.2")
+    assert embedded.stop(home) is True
+    moved = embedded.ensure_running(home, host="127.0.0.2")
+    assert moved.host == "127.0.0.2"
+    with psycopg.connect(moved.dsn, connect_timeout=5) as conn:
+        assert conn.execute("SELECT inet_server_addr()::text").fetchone()[0].startswith("127.0.0.2")
+
+
 def test_cli_status_and_stop(home):
     embedded.ensure_running(home)
     env = {**os.environ, "PGQ_HOME": str(home)}
