@@ -361,3 +361,16 @@ def test_settings_cannot_inject_server_options(variable, value, monkeypatch):
     finally:
         embedded.stop(home)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def test_without_proc_a_live_pid_is_not_taken_for_gone(monkeypatch, tmp_path):
+    """macOS has no /proc: reading /proc/PID failed for every pid, which
+    said 'no such process', so each new process took the running server
+    for dead and started another on its data directory."""
+    monkeypatch.setattr(embedded, "_HAS_PROC", False)
+    alive = embedded.Postmaster(os.getpid(), str(tmp_path), 0, 5432, "ready")
+    assert embedded._owns(alive, tmp_path) is None  # cannot tell: kill(pid, 0) says alive
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    gone = embedded.Postmaster(child.pid, str(tmp_path), 0, 5432, "ready")
+    assert embedded._owns(gone, tmp_path) is False
