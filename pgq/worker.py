@@ -172,6 +172,10 @@ def _json_result(value: Any) -> bytes | None:
         return json.dumps(repr(value)).encode()
 
 
+class _Abandoned(Exception):
+    """A transactional handler's thread, given up by the worker: roll back."""
+
+
 class _JobFailed(Exception):
     """A handler failed: why (one line), and its traceback (if it raised)."""
 
@@ -516,15 +520,7 @@ class Worker:
                 await self._failed(task, job, failure)
                 return
             if self.keep_results is not None and outcome is not None:
-                try:
-                    value = self.encode_result(outcome.value)
-                except Exception as exc:  # the work is done: acknowledge it, say why no result
-                    log.warning("worker: the result of job %s could not be encoded: %s", job.id, exc)
-                    await self._keep(job, None, _safe_text(
-                        f"the handler returned a value that could not be kept: "
-                        f"{type(exc).__name__}: {exc}"))
-                else:
-                    await self._keep(job, value, None)
+                await self._keep(job, *self._result_of(job, outcome.value))
             if outcome is not None:  # None: transactional, acknowledged already
                 self._ack_later(job.id)
             self.stats.count(job.queue, "succeeded")
@@ -564,23 +560,47 @@ class Worker:
             raise _JobFailed(f"{type(exc).__name__}: {exc}", trace) from exc
 
     async def _call_in_transaction(self, task: _Task, job: Job) -> None:
-        """The handler's writes and the job's ACK in one transaction, on a
-        pooled connection (committed when the block ends, rolled back if it
-        raises)."""
+        """The handler's writes, its result (with ``keep_results``) and the
+        job's ACK in one transaction, on a pooled connection (committed when
+        the block ends, rolled back if it raises).
+
+        A ``def`` handler runs in a thread that a timeout or a shutdown
+        cannot stop: the job is NACKed meanwhile. Such a thread finds itself
+        abandoned and rolls back instead of committing, or its writes would
+        count twice, once more when the job runs again."""
         if task.is_async:
             assert self._async_pool is not None
             async with self._async_pool.connection() as conn:
-                await task.handler(job, conn)
+                value = await task.handler(job, conn)
+                if self.keep_results is not None:
+                    await self.client._run(self.client.store_result_command(
+                        job.id, *self._result_of(job, value), self.keep_results), conn=conn)
                 await self.client.ack_job(job.id, conn=conn)
             return
 
+        abandoned = threading.Event()
+
+        def go_on() -> None:
+            if abandoned.is_set():
+                raise _Abandoned(f"job {job.id} was given up (timeout or shutdown): rolled back")
+
         def run() -> None:
             assert self._sync_pool is not None
+            client = self._sync_client()
             with self._sync_pool.connection() as conn:
-                task.handler(job, conn)
-                self._sync_client().ack_job(job.id, conn=conn)
+                value = task.handler(job, conn)
+                go_on()
+                if self.keep_results is not None:
+                    client._run(client.store_result_command(
+                        job.id, *self._result_of(job, value), self.keep_results), conn=conn)
+                client.ack_job(job.id, conn=conn)
+                go_on()
 
-        await self._threads.run(run)
+        try:
+            await self._threads.run(run)
+        except BaseException:
+            abandoned.set()
+            raise
 
     @contextlib.asynccontextmanager
     async def _transaction_pools(self, dsn: str) -> AsyncIterator[None]:
@@ -681,6 +701,17 @@ class Worker:
             return "failed"
         await self.client.nack_job(job.id, delay=backoff_delay(opts, nacks))
         return "failed"
+
+    def _result_of(self, job: Job, value: Any) -> tuple[bytes | None, str | None]:
+        """What to keep of a handler's return value: its encoding, or (when
+        it cannot be encoded: the work is done all the same, and the job is
+        acknowledged) why there is none."""
+        try:
+            return self.encode_result(value), None
+        except Exception as exc:
+            log.warning("worker: the result of job %s could not be encoded: %s", job.id, exc)
+            return None, _safe_text(f"the handler returned a value that could not be kept: "
+                                    f"{type(exc).__name__}: {exc}")
 
     async def _keep(self, job: Job, value: bytes | None, error: str | None) -> None:
         """Store a result before the ACK (a crash between them reruns the

@@ -190,6 +190,41 @@ def test_transactional_mode_commits_writes_and_ack_together(dsn, client, db):
     assert [d["id"] for d in client.dead_letters("tx")] == [bad]
 
 
+def test_a_transactional_handler_given_up_rolls_back_and_keeps_its_result(client, db):
+    """A `def` handler past its timeout keeps running in its thread while its
+    job is NACKed and runs again: that thread must roll back, or its writes
+    count twice. And what a transactional handler returns is kept, in its
+    transaction (it was dropped)."""
+    db.execute("CREATE TABLE writes (attempt int)")
+    job_id = client.add_job("slow-tx", b"x", retry=30)
+    backends: list[int] = []
+    first_done = threading.Event()
+
+    def handler(job, conn):
+        backends.append(conn.info.backend_pid)
+        conn.execute("INSERT INTO writes VALUES (%s)", (len(backends),))
+        if len(backends) == 1:
+            # Past the 0.5 s timeout (the reason for this sleep): the worker
+            # gives the job up and NACKs it while this thread goes on.
+            time.sleep(1.5)
+            first_done.set()
+        return {"attempt": len(backends)}
+
+    def first_transaction_ended() -> bool:
+        state = db.execute("SELECT state FROM pg_stat_activity WHERE pid = %s",
+                           (backends[0],)).fetchone()
+        return state is None or state[0] == "idle"
+
+    worker = pgq.Worker(client, queues=["slow-tx"], handler=handler, transactional=True,
+                        timeout=0.5, backoff=0.1, keep_results=60)
+    run_until(worker, lambda: worker.stats.succeeded == 1 and first_done.is_set()
+              and first_transaction_ended())
+    assert worker.stats.failed == 1 and len(backends) == 2
+    assert db.execute("SELECT attempt FROM writes").fetchall() == [(2,)]
+    assert client.wait_result(job_id, timeout=0) == (b'{"attempt":2}', None)
+    assert client.show(job_id) is None
+
+
 @pytest.mark.parametrize("kind", ["def", "async def"])
 def test_transactional_handlers_share_pooled_connections(client, db, kind):
     """One connection per slot at most, reused from job to job (a connection
