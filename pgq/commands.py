@@ -17,7 +17,7 @@ import datetime as dt
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from . import contracts
@@ -102,7 +102,7 @@ def _ring(session: Session, events: int) -> Command[None]:
 
 
 def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
-             params: JobParams) -> Command[list[str]]:
+             params: JobParams, memo: dict[str, list[str]] | None = None) -> Command[list[str]]:
     """ADDJOB for one or many bodies; returns their IDs in order.
 
     Disque rules: NOREPL if fewer than W nodes are reachable; PAUSED if the
@@ -141,7 +141,8 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         raise InvalidArgumentError(
             f"a replicated job's body is at most {MAX_REPLICATED_BODY // 2**20} MiB (copies "
             "travel in one bus frame): store big payloads elsewhere and queue a reference")
-    ids = _new_ids(session, params, len(bodies))
+    retried = memo is not None and session.node_id in memo
+    ids = _ids(session, params, len(bodies), memo)
     if replicated and not view.leaving and replicated_batchable(AddCall(queue, bodies, params)):
         taken = [_Taken(0, ids, wanted, minimum)]
         targets = _direct_targets(session, view, taken)
@@ -169,7 +170,7 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         return [existing]
     existing = None
     if len(bodies) >= COPY_THRESHOLD:
-        leaving = yield from _copy_jobs(session, queue, ids, bodies, params)
+        leaving = yield from _copy_jobs(session, queue, ids, bodies, params, retried)
     else:
         leaving, existing = yield from _insert_jobs(session, queue, ids, bodies, params)
     if existing:
@@ -249,6 +250,8 @@ class AddCall:
     queue: str
     bodies: Sequence[bytes]
     params: JobParams
+    # its job IDs per node, made at its first attempt there (see _ids)
+    ids: dict[str, list[str]] = field(default_factory=dict, compare=False)
 
 
 # The outcome of a call a batch cannot take (copies, MAXLEN, a leaving
@@ -275,6 +278,23 @@ def _new_ids(session: Session, params: JobParams, count: int) -> list[str]:
                        millis=int(session.wall() * 1000), random_bytes=session.random_bytes)
 
 
+def _ids(session: Session, params: JobParams, count: int,
+         memo: dict[str, list[str]] | None) -> list[str]:
+    """The call's job IDs on this node: made once per node and kept in
+    ``memo`` (the call's), so that a client that runs the command again after
+    a lost connection stores the same IDs, which the INSERTs' ON CONFLICT
+    DO NOTHING then take once. New IDs at each attempt added the jobs a
+    second time when the first attempt had committed (a synchronous
+    replicated add whose connection broke while it waited for its copies;
+    a batch whose second statement's connection broke)."""
+    if memo is None:
+        return _new_ids(session, params, count)
+    ids = memo.get(session.node_id)
+    if ids is None:
+        ids = memo[session.node_id] = _new_ids(session, params, count)
+    return ids
+
+
 def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
     """ADDJOB of many callers in one statement and one commit (group commit).
 
@@ -296,9 +316,9 @@ def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
             continue
         wanted, minimum = _copies(call.params, view)
         if wanted == 1:
-            here.append(_Taken(index, _new_ids(session, call.params, len(call.bodies)), 1, 1))
+            here.append(_Taken(index, _ids(session, call.params, len(call.bodies), call.ids), 1, 1))
         elif call.params.asynchronous and _copyable(call, wanted, view):
-            copied.append(_Taken(index, _new_ids(session, call.params, len(call.bodies)),
+            copied.append(_Taken(index, _ids(session, call.params, len(call.bodies), call.ids),
                                  wanted, minimum))
     if here:
         yield from _store_batch(session, calls, here, outcomes, None)
@@ -579,7 +599,7 @@ def add_replicated_batch(session: Session, calls: Sequence[AddCall]) -> Command[
         wanted, minimum = _copies(call.params, view)
         if (replicated_batchable(call) and _copyable(call, wanted, view)
                 and _replication_timeout(session, call.params) == timeout):
-            taken.append(_Taken(index, _new_ids(session, call.params, len(call.bodies)),
+            taken.append(_Taken(index, _ids(session, call.params, len(call.bodies), call.ids),
                                 wanted, minimum))
     if not taken:
         return outcomes
@@ -764,10 +784,16 @@ def _raise_if_refused(queue: str, paused: bool, full: bool, maxlen: int | None) 
 
 
 def _copy_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
-               params: JobParams) -> Command[bool]:
+               params: JobParams, retried: bool = False) -> Command[bool]:
     """The bulk path: check, COPY and notify in one transaction; True (and
-    nothing stored) if the node turned out to be leaving."""
+    nothing stored) if the node turned out to be leaving. COPY has no ON
+    CONFLICT: a retry (``retried``: these IDs were tried here before) whose
+    first attempt committed stores nothing again (unless, in the moment
+    between, every one of its jobs was consumed and acknowledged)."""
     yield Begin()
+    if retried and (yield Query(sql.ANY_JOB_STORED, {"ids": ids[:1]}, Result.VALUE)):
+        yield Commit()
+        return False
     if params.maxlen is not None:
         yield Query(sql.LOCK_QUEUE_FOR_MAXLEN, {"queue": queue}, Result.NONE)
     paused, length, leaving = yield Query(sql.ADD_CHECK, {"queue": queue}, Result.ROW)

@@ -297,7 +297,8 @@ class ClientCore:
     def add_command(call: commands.AddCall) -> CommandFactory[list[str]]:
         if not call.bodies:
             return lambda session: _empty_list()
-        return lambda session: commands.add_jobs(session, call.queue, call.bodies, call.params)
+        return lambda session: commands.add_jobs(session, call.queue, call.bodies, call.params,
+                                                 call.ids)
 
     def get_request(self, queues: tuple[object, ...], *, count: object, timeout: object,
                     nohang: object, withcounters: object) -> GetRequest:

@@ -398,6 +398,10 @@ SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('i
 """
 
 # The per-call constant columns come first, then id and body (pgq.copydata).
+# A bulk add run again after a lost connection: did the first attempt
+# commit? (COPY has no ON CONFLICT.) One primary-key probe.
+ANY_JOB_STORED = "SELECT EXISTS (SELECT 1 FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]))"
+
 COPY_JOBS = """
 COPY pgq.jobs (queue, state, repl, retry, delay, expires_at, requeue_at, queued_at, enqueues,
                priority, id, body)

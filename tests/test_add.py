@@ -170,10 +170,13 @@ def test_a_batch_of_one_stores_what_a_batch_of_many_stores(client):
         return client.add_call(queue, [body], replicate=None, delay=delay, retry=retry, ttl=ttl,
                                maxlen=None, asynchronous=False, timeout=None, priority=priority)
 
-    calls = [call("open", b"a", delay=5, retry=7, ttl=600, priority=3), call("closed", b"b"),
-             call("open", b"c", retry=0)]
-    alone = [client._run(lambda session, c=c: commands.add_batch(session, [c]))[0] for c in calls]
-    together = client._run(lambda session: commands.add_batch(session, calls))
+    def calls():  # a call is one add: its IDs are made once (a retry stores them once)
+        return [call("open", b"a", delay=5, retry=7, ttl=600, priority=3), call("closed", b"b"),
+                call("open", b"c", retry=0)]
+
+    alone = [client._run(lambda session, c=c: commands.add_batch(session, [c]))[0] for c in calls()]
+    again = calls()
+    together = client._run(lambda session: commands.add_batch(session, again))
     same = ("queue", "state", "repl", "delay", "retry", "priority", "body", "deliveries")
     for one, many in zip(alone, together, strict=True):
         if isinstance(one, PausedError):
@@ -184,3 +187,28 @@ def test_a_batch_of_one_stores_what_a_batch_of_many_stores(client):
         assert abs(first["ttl"] - second["ttl"]) <= 1
     assert [type(o).__name__ for o in alone] == ["list", "PausedError", "list"]
     assert client.qlen("open") == 2 and client.qlen("closed") == 0  # two delayed, two queued
+
+
+def test_an_add_run_again_after_a_lost_connection_adds_nothing_twice(client):
+    """The client runs a command again when its connection broke: its job IDs
+    are made once per call, so the second run finds them stored (ON
+    CONFLICT, or a probe before a COPY). New IDs at each run added the jobs
+    again when the first run had committed."""
+    from pgq import arguments, commands
+
+    def call(queue, bodies):
+        return commands.AddCall(queue, bodies, arguments.job_params(
+            replicate=None, delay=0, retry=30, ttl=None, maxlen=None, asynchronous=False,
+            timeout=None))
+
+    one = call("again", [b"x"])
+    first = client._run(client.add_command(one))
+    assert client._run(client.add_command(one)) == first and client.qlen("again") == 1
+    batched = call("again-batch", [b"y", b"z"])
+    first = client._run(lambda s: commands.add_batch(s, [batched]))
+    assert client._run(lambda s: commands.add_batch(s, [batched])) == first
+    assert client.qlen("again-batch") == 2
+    bulk = call("again-bulk", [b"b"] * commands.COPY_THRESHOLD)
+    first = client._run(client.add_command(bulk))
+    assert client._run(client.add_command(bulk)) == first  # no UniqueViolation from COPY
+    assert client.qlen("again-bulk") == commands.COPY_THRESHOLD
