@@ -102,10 +102,12 @@ def test_stop_then_restart_keeps_jobs_and_port(home):
         assert [j.id for j in client.get_job("survivor", nohang=True)] == [kept]
 
 
-def test_a_stopped_server_may_move_to_another_address(home):
+def test_a_stopped_server_may_move_to_another_address(fresh_home):
     """A node restarted on another bus address moves its server: refused
     only while the server runs (instance.json kept the old host for ever,
-    and the refusal outlived `pgq embedded stop`)."""
+    and the refusal outlived `pgq embedded stop`). A home of its own: the
+    module's shared one must stay on 127.0.0.1 for the tests after it."""
+    home = fresh_home
     embedded.ensure_running(home, host="127.0.0.1")
     with pytest.raises(pgq.errors.EmbeddedServerError, match="stop it first"):
         embedded.ensure_running(home, host="127.0.0.2")
