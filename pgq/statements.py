@@ -524,6 +524,11 @@ WITH wanted AS (
 # these queues becomes due (``due_in``, as NEXT_DUE below): a blocked GET
 # bounds its wait with it without asking again (0.3 statements per job in
 # the steady-state bench). A claim that took jobs skips the probe.
+# A queue paused for output gives nothing, so its due jobs are no reason to
+# wake: the probe reads the queues the claim wanted (paused-out ones are not),
+# where a due job of a paused one made a blocked GET claim every millisecond.
+_NOT_PAUSED_OUT = ("NOT EXISTS (SELECT 1 FROM pgq.queues p "
+                   "WHERE p.name = q.name AND p.paused IN ('out', 'all'))")
 _CLAIM_RESULT = """
 SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl, from_ready, priority,
        NULL::bigint AS epoch, NULL::float8 AS due_in
@@ -536,7 +541,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        END,
        CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
            SELECT extract(epoch FROM min(d.requeue_at) - pgq.now())::float8
-           FROM {due}
+           FROM wanted q
            CROSS JOIN LATERAL (
                SELECT j.requeue_at FROM pgq.jobs j
                WHERE j.queue = q.name AND j.state = 'active' AND j.requeue_at IS NOT NULL
@@ -547,11 +552,9 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 # to right), or one as plain values (a GET of one queue, the common case:
 # as ADD_ONE, cheaper to send and to run).
 _MANY_QUEUES = {"wanted": "unnest(%(queues)s::text[], %(floors)s::bigint[]) "
-                          "WITH ORDINALITY AS q(name, floor, pos)",
-                "due": "unnest(%(queues)s::text[]) AS q(name)"}
+                          "WITH ORDINALITY AS q(name, floor, pos)"}
 _ONE_QUEUE = {"wanted": "(SELECT %(queue)s::text AS name, %(floor)s::bigint AS floor, "
-                        "1::bigint AS pos) AS q",
-              "due": "(SELECT %(queue)s::text AS name) AS q"}
+                        "1::bigint AS pos) AS q"}
 
 
 def _claim(queues: dict[str, str], relaxed: bool) -> str:
@@ -566,13 +569,13 @@ def _claim(queues: dict[str, str], relaxed: bool) -> str:
     claimed)."""
     body = _CLAIM_BODY.format(wanted=queues["wanted"])
     if not relaxed:
-        return body + _CLAIM_RESULT.format(due=queues["due"], source="") + "\n"
+        return body + _CLAIM_RESULT.format(source="") + "\n"
     return body + """, commit_mode AS (
     SELECT set_config('synchronous_commit',
                       CASE WHEN EXISTS (SELECT 1 FROM claimed WHERE retry = 0)
                            THEN current_setting('synchronous_commit') ELSE 'off' END,
                       true) AS mode
-)""" + _CLAIM_RESULT.format(due=queues["due"], source="\nFROM commit_mode") + "\n"
+)""" + _CLAIM_RESULT.format(source="\nFROM commit_mode") + "\n"
 
 
 CLAIM = _claim(_MANY_QUEUES, relaxed=False)
@@ -588,13 +591,14 @@ CLAIM_ONE_RELAXED = _claim(_ONE_QUEUE, relaxed=True)
 # NULL when none will. Not greatest(0, ...): GREATEST ignores NULL, so "none"
 # read as "due now" and a blocked GET on an idle queue polled every
 # millisecond (790 statements/s; the simulation found it). The caller clamps.
-NEXT_DUE = """
+NEXT_DUE = f"""
 SELECT extract(epoch FROM min(d.requeue_at) - pgq.now())::float8
 FROM unnest(%(queues)s::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT j.requeue_at FROM pgq.jobs j
     WHERE j.queue = q.name AND j.state = 'active' AND j.requeue_at IS NOT NULL
     ORDER BY j.requeue_at LIMIT 1) AS d
+WHERE {_NOT_PAUSED_OUT}
 """
 
 REGISTER_WAITER = """
@@ -931,14 +935,15 @@ _JSCAN_FILTERS = """
       AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
 """
 
+# A page of jobs by ID; JSCAN's STATE filter is applied to it by the caller,
+# which must know how far the page went (filtered here, a page came back
+# short while more jobs followed, and the scan ended early).
 JSCAN_JOBS = f"""
-SELECT * FROM (
-    SELECT {_SHOW_COLUMNS}
-    FROM pgq.jobs
-    WHERE id > %(after)s AND expires_at > pgq.now()
-    {_JSCAN_FILTERS}
-    ORDER BY id LIMIT %(count)s) AS page
-WHERE %(states)s::text[] IS NULL OR page.state = ANY (%(states)s::text[])
+SELECT {_SHOW_COLUMNS}
+FROM pgq.jobs
+WHERE id > %(after)s AND expires_at > pgq.now()
+{_JSCAN_FILTERS}
+ORDER BY id LIMIT %(count)s
 """
 
 # Dummy ACKs (an ACK of an ID this node never held) are no jobs: Disque's

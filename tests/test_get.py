@@ -211,6 +211,38 @@ def test_a_consumer_blocked_on_an_idle_queue_does_not_spin(dsn, monkeypatch):
         assert len(queries) < 40, (options, len(queries))
 
 
+def test_a_due_job_in_a_queue_paused_for_output_does_not_make_a_get_spin(dsn, client, monkeypatch):
+    """A blocked GET over a queue paused for output and another: a due job
+    in the paused one made the claim's "next due" say "now", and the GET
+    claimed every millisecond until a sweep re-queued the job."""
+    import psycopg
+
+    from pgq.driver import SyncDriver
+    from pgq.protocol import Query
+
+    job_id = client.add_job("held", b"x", retry=30)
+    client.get_job("held")  # leased: due again once its lease runs out
+    client.pause("held", "out")
+    queries = []
+    handle = SyncDriver._handle
+
+    def counting(self, request):
+        if isinstance(request, Query):
+            queries.append(request.sql)
+        return handle(self, request)
+
+    monkeypatch.setattr(SyncDriver, "_handle", counting)
+    # sweep_interval: the sweep would re-queue the due job, which hid the spin
+    with pgq.Client(dsn, sweep_interval=3600) as consumer:
+        consumer.get_job("held", "other", nohang=True)  # its first sweep is done
+        with psycopg.connect(dsn, autocommit=True) as conn:  # the lease runs out
+            conn.execute("UPDATE pgq.jobs SET requeue_at = now() - interval '1 second' "
+                         "WHERE id = %s", (job_id,))
+        queries.clear()
+        assert consumer.get_job("held", "other", timeout=1) == []
+    assert len(queries) < 40, len(queries)  # as an idle queue's (above); ~1000 before
+
+
 def test_a_job_stands_for_its_id(client):
     client.add_jobs("asid", [b"1", b"2"], retry=30)
     first, second = client.get_job("asid", count=2)
