@@ -1240,22 +1240,27 @@ def jscan(session: Session, cursor: int, count: int, queue: str | None,
     yield Query(sql.SWEEP_ALL_QUEUES, None, Result.NONE)
     after = decode_cursor(cursor)
     wanted = list(states) or None
-    params = {"after": after, "count": count, "queue": queue,
-              "states": [s for s in states if s != "acked"] or None}
+    live_states = [s for s in states if s != "acked"] or None
+    params = {"after": after, "count": count, "queue": queue}
     entries: list[tuple[str, Any]] = []
     live_rows: list[Any] = []
     if wanted is None or any(s != "acked" for s in wanted):
         live_rows = yield Query(sql.JSCAN_JOBS, params, Result.ROWS)
-        entries += [(r[0], _job_dict(r, session.node_id)) for r in live_rows]
+        entries += [(r[0], _job_dict(r, session.node_id)) for r in live_rows
+                    if live_states is None or r[2] in live_states]  # r[2]: its state
     acked_rows: list[Any] = []
     if wanted is None or "acked" in wanted:
         acked_rows = yield Query(sql.JSCAN_ACKS, params, Result.ROWS)
         entries += [(r[0], _ack_dict(r)) for r in acked_rows]
     entries.sort(key=lambda e: e[0])
     page = entries[:count]
-    # Done only when no source may hold more rows after the last one returned.
-    more = len(live_rows) == count or len(acked_rows) == count or len(entries) > count
-    next_cursor = encode_cursor(page[-1][0]) if more and page else 0
+    # The next cursor: as far as every source was read. A full page of a
+    # source may have more after its last row; a truncated merge stops at
+    # its last entry returned. None of them: the scan is done.
+    reached = [rows[-1][0] for rows in (live_rows, acked_rows) if len(rows) == count]
+    if len(entries) > count:
+        reached.append(page[-1][0])
+    next_cursor = encode_cursor(min(reached)) if reached else 0
     if reply == "id":
         return next_cursor, [job_id for job_id, _ in page]
     return next_cursor, [info for _, info in page]
@@ -1279,8 +1284,16 @@ def pause(session: Session, queue: str, flags: Sequence[str]) -> Command[str]:
             paused_out |= flag in ("out", "all")
             update = True
     if not update:
-        state = yield Query(sql.PAUSE_STATE, {"queue": queue}, Result.VALUE)
-        return str(state)
+        state = str((yield Query(sql.PAUSE_STATE, {"queue": queue}, Result.VALUE)))
+        if "bcast" in flags:
+            # Disque's PAUSE broadcasts the queue's flags whenever BCAST is
+            # given: the way to push a pause in force to the other nodes.
+            view = yield from cluster_view(session)
+            if view.active:
+                row = yield Query(sql.SET_PAUSE, {"queue": queue, "state": state, "bcast": True},
+                                  Result.ROW)
+                yield from _ring(session, row[2])
+        return state
     state = {(False, False): "none", (True, False): "in", (False, True): "out",
              (True, True): "all"}[(paused_in, paused_out)]
     view = yield from cluster_view(session)

@@ -91,6 +91,18 @@ def test_jscan_iterates_jobs_and_acks_with_filters(client):
     assert client.jscan(count=100, states=["acked"], reply="all") == (0, [])
     _, full = client.jscan(count=3, queue="j1", reply="all")
     assert all(f["queue"] == "j1" and f["body"] == b"a" for f in full) and len(full) == 3
+    # a STATE filter goes through every page (a page of the filter's rows
+    # that came back short ended the scan early)
+    mixed = client.add_jobs("j3", [b"c"] * 6)
+    claimed = [j.id for j in client.get_job("j3", count=3)]  # the three oldest: active
+    assert claimed == mixed[:3]
+    found, cursor = [], 0
+    while True:
+        cursor, page = client.jscan(cursor, count=2, queue="j3", states=["queued"])
+        found += page
+        if cursor == 0:
+            break
+    assert found == mixed[3:]
     with pytest.raises(InvalidArgumentError, match="unknown job state"):
         client.jscan(states=["done"])
     with pytest.raises(InvalidArgumentError):

@@ -510,6 +510,17 @@ def test_a_pause_broadcast_reaches_every_node(sim_databases):
         s.add("n3", b"x")
 
 
+def test_bcast_alone_pushes_the_pause_in_force_to_every_node(sim_databases):
+    """PAUSE q bcast (or state bcast) broadcasts the queue's flags as they
+    are, as Disque does; it returned them and sent nothing."""
+    s = cluster(sim_databases)
+    assert s.do("n1", lambda ses: commands.pause(ses, "q", ["out"]), "pause") == "out"
+    assert s.do("n2", lambda ses: commands.pause(ses, "q", ["state"]), "state") == "none"
+    assert s.do("n1", lambda ses: commands.pause(ses, "q", ["state", "bcast"]), "bcast") == "out"
+    s.until(lambda: all(s.do(n, lambda ses: commands.pause(ses, "q", ["state"]), "state") == "out"
+                        for n in s.names), 2.0, "every node paused for output", every=0.05)
+
+
 # ------------------------------------------------------------ leaving
 
 def test_a_leaving_node_drains_through_federation_and_takes_no_copy(sim_databases):
