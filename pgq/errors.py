@@ -141,3 +141,10 @@ class IngestError(PgqError):
 class TaskFailedError(PgqError):
     """A task's job ended in the dead letters; the message is its error and
     traceback (see :meth:`pgq.Tasks.result`)."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of what ``error`` says (its type's name if nothing):
+    what pgq quotes of a foreign error (psycopg's, SQLAlchemy's, Spark's,
+    whose texts go on for pages)."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -15,7 +15,7 @@ from typing import Any
 
 import psycopg
 
-from .errors import SchemaNotReadyError
+from .errors import SchemaNotReadyError, first_line
 
 __all__ = ["SCHEMA_VERSION", "migrate", "schema_version", "check_schema"]
 
@@ -80,7 +80,7 @@ def migrate(dsn: str, revision: str = "head") -> str:
             "upgrade pgq here too (pip install -U pgq-disque)") from exc
     except SQLAlchemyError as exc:  # the database refused (no CREATE right, say)
         cause = getattr(exc, "orig", None) or exc
-        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        first = first_line(cause)
         raise SchemaNotReadyError(
             f"the database refused the migration: {first} (a role that owns the database, or "
             "may CREATE in it, must run `pgq migrate` once)") from exc

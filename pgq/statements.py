@@ -452,12 +452,15 @@ WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %
 # (These notes live here, not in the SQL: psycopg caches the parsing of a
 # statement only up to 4096 bytes, and parses a longer one again at every
 # execution, in the client's CPU; test_stats_and_plans pins the sizes.)
-_CLAIM_BODY = """
+# A queue of the alias q that is not paused for output: what a claim may
+# serve, and whose due jobs a blocked GET waits for.
+_NOT_PAUSED_OUT = ("NOT EXISTS (SELECT 1 FROM pgq.queues p "
+                   "WHERE p.name = q.name AND p.paused IN ('out', 'all'))")
+_CLAIM_BODY = f"""
 WITH wanted AS (
     SELECT q.name, q.pos, q.floor
-    FROM {wanted}
-    WHERE NOT EXISTS (SELECT 1 FROM pgq.queues p
-                      WHERE p.name = q.name AND p.paused IN ('out', 'all'))
+    FROM {{wanted}}
+    WHERE {_NOT_PAUSED_OUT}
 ), ready AS (
     SELECT c.ctid, w.pos, c.ctime, c.priority
     FROM wanted w CROSS JOIN LATERAL (
@@ -525,10 +528,8 @@ WITH wanted AS (
 # bounds its wait with it without asking again (0.3 statements per job in
 # the steady-state bench). A claim that took jobs skips the probe.
 # A queue paused for output gives nothing, so its due jobs are no reason to
-# wake: the probe reads the queues the claim wanted (paused-out ones are not),
+# wake: the claim's probe reads the queues it wanted (paused-out ones are not),
 # where a due job of a paused one made a blocked GET claim every millisecond.
-_NOT_PAUSED_OUT = ("NOT EXISTS (SELECT 1 FROM pgq.queues p "
-                   "WHERE p.name = q.name AND p.paused IN ('out', 'all'))")
 _CLAIM_RESULT = """
 SELECT queue, id, body, nacks, additional_deliveries, ctime, retry, ttl, from_ready, priority,
        NULL::bigint AS epoch, NULL::float8 AS due_in

@@ -186,14 +186,13 @@ def test_a_job_queued_again_behind_the_claim_floor_is_still_delivered(client):
     assert seen, "a NACKed job below the floor was never delivered again"
 
 
-def test_a_consumer_blocked_on_an_idle_queue_does_not_spin(dsn, monkeypatch):
-    """NEXT_DUE once said "due now" when nothing was due (GREATEST ignores
-    NULL): a blocked GET polled every millisecond, ~800 statements a second.
-    It backs off now: 50 ms doubling to the poll interval."""
+def count_statements(monkeypatch) -> list[str]:
+    """The SQL of every statement the blocking clients' drivers run from now
+    on (for this test), in a list that fills as they run."""
     from pgq.driver import SyncDriver
     from pgq.protocol import Query
 
-    queries = []
+    queries: list[str] = []
     handle = SyncDriver._handle
 
     def counting(self, request):
@@ -202,6 +201,14 @@ def test_a_consumer_blocked_on_an_idle_queue_does_not_spin(dsn, monkeypatch):
         return handle(self, request)
 
     monkeypatch.setattr(SyncDriver, "_handle", counting)
+    return queries
+
+
+def test_a_consumer_blocked_on_an_idle_queue_does_not_spin(dsn, monkeypatch):
+    """NEXT_DUE once said "due now" when nothing was due (GREATEST ignores
+    NULL): a blocked GET polled every millisecond, ~800 statements a second.
+    It backs off now: 50 ms doubling to the poll interval."""
+    queries = count_statements(monkeypatch)
     for options in ({}, {"pgbouncer": True, "poll_interval": 0.2}):
         with pgq.Client(dsn, **options) as consumer:
             consumer.get_job("idle", nohang=True)
@@ -217,21 +224,10 @@ def test_a_due_job_in_a_queue_paused_for_output_does_not_make_a_get_spin(dsn, cl
     claimed every millisecond until a sweep re-queued the job."""
     import psycopg
 
-    from pgq.driver import SyncDriver
-    from pgq.protocol import Query
-
     job_id = client.add_job("held", b"x", retry=30)
     client.get_job("held")  # leased: due again once its lease runs out
     client.pause("held", "out")
-    queries = []
-    handle = SyncDriver._handle
-
-    def counting(self, request):
-        if isinstance(request, Query):
-            queries.append(request.sql)
-        return handle(self, request)
-
-    monkeypatch.setattr(SyncDriver, "_handle", counting)
+    queries = count_statements(monkeypatch)
     # sweep_interval: the sweep would re-queue the due job, which hid the spin
     with pgq.Client(dsn, sweep_interval=3600) as consumer:
         consumer.get_job("held", "other", nohang=True)  # its first sweep is done

@@ -34,7 +34,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..errors import PgqError
+from ..errors import PgqError, first_line
 from ..jsonable import dumps
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -64,7 +64,7 @@ def handles_errors(func: F) -> F:
         except PgqError as exc:
             fail(exc)
         except psycopg.Error as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            first = first_line(exc)
             fail(f"the database: {first} (check --dsn, --data or PGQ_DSN, and that the "
                  "server runs)")
         except KeyboardInterrupt:

@@ -48,6 +48,7 @@ from ..errors import (
     PausedError,
     PgqError,
     SchemaNotReadyError,
+    first_line,
 )
 from ..ids import SORTABLE_BASE64, STANDARD_BASE64
 from ..migrate import SCHEMA_VERSION
@@ -215,6 +216,7 @@ class Ingestion:
         self.started_ms = 0
         self.merged: set[int] = set()
         self.total = 0
+        self.largest = 0  # bytes of the largest body (prepare counts it)
 
     # ------------------------------------------------------------ begin
 
@@ -333,7 +335,7 @@ class Ingestion:
         (rows.write.format("jdbc")
          .options(**target.jdbc.options())
          .option("dbtable", f"pgq_staging.{self.plan.staging_table}")
-         .option("batchsize", str(batch_rows(getattr(self, "largest", 0))))
+         .option("batchsize", str(batch_rows(self.largest)))
          # Each batch commits on its own: one transaction per partition held
          # a snapshot, and with it VACUUM of the hot job table, for as long
          # as a partition took. The staging table is not seen by consumers,
@@ -396,7 +398,7 @@ class Ingestion:
         except PgqError:
             raise
         except Exception as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:500].rstrip(".")
+            first = first_line(exc)[:500].rstrip(".")
             raise IngestError(
                 f"ingestion {self.plan.ingest_id!r} failed while {step}: {first}. Fix the cause "
                 f"and run it again with ingest_id={self.plan.ingest_id!r}: nodes that merged "
