@@ -57,10 +57,12 @@ class AsyncClient(ClientCore):
         # Group commit: concurrent calls of this client's tasks share
         # statements and commits (see pgq.combine).
         self._adds: AsyncCombiner[commands.AddCall] = AsyncCombiner(
-            lambda client, calls: client._run(lambda s: commands.add_batch(s, calls)))
+            lambda client, calls: client._run(lambda s: commands.add_batch(s, calls)),
+            weigh=commands.call_bytes, limit=commands.BATCH_BYTES)
         self._replicated: AsyncCombiner[commands.AddCall] = AsyncCombiner(
             lambda client, calls: client._run(lambda s: commands.add_replicated_batch(s, calls)),
-            parallel=commands.REPLICATED_FLUSHES)
+            parallel=commands.REPLICATED_FLUSHES, weigh=commands.call_bytes,
+            limit=commands.BATCH_BYTES)
         self._claims: AsyncCombiner[commands.ClaimCall] = AsyncCombiner(
             lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)))
         self._acks: AsyncCombiner[list[str]] = AsyncCombiner(

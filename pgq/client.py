@@ -55,10 +55,12 @@ class _Combiners:
 
     def __init__(self) -> None:
         self.adds: SyncCombiner[commands.AddCall] = SyncCombiner(
-            lambda client, calls: client._run(lambda s: commands.add_batch(s, calls)))
+            lambda client, calls: client._run(lambda s: commands.add_batch(s, calls)),
+            weigh=commands.call_bytes, limit=commands.BATCH_BYTES)
         self.replicated: SyncCombiner[commands.AddCall] = SyncCombiner(
             lambda client, calls: client._run(lambda s: commands.add_replicated_batch(s, calls)),
-            parallel=commands.REPLICATED_FLUSHES)
+            parallel=commands.REPLICATED_FLUSHES, weigh=commands.call_bytes,
+            limit=commands.BATCH_BYTES)
         self.claims: SyncCombiner[commands.ClaimCall] = SyncCombiner(
             lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)))
         self.acks: SyncCombiner[list[str]] = SyncCombiner(

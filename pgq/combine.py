@@ -22,6 +22,10 @@ Invariants:
   error).
 * At most ``parallel`` flushes are in flight at once.
 * Calls are flushed in arrival order.
+* A batch weighs at most ``limit`` (by ``weigh``: an add's body bytes)
+  unless its leader's call alone weighs more: the calls past the limit
+  wait for the next flush. One statement of many large bodies passed
+  PostgreSQL's 1 GiB bound on a value and failed every call of the batch.
 
 The waiting is the only thing that differs between threads and tasks:
 :class:`SyncCombiner` (threads, for :class:`pgq.Client`) and
@@ -69,6 +73,8 @@ class _Queue(Generic[C]):
     """Who flushes what (no I/O, no waiting): the shared rule."""
 
     parallel: int = 1
+    weigh: Callable[[C], int] | None = None
+    limit: int = 0
     waiting: list[_Slot[C]] = field(default_factory=list)
     flushing: int = 0
 
@@ -87,8 +93,21 @@ class _Queue(Generic[C]):
         was just chosen may not have taken its batch yet: its call stays
         for it, or that leader would flush an empty batch and the count of
         flushes in flight would drift)."""
-        batch = [s for s in self.waiting if s is leader or not s.lead]
-        self.waiting = [s for s in self.waiting if s.lead and s is not leader]
+        batch: list[_Slot[C]] = []
+        kept: list[_Slot[C]] = []
+        weight, full = 0, False
+        for slot in self.waiting:
+            if slot is not leader and (slot.lead or full):
+                kept.append(slot)
+                continue
+            if self.weigh is not None:
+                weight += self.weigh(slot.call)
+                if slot is not leader and weight > self.limit and batch:
+                    full = True  # it and every later call: the next flush
+                    kept.append(slot)
+                    continue
+            batch.append(slot)
+        self.waiting = kept
         return batch
 
     def finish(self) -> _Slot[C] | None:
@@ -119,9 +138,10 @@ class SyncCombiner(Generic[C]):
     """Batches calls of threads; ``flush(context, calls) -> outcomes`` blocks."""
 
     def __init__(self, flush: Callable[[Any, list[C]], Sequence[Outcome]],
-                 parallel: int = 1) -> None:
+                 parallel: int = 1, weigh: Callable[[C], int] | None = None,
+                 limit: int = 0) -> None:
         self._flush = flush
-        self._queue: _Queue[C] = _Queue(parallel)
+        self._queue: _Queue[C] = _Queue(parallel, weigh, limit)
         self._lock = threading.Lock()
 
     def submit(self, call: C, context: Any = None) -> Any:
@@ -165,9 +185,10 @@ class AsyncCombiner(Generic[C]):
     """Batches calls of anyio tasks; ``flush(context, calls) -> outcomes`` is awaited."""
 
     def __init__(self, flush: Callable[[Any, list[C]], Awaitable[Sequence[Outcome]]],
-                 parallel: int = 1) -> None:
+                 parallel: int = 1, weigh: Callable[[C], int] | None = None,
+                 limit: int = 0) -> None:
         self._flush = flush
-        self._queue: _Queue[C] = _Queue(parallel)
+        self._queue: _Queue[C] = _Queue(parallel, weigh, limit)
         self._changed = anyio.Event()
 
     async def submit(self, call: C, context: Any = None) -> Any:

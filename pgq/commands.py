@@ -267,6 +267,17 @@ REROUTE = "reroute"
 REPLICATED_FLUSHES = 2
 
 
+# The body bytes one batch of adds gathers from its callers (a caller's own
+# call may weigh more): PostgreSQL refuses a value over 1 GiB, and the
+# batch's bodies travel as one array.
+BATCH_BYTES = 64 * 1024 * 1024
+
+
+def call_bytes(call: AddCall) -> int:
+    """An add's weight in a batch (see BATCH_BYTES)."""
+    return sum(map(len, call.bodies))
+
+
 def batchable(call: AddCall) -> bool:
     """Worth a batch before knowing the cluster: small, no lock (MAXLEN, key)."""
     return (call.params.maxlen is None and call.params.key is None

@@ -202,3 +202,32 @@ def test_parallel_flushes_run_at_once_and_batch_the_rest():
         thread.join(10)
     assert sorted(c for batch in batches for c in batch) == list(range(12))
     assert max(len(batch) for batch in batches) > 1 and combiner._queue.flushing == 0
+
+
+def test_a_batch_stops_at_its_weight_limit_in_arrival_order():
+    # Calls are weights here. Whatever arrived behind a flush goes out in
+    # batches of at most `limit`, in order; a leader's call heavier than the
+    # limit goes alone. (Many large bodies in one batch passed PostgreSQL's
+    # 1 GiB bound on a value and failed every call of it.)
+    queue: _Queue[int] = _Queue(weigh=lambda call: call, limit=10)
+    first = _Slot(1)
+    assert queue.arrive(first) and queue.take(first) == [first]  # a flush in flight
+    slots = [_Slot(w) for w in (4, 5, 3, 12, 2, 2)]
+    assert not any(queue.arrive(slot) for slot in slots)  # all behind it
+    batches = []
+    leader = queue.finish()
+    while leader is not None:
+        batches.append([slot.call for slot in queue.take(leader)])
+        leader = queue.finish()
+    assert batches == [[4, 5], [3], [12], [2, 2]]
+    assert queue.flushing == 0 and queue.waiting == []
+
+
+def test_without_a_weight_every_waiting_call_shares_the_flush():
+    queue: _Queue[int] = _Queue()
+    first = _Slot(1)
+    assert queue.arrive(first) and queue.take(first) == [first]
+    for weight in (10**9, 10**9):
+        queue.arrive(_Slot(weight))
+    leader = queue.finish()
+    assert leader is not None and len(queue.take(leader)) == 2
