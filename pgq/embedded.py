@@ -9,6 +9,7 @@ under ``PGQ_HOME``:
     ``lock``           advisory lock serialising start/stop across processes
     ``instance.json``  port, roles, passwords (mode 0600)
     ``data/``          the PostgreSQL cluster (owned by the server user)
+    ``data.partial-*`` a first initdb at work (renamed to ``data/`` when whole)
     ``log/postgres.log``
 
 Lifecycle: the first process that needs the server initialises and starts it;
@@ -68,6 +69,7 @@ import os
 import pwd
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -94,6 +96,8 @@ DATABASE = "pgq"
 SCHEMAS = ("pgq", "pgq_staging")
 START_TIMEOUT = 60
 RUNTIME_CONF = "pgq_runtime.conf"
+# initdb works in PGQ_HOME/data.partial-XXXX, renamed to data/ once whole.
+PARTIAL_PREFIX = "data.partial-"
 
 SERVER_SETTINGS = f"""
 # --- written by pgq (embedded server) ---
@@ -340,11 +344,25 @@ def write_private(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+            # On disk before the rename names it, and the rename on disk
+            # before we go on: a power cut must not leave an empty
+            # instance.json (its passwords lost, the server unusable).
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _read_instance(home: Path) -> Instance | None:
@@ -452,31 +470,55 @@ def _prepare_directories(home: Path, runner: _Runner) -> tuple[Path, Path]:
 
 
 def _initdb(home: Path, data: Path, runner: _Runner) -> Instance:
+    """Make the cluster in a directory of its own and rename it to ``data/``
+    once it is whole, its settings written and its passwords in
+    instance.json: a first start killed at any point (kill -9, a container
+    stopped while it initialises) leaves ``data/`` empty, and the next start
+    begins again. initdb into ``data/`` itself left a PG_VERSION without
+    instance.json, which no later start could use."""
+    _remove_partial_clusters(home)
     admin_password = secrets.token_urlsafe(32)
     password = os.environ.get("PGQ_EMBEDDED_PASSWORD") or secrets.token_urlsafe(32)
     hba = _hba_source()
+    partial = Path(tempfile.mkdtemp(dir=home, prefix=PARTIAL_PREFIX))  # mode 0700
+    runner.chown(partial)
     pwfile = home / ".pwfile"
     write_private(pwfile, admin_password + "\n")
     runner.chown(pwfile)
     try:
         done = runner.run(
-            "initdb", "-D", str(data), "-U", ADMIN_ROLE, f"--pwfile={pwfile}",
+            "initdb", "-D", str(partial), "-U", ADMIN_ROLE, f"--pwfile={pwfile}",
             "--auth-host=scram-sha-256", "--auth-local=scram-sha-256",
             "--encoding=UTF8", "--locale=C", "--no-instructions",
         )
     finally:
         pwfile.unlink(missing_ok=True)
     if done.returncode != 0:
-        raise EmbeddedServerError(f"initdb failed in {data}:\n{done.stderr.strip()}")
-    with open(data / "postgresql.conf", "a") as conf:
+        _remove_partial_clusters(home)
+        raise EmbeddedServerError(f"initdb failed in {home}:\n{done.stderr.strip()}")
+    with open(partial / "postgresql.conf", "a") as conf:
         conf.write(SERVER_SETTINGS)
     if hba:
-        with open(data / "pg_hba.conf", "a") as rules:
+        with open(partial / "pg_hba.conf", "a") as rules:
             rules.write(f"\n# added by pgq (PGQ_EMBEDDED_HBA)\nhost all all {hba} scram-sha-256\n")
     instance = Instance(port=0, password=password, admin_role=ADMIN_ROLE,
                         admin_password=admin_password)
     _write_instance(home, instance)
+    try:
+        partial.rename(data)  # replaces the empty directory: one step on disk
+    except OSError as exc:
+        raise EmbeddedServerError(
+            f"{data} is not empty but holds no PostgreSQL cluster (no PG_VERSION): "
+            f"remove it to start afresh ({exc.strerror})") from exc
+    _fsync_directory(home)
     return instance
+
+
+def _remove_partial_clusters(home: Path) -> None:
+    """What a first start killed during initdb left (an initdb it started
+    may even go on writing there: each attempt has a directory of its own)."""
+    for leftover in home.glob(f"{PARTIAL_PREFIX}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 _TRANSIENT_START = ("could not bind", "Address already in use", "shared memory block",
@@ -691,8 +733,6 @@ def temporary_server(prefix: str = "pgq-", mode: str = "fast") -> Iterator[tuple
     """A private server in a new temporary directory, for tests and
     simulations: ``(instance, home)``; stopped (pg_ctl ``mode``) and the
     directory removed on exit, whatever happened inside."""
-    import shutil
-
     home = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         yield ensure_running(home), home

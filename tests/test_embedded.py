@@ -256,6 +256,45 @@ def test_restart_right_after_kill9_runs_crash_recovery(fresh_home):
         assert {j.id for j in client.get_job("recover", count=500, nohang=True)} == set(ids)
 
 
+def _group_gone(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_a_first_start_killed_during_initdb_starts_afresh(fresh_home):
+    """kill -9 of the first start and its initdb (a container stopped while
+    it initialises): the next start makes the cluster again. initdb wrote
+    into data/ itself, and its PG_VERSION without instance.json refused
+    every later start."""
+    code = "import sys; from pgq import embedded; embedded.ensure_running(sys.argv[1])"
+    first = subprocess.Popen([sys.executable, "-c", code, str(fresh_home)],
+                             start_new_session=True, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        # initdb writes PG_VERSION first and works ~1 s more: kill it then.
+        while not list(fresh_home.glob(f"{embedded.PARTIAL_PREFIX}*/PG_VERSION")):
+            assert first.poll() is None, "the first start ended before initdb was seen"
+            assert time.monotonic() < deadline, "initdb never began"
+            time.sleep(0.005)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    deadline = time.monotonic() + 10
+    while not _group_gone(first.pid):  # initdb and its postgres children too
+        assert time.monotonic() < deadline, "initdb outlived SIGKILL"
+        time.sleep(0.01)
+    assert not (fresh_home / "data" / "PG_VERSION").exists()
+    assert not (fresh_home / "instance.json").exists()
+
+    instance = embedded.ensure_running(fresh_home)
+    with psycopg.connect(instance.dsn) as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    assert not list(fresh_home.glob(f"{embedded.PARTIAL_PREFIX}*"))
+
+
 def test_a_server_still_starting_is_waited_for_not_replaced(fresh_home):
     """A postmaster of this directory that says 'starting' (crash recovery)
     is waited for: no second server is started beside it, and when it does
