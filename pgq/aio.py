@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import anyio
@@ -43,6 +43,33 @@ log = logging.getLogger("pgq")
 
 class _Reconnect(Exception):
     """The pooled connection broke: retry the call on another one."""
+
+
+class _Lease:
+    """The pooled connection one command runs on. While the command waits
+    outside a transaction with nothing to hear on that connection (a blocked
+    GET on the shared listener, a poll), the connection is back in the pool
+    (:meth:`lend`, called by the driver), and the command takes one again to
+    go on. A blocked GET held its connection for its whole wait: ten
+    blocked GETJOBs of the RESP port (a pool of ten) stopped every ADDJOB."""
+
+    def __init__(self, pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.pool = pool
+        self.conn: psycopg.AsyncConnection[Any] | None = conn
+
+    async def lend(self, waiting: Callable[[], Awaitable[object]]) -> psycopg.AsyncConnection[Any]:
+        """Run ``waiting()`` with the connection back in the pool; the
+        connection to go on with (maybe another one)."""
+        await self.release()
+        await waiting()
+        self.conn = await self.pool.getconn()
+        return self.conn
+
+    async def release(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with anyio.CancelScope(shield=True):  # never lost to the pool
+                await self.pool.putconn(conn)
 
 
 class AsyncClient(ClientCore):
@@ -124,7 +151,8 @@ class AsyncClient(ClientCore):
         return True
 
     @staticmethod
-    async def _read_node(conn: psycopg.AsyncConnection[Any]) -> tuple[str | None, str]:
+    async def _read_node(conn: psycopg.AsyncConnection[Any],
+                         _lease: _Lease | None = None) -> tuple[str | None, str]:
         if not (await (await conn.execute(HAS_SCHEMA)).fetchone())[0]:  # type: ignore[index]
             return None, ""
         version, node_id = await (await conn.execute(SCHEMA_AND_NODE)).fetchone()  # type: ignore[misc]
@@ -148,13 +176,16 @@ class AsyncClient(ClientCore):
             pool = self._pool
             assert pool is not None
             try:
-                async with pool.connection() as conn:
-                    try:
-                        return await work(conn)
-                    except psycopg.OperationalError as exc:
-                        if conn.closed or conn.broken:
-                            raise _Reconnect() from exc
-                        raise
+                lease = _Lease(pool, await pool.getconn())
+                try:
+                    return await work(lease.conn, lease)
+                except psycopg.OperationalError as exc:
+                    conn = lease.conn
+                    if conn is None or conn.closed or conn.broken:
+                        raise _Reconnect() from exc
+                    raise
+                finally:
+                    await lease.release()
             except (_Reconnect, PoolTimeout) as exc:
                 cause = exc.__cause__ or exc
                 if time.monotonic() >= deadline:
@@ -191,11 +222,11 @@ class AsyncClient(ClientCore):
         if self._pool is None:
             await self.open()
 
-        async def work(pooled: psycopg.AsyncConnection[Any]) -> T:
+        async def work(pooled: psycopg.AsyncConnection[Any], lease: _Lease) -> T:
             await self._housekeeping(pooled)
             driver = AsyncDriver(pooled, prepare=self.options.prepare,
                                  housekeeping=self._housekeeping, shield=True, peers=self._peers,
-                                 listener=self._listener, ticket=ticket)
+                                 listener=self._listener, ticket=ticket, lend=lease.lend)
             return await driver.run(make(self.session(owned=True)))
 
         return await self._run_on_pool(work)  # type: ignore[no-any-return]

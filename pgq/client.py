@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import psycopg
@@ -48,6 +48,26 @@ log = logging.getLogger("pgq")
 
 class _Reconnect(Exception):
     """The pooled connection broke: retry the call on another one."""
+
+
+class _Lease:
+    """The pooled connection one command runs on, lent back to the pool
+    while the command waits with nothing on it (see pgq.aio._Lease)."""
+
+    def __init__(self, pool: ConnectionPool, conn: psycopg.Connection[Any]) -> None:
+        self.pool = pool
+        self.conn: psycopg.Connection[Any] | None = conn
+
+    def lend(self, waiting: Callable[[], object]) -> psycopg.Connection[Any]:
+        self.release()
+        waiting()
+        self.conn = self.pool.getconn()
+        return self.conn
+
+    def release(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            self.pool.putconn(conn)
 
 
 class _Combiners:
@@ -131,7 +151,7 @@ class Client(ClientCore):
     # ------------------------------------------------------------ plumbing
 
     @staticmethod
-    def _read_node(conn: psycopg.Connection[Any]) -> tuple[str | None, str]:
+    def _read_node(conn: psycopg.Connection[Any], _lease: _Lease | None = None) -> tuple[str | None, str]:
         if not conn.execute(HAS_SCHEMA).fetchone()[0]:  # type: ignore[index]
             return None, ""
         version, node_id = conn.execute(SCHEMA_AND_NODE).fetchone()  # type: ignore[misc]
@@ -154,13 +174,16 @@ class Client(ClientCore):
         while True:
             pool = self._pool
             try:
-                with pool.connection() as conn:
-                    try:
-                        return work(conn)
-                    except psycopg.OperationalError as exc:
-                        if conn.closed or conn.broken:
-                            raise _Reconnect() from exc
-                        raise
+                lease = _Lease(pool, pool.getconn())
+                try:
+                    return work(lease.conn, lease)
+                except psycopg.OperationalError as exc:
+                    conn = lease.conn
+                    if conn is None or conn.closed or conn.broken:
+                        raise _Reconnect() from exc
+                    raise
+                finally:
+                    lease.release()
             except (_Reconnect, PoolTimeout) as exc:
                 cause = exc.__cause__ or exc
                 if time.monotonic() >= deadline:
@@ -207,10 +230,11 @@ class Client(ClientCore):
                     raise
                 raise typed from exc
 
-        def work(pooled: psycopg.Connection[Any]) -> T:
+        def work(pooled: psycopg.Connection[Any], lease: _Lease) -> T:
             self._housekeeping(pooled)
             driver = SyncDriver(pooled, prepare=self.options.prepare, housekeeping=self._housekeeping,
-                                peers=self._peers, listener=self._listener, ticket=ticket)
+                                peers=self._peers, listener=self._listener, ticket=ticket,
+                                lend=lease.lend)
             return driver.run(make(self.session(owned=True)))
 
         return self._run_on_pool(work)  # type: ignore[no-any-return]

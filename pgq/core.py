@@ -45,8 +45,10 @@ CommandFactory = Callable[[Session], Command[T]]
 class ClientOptions:
     """Options of :class:`pgq.Client` / :class:`pgq.AsyncClient` (all keyword-only).
 
-    * ``pool_size``: most connections the client opens (a blocked ``get_job``
-      holds one while it waits).
+    * ``pool_size``: most connections the client opens. A blocked
+      ``get_job`` waits on the client's one LISTEN connection and holds none
+      of these meanwhile (one of an :class:`pgq.AsyncClient` not opened
+      with ``async with`` LISTENs on, and holds, one of them).
     * ``turbo``: commit pgq's writes with ``synchronous_commit=off``: faster,
       and a power loss may lose the last few milliseconds of adds and acks.
     * ``listen``: wake blocked consumers with LISTEN/NOTIFY (else poll only).
@@ -256,8 +258,9 @@ class ClientCore:
         if busy:
             return DatabaseUnavailableError(
                 f"all {self.options.pool_size} connections of this client stayed busy for "
-                f"{self.options.reconnect_timeout:g} s (each blocked get_job holds one): "
-                "raise Client(pool_size=...) or run fewer blocking calls at once"
+                f"{self.options.reconnect_timeout:g} s: raise Client(pool_size=...) or run "
+                "fewer calls at once (a blocked get_job of an AsyncClient not opened with "
+                "`async with` holds one)"
             )
         return DatabaseUnavailableError(
             f"cannot reach the pgq database at {self._host}:{self._port} after "

@@ -5,7 +5,11 @@ commands meet I/O; they are deliberately small mirrors of each other.
 
 Invariants (see :mod:`pgq.protocol`):
 
-* Statements run in the order the command yields them, on one connection.
+* Statements run in the order the command yields them, on one connection;
+  except that a driver given ``lend`` (a pooled connection) hands it back
+  to its pool for a :class:`~pgq.protocol.Wait` made outside a transaction
+  with no LISTEN on it, and goes on with the connection it gets back: a
+  blocked GET does not hold one of the pool's connections.
 * On connections pgq owns (pooled, autocommit) hot statements are prepared
   server-side; on a caller's connection psycopg's default applies.
 * :class:`~pgq.protocol.Begin`/:class:`~pgq.protocol.Commit` open and close
@@ -101,8 +105,10 @@ class SyncDriver:
     def __init__(self, conn: psycopg.Connection[Any], *, prepare: bool = True,
                  housekeeping: Callable[[psycopg.Connection[Any]], None] | None = None,
                  peers: PeerPools | None = None, listener: SyncSharedListener | None = None,
-                 ticket: Ticket | None = None) -> None:
+                 ticket: Ticket | None = None,
+                 lend: Callable[[Callable[[], object]], psycopg.Connection[Any]] | None = None) -> None:
         self.conn = conn
+        self.lend = lend  # as in AsyncDriver (pgq.client._Lease)
         self.prepare = prepare if prepare else None
         self.housekeeping = housekeeping
         self.peers = peers
@@ -175,21 +181,30 @@ class SyncDriver:
                 _replication_listeners.add(conn)
             return None
         if isinstance(request, Wait):
-            if self._ticket is not None and self.listener is not None:
-                self.listener.wait(self._ticket, request.seconds)
+            ticket, listener, seconds = self._ticket, self.listener, request.seconds
+            if ticket is not None and listener is not None:
+                self._idle(lambda: listener.wait(ticket, seconds))
                 return []
             if self._listening or conn in _replication_listeners:
                 # notifications that arrived between statements wait in
                 # psycopg's backlog and come first
                 return [(n.channel, n.payload)
-                        for n in conn.notifies(timeout=request.seconds, stop_after=1)]
-            time.sleep(request.seconds)
+                        for n in conn.notifies(timeout=seconds, stop_after=1)]
+            self._idle(lambda: time.sleep(seconds))
             return []
         if isinstance(request, Housekeeping):
             if self.housekeeping is not None and not self._transactions:
                 self.housekeeping(conn)
             return None
         raise TypeError(f"unknown request {request!r}")
+
+    def _idle(self, waiting: Callable[[], object]) -> None:
+        """Wait; with the connection lent back when it holds nothing."""
+        if self.lend is None or self._transactions or self._listening \
+                or self.conn in _replication_listeners:
+            waiting()
+        else:
+            self.conn = self.lend(waiting)
 
     def _abandon_transaction(self, exc: BaseException) -> None:
         while self._transactions:
@@ -224,8 +239,14 @@ class AsyncDriver:
     def __init__(self, conn: psycopg.AsyncConnection[Any], *, prepare: bool = True,
                  housekeeping: Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None = None,
                  shield: bool = False, peers: AsyncPeerPools | None = None,
-                 listener: SharedListener | None = None, ticket: Ticket | None = None) -> None:
+                 listener: SharedListener | None = None, ticket: Ticket | None = None,
+                 lend: Callable[[Callable[[], Awaitable[object]]],
+                                Awaitable[psycopg.AsyncConnection[Any]]] | None = None) -> None:
         self.conn = conn
+        # Waits outside a transaction, with no LISTEN on this connection,
+        # run through `lend`: the connection goes back to its pool meanwhile
+        # and the command goes on with the one it returns (pgq.aio._Lease).
+        self.lend = lend
         # The client's shared LISTEN connection for blocked GETs (pgq.listener);
         # None: this connection registers and LISTENs itself. `ticket`: one
         # joined before the command's first claim (SharedListener.join_early).
@@ -315,18 +336,26 @@ class AsyncDriver:
                 _replication_listeners.add(conn)
             return None
         if isinstance(request, Wait):
-            if self._ticket is not None and self.listener is not None:
-                await self.listener.wait(self._ticket, request.seconds)
+            ticket, listener, seconds = self._ticket, self.listener, request.seconds
+            if ticket is not None and listener is not None:
+                await self._idle(lambda: listener.wait(ticket, seconds))
                 return []
             if self._collecting:
-                return await self._wait_for_notification(request.seconds)
-            await anyio.sleep(request.seconds)
+                return await self._wait_for_notification(seconds)
+            await self._idle(lambda: anyio.sleep(seconds))
             return []
         if isinstance(request, Housekeeping):
             if self.housekeeping is not None and not self._transactions:
-                await self.housekeeping(conn)
+                await self.housekeeping(self.conn)
             return None
         raise TypeError(f"unknown request {request!r}")
+
+    async def _idle(self, waiting: Callable[[], Awaitable[object]]) -> None:
+        """Wait; with the connection lent back when it holds nothing."""
+        if self.lend is None or self._transactions or self._listening or self._collecting:
+            await waiting()
+        else:
+            self.conn = await self.lend(waiting)
 
     def _collect(self) -> None:
         if not self._collecting:

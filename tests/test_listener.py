@@ -144,6 +144,38 @@ async def test_blocked_gets_of_one_client_share_one_registration_and_all_get_a_b
 
 
 @pytest.mark.anyio
+async def test_blocked_gets_give_their_connections_back_to_the_pool(dsn):
+    # Six GETs blocked on a pool of two, as the RESP port's workers block
+    # with GETJOB: the same client still adds and acks. Each blocked GET
+    # held a connection for its whole wait, so an add waited for one until
+    # reconnect_timeout and failed (DatabaseUnavailableError).
+    async with pgq.AsyncClient(dsn, pool_size=2, reconnect_timeout=5,
+                               poll_interval=60) as client:
+        got: list[list[pgq.Job]] = []
+
+        async def consume() -> None:
+            got.append(await client.get_job("lent", timeout=30))
+
+        async with anyio.create_task_group() as tasks:
+            for _ in range(6):
+                tasks.start_soon(consume)
+
+            async def six_blocked() -> bool:
+                listener = client._listener
+                return listener is not None and len(listener.wakeups.tickets) == 6 \
+                    and all(t.ready.is_set() for t in listener.wakeups.tickets)
+
+            await async_wait_until(six_blocked, timeout=10)
+            other = await client.add_job("elsewhere", b"x")
+            assert await client.qlen("elsewhere") == 1
+            ids = await client.add_jobs("lent", [b"%d" % i for i in range(6)])
+        assert sorted(j.id for jobs in got for j in jobs) == sorted(ids)
+        assert await client.ack_job(*ids, other) == 7
+        stats = client._pool.get_stats()
+        assert stats.get("pool_size", 0) <= 2
+
+
+@pytest.mark.anyio
 async def test_qstat_counts_the_blocked_gets_of_one_client_not_the_client(dsn):
     # One registration row for the client, as before; QSTAT's blocked says 3,
     # as Disque's would for three blocked clients (it said 1).
@@ -260,6 +292,32 @@ def test_blocked_gets_of_threads_share_one_registration_and_all_get_a_batch(dsn)
         assert all(len(jobs) == 1 for jobs in got)
     assert _sync_waiters(dsn) == []  # closed: the thread dropped its registration
     assert not consumer._listener._thread.is_alive()
+
+
+def test_blocked_threads_give_their_connections_back_to_the_pool(dsn):
+    import threading
+
+    from .conftest import wait_until
+
+    # As the async test: six threads blocked on a pool of two, and the same
+    # client still adds (each blocked GET held a connection for its wait).
+    with pgq.Client(dsn, poll_interval=60, pool_size=2, reconnect_timeout=5) as client:
+        got: list[list[pgq.Job]] = []
+        threads = [threading.Thread(target=lambda: got.append(client.get_job("tlent", timeout=30)))
+                   for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_until(lambda: len(client._listener.wakeups.tickets) == 6
+                       and all(t.ready.is_set() for t in client._listener.wakeups.tickets),
+                       10, message="six blocked GETs")
+            other = client.add_job("telsewhere", b"x")
+            ids = client.add_jobs("tlent", [b"%d" % i for i in range(6)])
+        finally:
+            for thread in threads:
+                thread.join(30)
+        assert sorted(j.id for jobs in got for j in jobs) == sorted(ids)
+        assert client.ack_job(*ids, other) == 7
 
 
 def test_a_thread_blocked_on_a_dead_listener_still_gets_its_job(dsn):
