@@ -44,6 +44,9 @@ log = logging.getLogger("pgq.resp")
 
 MAX_BULK = 512 * 1024 * 1024  # Disque's (Redis's) limit on one argument
 MAX_ARGS = 1024 * 1024
+# One request's arguments together, as Redis's client-query-buffer-limit: a
+# million arguments of 512 MiB each were all accepted and buffered.
+MAX_REQUEST = 1024 * 1024 * 1024
 # Before AUTH (when a password is set), as Redis: a client that has not
 # authenticated could otherwise make the server hold 512 MiB per connection.
 UNAUTHENTICATED_BULK = 16 * 1024
@@ -78,6 +81,13 @@ class Parser:
     def __init__(self, max_bulk: int = MAX_BULK, max_args: int = MAX_ARGS) -> None:
         self._buffer = bytearray()
         self.max_bulk, self.max_args = max_bulk, max_args
+        # The array being read, kept between pieces: parsing it again from
+        # its start at every piece made a large request (ACKJOB of 80k IDs)
+        # cost seconds of the event loop, quadratic in its size.
+        self._args: list[bytes] | None = None
+        self._count = 0  # its length
+        self._position = 0  # where its next argument starts in the buffer
+        self._declared = 0  # the bytes its arguments said they hold, so far
 
     def feed(self, data: bytes) -> list[list[bytes]]:
         """Every complete command of the stream so far."""
@@ -98,45 +108,52 @@ class Parser:
             if command is None or command:
                 return command
 
-    def _line(self, start: int) -> tuple[bytes, int] | None:
-        end = self._buffer.find(b"\r\n", start)
+    def _line(self, start: int, end_mark: bytes = b"\r\n") -> tuple[bytes, int] | None:
+        end = self._buffer.find(end_mark, start)
         if end < 0:
             if len(self._buffer) - start > 64 * 1024:
                 raise ProtocolError("too big inline request")
             return None
-        return bytes(self._buffer[start:end]), end + 2
+        return bytes(self._buffer[start:end]), end + len(end_mark)
 
     def _one(self) -> list[bytes] | None:
         if not self._buffer:
             return None
         if self._buffer[0:1] != b"*":  # inline command: words on one line
-            line = self._line(0)
+            # Ended by LF, a CR before it optional, as Redis reads it
+            # (`printf 'PING\n' | nc` hung here until 64 KiB piled up).
+            line = self._line(0, b"\n")
             if line is None:
                 return None
             text, used = line
             del self._buffer[:used]
-            return text.split()
-        head = self._line(0)
-        if head is None:
-            return None
-        count = _number(head[0][1:], self.max_args, "invalid multibulk length")
-        position = head[1]
-        args = []
-        for _ in range(max(count, 0)):
-            line = self._line(position)
+            return text.removesuffix(b"\r").split()
+        if self._args is None:
+            head = self._line(0)
+            if head is None:
+                return None
+            count = _number(head[0][1:], self.max_args, "invalid multibulk length")
+            self._args, self._count, self._position, self._declared = [], max(count, 0), head[1], 0
+        args = self._args
+        while len(args) < self._count:
+            line = self._line(self._position)
             if line is None:
                 return None
-            text, position = line
+            text, start = line
             if text[0:1] != b"$":
                 raise ProtocolError(f"expected '$', got '{text[0:1].decode(errors='replace')}'")
             # Never negative: a size of -100 moved the position back, so the
             # buffer never shrank and feed() looped for ever on one request.
             size = _number(text[1:], self.max_bulk, "invalid bulk length", minimum=0)
-            if len(self._buffer) < position + size + 2:
-                return None
-            args.append(bytes(self._buffer[position:position + size]))
-            position += size + 2
-        del self._buffer[:position]
+            if self._declared + size > MAX_REQUEST:
+                raise ProtocolError("request too large")
+            if len(self._buffer) < start + size + 2:
+                return None  # this argument's header is read again: one line
+            args.append(bytes(self._buffer[start:start + size]))
+            self._declared += size
+            self._position = start + size + 2
+        del self._buffer[:self._position]
+        self._args = None
         return args
 
 
@@ -227,6 +244,20 @@ def _int(arg: bytes, what: str, error: str | None = None) -> int:
     if not -2**63 <= value < 2**63:
         raise _Syntax(error)
     return value
+
+
+# A scan cursor encodes the last key seen (up to 512 bytes: 4096 bits,
+# 1,234 digits); it is no 64-bit number, unlike Disque's.
+_CURSOR_DIGITS = 1234
+
+
+def _scan_cursor(arg: bytes) -> int:
+    """A QSCAN/JSCAN cursor: 0 or one a previous reply gave (the client
+    checks it decodes to a key). Read with _int, every cursor past the
+    first page was refused."""
+    if len(arg) > _CURSOR_DIGITS:
+        raise _Syntax("ERR cursor is not an integer or out of range")
+    return int(arg)
 
 
 def _check_addjob(options: dict[str, Any]) -> None:
@@ -586,9 +617,13 @@ class Session:
             raise _Syntax("ERR Invalid REPLY type, try ID or ALL")
         if any(state not in commands.JOB_STATES for state in options.get("state", [])):
             raise _Syntax("ERR Invalid job state name")
-        next_cursor, items = await self.client.jscan(
-            cursor, count=options.get("count", 100), queue=options.get("queue"),
-            states=options.get("state", []), reply=reply)
+        page = {"count": options.get("count", 100), "queue": options.get("queue"),
+                "states": options.get("state", []), "reply": reply}
+        next_cursor, items = await self.client.jscan(cursor, **page)
+        items = list(items)
+        while options.get("busyloop") and next_cursor != 0:  # every page, one reply, cursor 0
+            next_cursor, more = await self.client.jscan(next_cursor, **page)
+            items += more
         if reply == "id":
             out: list[Any] = [Status(str(i)) for i in items]
         else:
@@ -616,7 +651,7 @@ class Session:
                     options[word] = value
                 i += 2
             elif args[i].isdigit() and cursor is None:
-                cursor = _int(args[i], "cursor")
+                cursor = _scan_cursor(args[i])
                 i += 1
             else:
                 raise _Syntax("ERR syntax error")
@@ -726,6 +761,49 @@ _AT_LEAST = {"getjob": 1, "cluster": 1, "config": 1, "debug": 1}
 _ADDJOB_OPTIONS = (b"replicate", b"delay", b"retry", b"ttl", b"maxlen", b"priority", b"key")
 
 
+_GONE = object()  # the client closed its connection while its command blocked
+
+
+def _may_block(command: list[bytes]) -> bool:
+    """GETJOB without NOHANG and WAITJOB wait for others: the connection is
+    watched meanwhile (see _run_watched)."""
+    name = command[0].lower()
+    if name == b"waitjob":
+        return True
+    return name == b"getjob" and not any(arg.lower() == b"nohang" for arg in command[1:])
+
+
+async def _run_watched(stream: Any, parser: Parser, session: Session,
+                       command: list[bytes]) -> Any:
+    """Run a command that may block while reading the connection: a client
+    that closes it cancels the command, as Disque unblocks a client it
+    frees (_GONE). It went on blocking for nobody, holding its place among
+    the blocked GETs, and took the next job for a closed socket (that job
+    then waited for its RETRY). Bytes that arrive meanwhile (commands
+    pipelined behind it) are kept for after it; reading stops there, so a
+    client cannot make the server buffer without bound. A cancellation
+    lands between the command's statements (pgq's own are shielded), in
+    practice in its wait: a claim already made is not undone, and its jobs
+    are re-queued after their RETRY, as before."""
+    import anyio
+
+    gone = False
+    reply: Any = _GONE
+    async with anyio.create_task_group() as tasks:
+        async def watch() -> None:
+            nonlocal gone
+            try:
+                parser.add(await stream.receive(65536))
+            except (anyio.EndOfStream, anyio.BrokenResourceError):
+                gone = True
+                tasks.cancel_scope.cancel()
+
+        tasks.start_soon(watch)
+        reply = await session.run(command)
+        tasks.cancel_scope.cancel()
+    return _GONE if gone else reply
+
+
 async def _connection(stream: Any, client: AsyncClient, password: str | None) -> None:
     import anyio
     from anyio.abc import SocketAttribute
@@ -754,7 +832,17 @@ async def _connection(stream: Any, client: AsyncClient, password: str | None) ->
                 if command[0].lower() == b"quit":
                     await stream.send(bytes(out) + encode(Status("OK")))
                     return
-                out += encode(await session.run(command), session.resp3)
+                if _may_block(command):
+                    # What came before it is answered now, not after the wait.
+                    if out:
+                        await stream.send(bytes(out))
+                        out = bytearray()
+                    reply = await _run_watched(stream, parser, session, command)
+                    if reply is _GONE:
+                        return
+                else:
+                    reply = await session.run(command)
+                out += encode(reply, session.resp3)
                 if session.authenticated:
                     parser.max_bulk, parser.max_args = MAX_BULK, MAX_ARGS
             if out:

@@ -170,6 +170,18 @@ def test_scans_and_cluster_introspection(resp):
     assert r.call("QSCAN", "COUNT", 1, "BUSYLOOP") == [b"0", [b"sa", b"sb"]]
     assert sorted(r.call("QSCAN", "COUNT", 10, "MAXLEN", -1)[1]) == [b"sa", b"sb"]
     assert r.call("QPEEK", "sa", 0) == []  # Disque: nothing to peek
+    # A cursor past the first page encodes a job ID (hundreds of bits): read
+    # as a 64-bit number, it was refused and no client could page on.
+    cursor, seen = b"", []
+    while cursor != b"0":
+        cursor, page = r.call("JSCAN", *([cursor] if cursor else []), "COUNT", 1, "QUEUE", "sb")
+        assert len(page) <= 1
+        seen += [j.text for j in page]
+    assert sorted(seen) == sorted(ids[1:])
+    # JSCAN BUSYLOOP: every page in one reply (it gave one page of COUNT).
+    assert r.call("JSCAN", "COUNT", 1, "BUSYLOOP", "QUEUE", "sb")[0] == b"0"
+    assert sorted(j.text for j in r.call("JSCAN", "COUNT", 1, "BUSYLOOP", "QUEUE", "sb")[1]) \
+        == sorted(ids[1:])
     # A dummy ACK (an unknown at-least-once ID acknowledged) is no job: JSCAN skips it.
     dummy = "D-00000000-++++++++++++++++++++++++-0001"
     assert r.call("ACKJOB", dummy) == 0
@@ -337,8 +349,25 @@ def test_the_parser_takes_pieces_inline_commands_and_refuses_garbage():
     for request in (b"*1\r\n$-100\r\n", b"*1\r\n$-5\r\nabc\r\n"):
         with pytest.raises(ProtocolError, match="invalid bulk length"):
             Parser().feed(request)
+    # Byte by byte: the array is read on from where the last piece ended.
+    request = b"*3\r\n$6\r\nACKJOB\r\n$2\r\nab\r\n$0\r\n\r\n*1\r\n$4\r\nPING\r\n"
+    pieces = Parser()
+    assert [c for byte in request for c in pieces.feed(bytes([byte]))] == \
+        [[b"ACKJOB", b"ab", b""], [b"PING"]]
+    # An inline command ends at LF, with or without CR (as Redis reads it).
+    assert Parser().feed(b"PING\nQLEN  q\r\n") == [[b"PING"], [b"QLEN", b"q"]]
     assert encode([Status("OK"), Error("ERR x"), 3, b"b", None, NULL_ARRAY]) == \
         b"*6\r\n+OK\r\n-ERR x\r\n:3\r\n$1\r\nb\r\n$-1\r\n*-1\r\n"
+
+
+def test_a_request_larger_than_the_limit_is_refused_as_it_arrives(monkeypatch):
+    import pgq.resp
+
+    monkeypatch.setattr(pgq.resp, "MAX_REQUEST", 10)  # Redis's 1 GiB, scaled down
+    parser = Parser()
+    assert parser.feed(b"*3\r\n$6\r\nADDJOB\r\n$4\r\nq") == []
+    with pytest.raises(ProtocolError, match="request too large"):
+        parser.feed(b"abc\r\n$1\r\n")
 
 
 def test_pydisque_works_unchanged(dsn, tmp_path):
@@ -449,3 +478,30 @@ def test_blocked_getjobs_wait_on_the_shared_listener_and_each_gets_one_job(resp,
     got = [r.reply() for r in blocked]
     assert all(len(jobs) == 1 for jobs in got)
     assert {jobs[0][1].decode() for jobs in got} == ids
+
+
+def test_a_client_gone_while_blocked_takes_no_job_and_holds_nothing(resp, dsn):
+    """A consumer that closes its connection during a blocking GETJOB is
+    unblocked, as Disque frees it: it kept blocking for nobody and took the
+    next job for its closed socket (the job then waited out its RETRY).
+    And twelve blocked GETJOBs (the front's pool holds ten connections)
+    leave ADDJOB working: each blocked GET held a connection."""
+    observer = resp()
+    blocked = [resp() for _ in range(12)]
+    for r in blocked:
+        r.send("GETJOB", "TIMEOUT", 60_000, "FROM", "gone-resp")  # far past the waits below
+
+    def blocked_count() -> int:
+        stat = observer.call("QSTAT", "gone-resp")
+        return 0 if stat is NULL_ARRAY else dict(zip(stat[::2], stat[1::2], strict=True))[b"blocked"]
+
+    wait_until(lambda: blocked_count() == 12, 20, message="twelve blocked GETJOBs")
+    added = observer.call("ADDJOB", "other-resp", "x", 0)  # the pool is not held by the twelve
+    assert isinstance(added, Status) and added.text.startswith("D-")
+    for r in blocked:
+        r.close()
+    wait_until(lambda: blocked_count() == 0, 20, message="the closed GETJOBs to end")
+    job = observer.call("ADDJOB", "gone-resp", "for a live consumer", 0).text
+    consumer = resp()
+    got = consumer.call("GETJOB", "NOHANG", "FROM", "gone-resp")
+    assert got == [[b"gone-resp", job.encode(), b"for a live consumer"]]
