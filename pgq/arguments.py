@@ -150,11 +150,9 @@ def port_number(text: str) -> int | None:
 
 def queue_names(values: Iterable[object]) -> list[str]:
     """One or more queue names, in priority order; duplicates keep their first position."""
-    names: list[str] = []
-    for value in values:
-        name = queue_name(value)
-        if name not in names:
-            names.append(name)
+    # A dict keeps the first position and checks in O(1): a list's `in`
+    # made 100k names (one HTTP lease) a minute of the event loop's time.
+    names = list(dict.fromkeys(queue_name(value) for value in values))
     if not names:
         raise InvalidArgumentError("name at least one queue to get jobs from")
     return names

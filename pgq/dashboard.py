@@ -74,10 +74,10 @@ from starlette.routing import Route
 
 from . import errors
 from .aio import AsyncClient
-from .httpjson import BadRequest, error_response, json_body, status_of
+from .httpjson import BadRequest, error_response, hosts_for, json_body, status_of
 from .jsonable import jsonable
 
-__all__ = ["create_app", "PAUSE_STATES"]
+__all__ = ["create_app", "PAUSE_STATES", "hosts_for"]
 
 PAUSE_STATES = ("none", "in", "out", "all")
 RATE_WINDOW = 10.0  # seconds of counters a rate is measured over
@@ -288,16 +288,6 @@ def _refusal(token: str | None, request: Request) -> JSONResponse | None:
         return error_response("forbidden", "this action needs the dashboard token "
                                    "(Authorization: Bearer <token>)", 403)
     return None
-
-
-def hosts_for(listen_host: str) -> list[str] | None:
-    """The Host headers a dashboard on ``listen_host`` answers: on loopback
-    only loopback names, so a web page elsewhere cannot read it through DNS
-    rebinding (its requests carry the attacker's host name); beyond
-    loopback, any (None)."""
-    loopback = ["localhost", "127.0.0.1", "::1", "[::1]"]
-    return sorted({*loopback, listen_host}) if listen_host in loopback or listen_host.startswith("127.") \
-        else None
 
 
 def create_app(client: AsyncClient, token: str | None = None, *,

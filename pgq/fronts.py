@@ -107,13 +107,15 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
             tasks.start_soon(_within, listener_scope, client._serve_listener)
             if fronts.http:
                 from .httpapi import create_app
+                from .httpjson import hosts_for
 
-                servers.append(_uvicorn(create_app(client, fronts.token), fronts.http))
+                api = create_app(client, fronts.token, allowed_hosts=hosts_for(fronts.http[0]))
+                servers.append(_uvicorn(api, fronts.http))
                 tasks.start_soon(servers[-1].serve)
                 log.info("pgq HTTP API on http://%s:%d (OpenAPI: /openapi.json)", *fronts.http)
             if fronts.dashboard and board_client is not None:
                 from .dashboard import create_app as create_dashboard
-                from .dashboard import hosts_for
+                from .httpjson import hosts_for
 
                 board = create_dashboard(board_client, fronts.dashboard_token,
                                          allowed_hosts=hosts_for(fronts.dashboard[0]))

@@ -36,8 +36,11 @@ import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -63,12 +66,6 @@ MAX_WAIT = 300.0
 # add_job's defaults, for checking an item before any is added
 _CALL_DEFAULTS: dict[str, Any] = {"replicate": None, "delay": 0, "retry": None, "ttl": None,
                                   "maxlen": None, "asynchronous": False, "timeout": None}
-
-
-
-
-
-
 
 
 def _known(data: dict[str, Any], fields: frozenset[str], what: str) -> None:
@@ -113,10 +110,14 @@ def _job_json(job: Job) -> dict[str, Any]:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+Handler0 = Callable[[], Awaitable[Response]]
 
 
-def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
-    """The HTTP API over ``client`` (see the module doc)."""
+def create_app(client: AsyncClient, token: str | None = None, *,
+               allowed_hosts: list[str] | None = None) -> Starlette:
+    """The HTTP API over ``client`` (see the module doc); with
+    ``allowed_hosts`` (:func:`pgq.httpjson.hosts_for`) other Host headers are
+    refused (400)."""
 
     def authorized(request: Request) -> bool:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
@@ -148,6 +149,11 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
         _known(data, _ADD_FIELDS, "an add")
         queue = request.path_params["queue"]
         options = {k: data[k] for k in _ADD_OPTIONS if k in data}
+        if "timeout" in options:
+            # Bounded as every wait here; 0 ("until replicated or the TTL",
+            # a day by default) held the request and a connection that long.
+            options["timeout"] = seconds("timeout", options["timeout"], maximum=MAX_WAIT,
+                                         allow_minimum=False)
         if "async" in data:
             options["asynchronous"] = data["async"]
         if "jobs" in data:
@@ -167,7 +173,18 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
                         for i in items]
                 for body, item_options in each:
                     client.add_call(queue, [body], **{**_CALL_DEFAULTS, **item_options})
-                ids = [await client.add_job(queue, body, **item_options) for body, item_options in each]
+                ids = []
+                try:
+                    for body, item_options in each:
+                        ids.append(await client.add_job(queue, body, **item_options))
+                except errors.PgqError as exc:
+                    if not ids:
+                        raise
+                    # The items before it are in: say which, or a client
+                    # that tries again adds them twice.
+                    return error_response(
+                        type(exc).__name__, f"{exc} (items 1-{len(ids)} of {len(each)} were "
+                        "added before it: their IDs are in \"ids\")", status_of(exc), ids=ids)
             else:
                 ids = await client.add_jobs(queue, [_body_of(i) for i in items], **options)
         else:
@@ -188,10 +205,13 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
         withcounters = data.get("withcounters", True)
         if not isinstance(withcounters, bool):
             raise BadRequest('"withcounters" must be true or false')
-        jobs = await client.get_job(*queues, count=data.get("count", 1),
-                                    timeout=timeout or None, nohang=not timeout,
-                                    withcounters=withcounters)
-        return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
+        async def leased() -> Response:
+            jobs = await client.get_job(*queues, count=data.get("count", 1),
+                                        timeout=timeout or None, nohang=not timeout,
+                                        withcounters=withcounters)
+            return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
+
+        return await _while_connected(request, leased) if timeout else await leased()
 
     async def ack(request: Request) -> Response:
         return JSONResponse({"acked": await client.ack_job(request.path_params["id"])})
@@ -214,8 +234,13 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
     async def wait(request: Request) -> Response:
         data = await json_body(request)
         _known(data, frozenset({"timeout"}), "a wait")
-        done = await client.wait_job(request.path_params["id"], timeout=_wait(data, 30))
-        return JSONResponse({"done": done})
+        timeout = _wait(data, 30)
+
+        async def waited() -> Response:
+            return JSONResponse({"done": await client.wait_job(request.path_params["id"],
+                                                               timeout=timeout)})
+
+        return await _while_connected(request, waited)
 
     async def stats(request: Request) -> Response:
         info = await client.qstat(request.path_params["queue"])
@@ -253,8 +278,40 @@ def create_app(client: AsyncClient, token: str | None = None) -> Starlette:
         Route("/metrics", guarded(metrics), methods=["GET"]),
         Route("/openapi.json", guarded(openapi, public=True), methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: _http_error,
-                                                        Exception: _server_error})
+    # On loopback only loopback Host names: a page that rebinds its own name
+    # to 127.0.0.1 passes the Origin check (its Origin is its Host).
+    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] \
+        if allowed_hosts else []
+    return Starlette(routes=routes, middleware=middleware,
+                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
+
+
+async def _while_connected(request: Request, waiting: Handler0) -> Response:
+    """Run a request that may wait (a blocking lease, a wait), cancelled
+    when its client goes away: the server does not cancel it, so a lease
+    whose client had left went on waiting, holding its place among the
+    blocked GETs, and took the next job for nobody (it then waited out its
+    RETRY). The cancellation lands between pgq's statements, in practice in
+    the wait; a claim already made stays made."""
+    response: Response = Response(status_code=499)  # nobody is there to read it
+    failure: Exception | None = None
+
+    async with anyio.create_task_group() as tasks:
+        async def watch() -> None:
+            # The body is read: the next message is the client leaving.
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            tasks.cancel_scope.cancel()
+
+        tasks.start_soon(watch)
+        try:
+            response = await waiting()
+        except Exception as exc:  # raised as itself, not in a task group's ExceptionGroup
+            failure = exc
+        tasks.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
+    return response
 
 
 def _same_origin(request: Request) -> bool:
@@ -281,7 +338,10 @@ _ERROR = {"description": "refused", "content": {"application/json": {"schema": {
     "type": "object", "required": ["error", "message"],
     "properties": {"error": {"type": "string", "description": "the kind, e.g. bad_request, "
                                                                 "NoJobError, PausedError"},
-                   "message": {"type": "string"}}}}}}
+                   "message": {"type": "string"},
+                   "ids": {"type": "array", "items": {"type": "string"},
+                           "description": "an add of items with keys or priorities refused "
+                                          "part-way: the IDs of the items added before"}}}}}}
 _PARAMETERS = {name: [{"name": name, "in": "path", "required": True, "schema": {"type": "string"},
                        "description": what}]
                for name, what in (("queue", "a queue name, percent-encoded"),

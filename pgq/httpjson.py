@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse
 
 from . import errors
 
-__all__ = ["BadRequest", "RequestTooLarge", "MAX_REQUEST_BYTES", "error_response", "status_of",
+__all__ = ["hosts_for", "BadRequest", "RequestTooLarge", "MAX_REQUEST_BYTES", "error_response", "status_of",
            "json_body"]
 
 STATUS: list[tuple[type[errors.PgqError], int]] = [
@@ -55,8 +55,10 @@ class RequestTooLarge(BadRequest):
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 
 
-def error_response(kind: str, message: str, status: int) -> JSONResponse:
-    return JSONResponse({"error": kind, "message": message}, status_code=status)
+def error_response(kind: str, message: str, status: int, **more: Any) -> JSONResponse:
+    """An error as JSON: its kind, a message that says what to do, and
+    ``more`` (the IDs of the jobs a failed request added, say)."""
+    return JSONResponse({"error": kind, "message": message, **more}, status_code=status)
 
 
 def status_of(exc: errors.PgqError) -> int:
@@ -87,3 +89,13 @@ async def json_body(request: Request) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object")
     return data
+
+
+def hosts_for(listen_host: str) -> list[str] | None:
+    """The Host headers a server on ``listen_host`` answers: on loopback
+    only loopback names, so a web page elsewhere cannot reach it through DNS
+    rebinding (its requests carry the attacker's host name); beyond
+    loopback, any (None)."""
+    loopback = ["localhost", "127.0.0.1", "::1", "[::1]"]
+    return sorted({*loopback, listen_host}) if listen_host in loopback or listen_host.startswith("127.") \
+        else None

@@ -36,7 +36,8 @@ def call(base, method, path, body=None, token=TOKEN, raw=None, headers=None):
             kind = response.headers.get("content-type", "")
             return response.status, json.loads(text) if "json" in kind else text
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read().decode())
+        text = exc.read().decode()
+        return exc.code, json.loads(text) if "json" in exc.headers.get("content-type", "") else text
 
 
 @pytest.fixture
@@ -124,6 +125,9 @@ def test_priority_and_idempotency_keys(api):
     ("POST", "/v1/queues/q/jobs", {"bodyy": "x"}, None, 400, "bad_request"),
     ("POST", "/v1/queues/q/jobs", {"body_base64": "%%%"}, None, 400, "bad_request"),
     ("POST", "/v1/queues/q/jobs", {"body": "x", "retry": -1}, None, 400, "InvalidArgumentError"),
+    # an add waits at most 300 s, as every request (0 meant until the TTL)
+    ("POST", "/v1/queues/q/jobs", {"body": "x", "timeout": 0}, None, 400, "InvalidArgumentError"),
+    ("POST", "/v1/queues/q/jobs", {"body": "x", "timeout": 301}, None, 400, "InvalidArgumentError"),
     ("POST", "/v1/lease", {"queues": []}, None, 400, "bad_request"),
     ("GET", "/v1/jobs/not-an-id", None, None, 400, "BadIdError"),
     ("GET", "/v1/jobs/D-00000000-++++++++++++++++++++++++-0001", None, None, 404, "NoJobError"),
@@ -207,6 +211,14 @@ def test_a_web_page_of_another_origin_is_refused(api):
     same = api  # http://127.0.0.1:port, as the Host header says
     assert call(api, "POST", "/v1/queues/web/jobs", {"body": "x"}, headers={"Origin": same})[0] == 201
     assert call(api, "GET", "/v1/queues/web")[1]["len"] == 1
+    # DNS rebinding: a page whose own name now points at 127.0.0.1 sends
+    # its name as Host and as Origin, which agree: loopback names only.
+    port = urllib.parse.urlsplit(api).port
+    rebound = {"Host": f"rebind.example:{port}", "Origin": f"http://rebind.example:{port}"}
+    status, _ = call(api, "POST", "/v1/queues/web/jobs", {"body": "x"}, headers=rebound)
+    assert status == 400
+    assert call(api, "GET", "/v1/queues/web")[1]["len"] == 1  # nothing added
+    assert call(api, "GET", "/health", token=None, headers={"Host": f"localhost:{port}"})[0] == 200
 
 
 def test_the_token_is_required_and_checked(api):
@@ -229,3 +241,39 @@ def test_listening_beyond_loopback_needs_a_secret(dsn, front):
                           env={k: v for k, v in __import__("os").environ.items()
                                if k != "PGQ_HTTP_TOKEN"})
     assert done.returncode == 2 and "(beyond loopback) needs a secret" in done.stderr
+
+
+def test_a_lease_whose_client_left_ends_and_takes_no_job(api):
+    """A blocking lease whose client disconnects is cancelled: the server
+    kept it waiting and it took the next job for nobody."""
+    import socket
+
+    def blocked() -> int:
+        status, stats = call(api, "GET", "/v1/queues/left")
+        return int(stats["blocked"]) if status == 200 else 0
+
+    port = urllib.parse.urlsplit(api).port
+    body = json.dumps({"queues": ["left"], "timeout": 60}).encode()  # far past the waits below
+    leaving = socket.create_connection(("127.0.0.1", port), timeout=30)
+    leaving.sendall(b"POST /v1/lease HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(body), body))
+    wait_until(lambda: blocked() == 1, 20, message="the lease to block")
+    leaving.close()
+    wait_until(lambda: blocked() == 0, 20, message="the abandoned lease to end")
+    status, added = call(api, "POST", "/v1/queues/left/jobs", {"body": "for someone"})
+    assert status == 201
+    status, leased = call(api, "POST", "/v1/lease", {"queues": ["left"]})
+    assert [j["id"] for j in leased["jobs"]] == added["ids"]
+
+
+def test_items_added_before_a_refusal_are_named(api):
+    """Items with priorities are added one by one; a refusal part-way (here
+    MAXLEN) says which went in, or a client that tries again adds them twice."""
+    status, error = call(api, "POST", "/v1/queues/capped/jobs", {"maxlen": 2, "jobs": [
+        {"body": "a", "priority": 1}, {"body": "b", "priority": 1}, {"body": "c", "priority": 1}]})
+    assert (status, error["error"]) == (409, "MaxLenError") and len(error["ids"]) == 2
+    assert "items 1-2 of 3" in error["message"]
+    leased = call(api, "POST", "/v1/lease", {"queues": ["capped"], "count": 5})[1]["jobs"]
+    assert sorted(j["id"] for j in leased) == sorted(error["ids"])
