@@ -236,7 +236,7 @@ class NodeCore:
         yield _rows(sql.HEARTBEAT)
         # Resume what a previous run left: copies still missing, acks still to collect.
         unreplicated = yield _rows(sql.UNREPLICATED, {"myself": node_id})
-        self._resume_replication([sql.ReplicationRow.of(r) for r in unreplicated])
+        yield from self._resume_replication([sql.ReplicationRow.of(r) for r in unreplicated])
         for job_id, nodes, dummy in (yield _rows(sql.PENDING_ACK_GC)):
             self.acks.add(job_id, None if dummy and not nodes else set(nodes or ()), now,
                           everyone=self._everyone())
@@ -384,12 +384,16 @@ class NodeCore:
                 for peer in entry.sent if entry else self._everyone():
                     deljobs.setdefault(peer, []).append(job_id or "")
             elif kind == c.OUTBOX_ACK:
+                # Done with: no more REPLJOBs (a re-send reached a target
+                # after its SETACK and stored the job again).
+                self.replicator.forget(job_id or "")
                 holders = set(c.split_holders(arg)) - {self.node_id}
                 if arg:
                     self.acks.add(job_id or "", holders, now)
                 else:  # dummy ack: ask everyone
                     self.acks.add(job_id or "", None, now, everyone=self._everyone())
             elif kind == c.OUTBOX_FASTACK:
+                self.replicator.forget(job_id or "")
                 targets = c.split_holders(arg) or sorted(self._everyone())
                 for peer in targets:
                     deljobs.setdefault(peer, []).append(job_id or "")
@@ -418,21 +422,40 @@ class NodeCore:
                       if kind == c.OUTBOX_QUEUED else m.Working(ids))
         yield from self._finish_gcs(finished_gc)
         if to_replicate:
-            self._resume_replication(to_replicate)
+            yield from self._resume_replication(to_replicate)
 
     # ------------------------------------------------------------ replication
 
-    def _resume_replication(self, rows: list[sql.ReplicationRow]) -> None:
+    def _resume_replication(self, rows: list[sql.ReplicationRow]) -> Step:
         assert self.replicator is not None
         now = self.clock.monotonic()
         for row in rows:
             self.replicator.resume(_copy(row.copy), row.state, list(row.confirmed or ()), row.repl_min,
                                    float(row.ttl_left), self.leaving, now)
-        self._push_replication()
+        yield from self._push_replication()
 
-    def _push_replication(self) -> None:
+    def _push_replication(self) -> Step:
+        """Send the REPLJOBs due now. Targets new to a job are first
+        recorded as its holders on this node's row (RECORD_HOLDERS, which
+        says why); a job whose row is gone (acked, deleted) is forgotten
+        and sends nothing."""
         assert self.replicator is not None
-        for peer, copies in self.replicator.sends(self.clock.monotonic(), self._reachable()).items():
+        sends = self.replicator.sends(self.clock.monotonic(), self._reachable())
+        fresh = self.replicator.unrecorded()
+        if fresh:
+            kept = {row[0] for row in (yield _rows(sql.RECORD_HOLDERS, {
+                "ids": [e.copy.id for e in fresh],
+                "delivered": [_csv(e.holders(self.node_id)) for e in fresh]}))}
+            for entry in fresh:
+                if entry.copy.id in kept:
+                    entry.recorded = set(entry.sent)
+                else:
+                    self.replicator.forget(entry.copy.id)
+            gone = {e.copy.id for e in fresh} - kept
+            if gone:
+                sends = {peer: [c for c in copies if c.id not in gone]
+                         for peer, copies in sends.items()}
+        for peer, copies in sends.items():
             for batch in by_size(copies):
                 self.send(peer, m.ReplJob(batch))
 
@@ -442,7 +465,7 @@ class NodeCore:
         settled = self.replicator.settled(self.clock.monotonic())
         if settled:  # defaulted W: enough copies, the last targets had their grace
             yield from self._replication_done(settled, sync=True)
-        self._push_replication()
+        yield from self._push_replication()
         deljobs: dict[str, list[str]] = {}
         for entry in self.replicator.expired(self.clock.monotonic()):
             for peer in entry.sent:
@@ -625,6 +648,15 @@ class NodeCore:
         kept = [(job_id, tuple(nodes or ())) for job_id, still_queued, nodes in rows if still_queued]
         if kept:  # we keep them queued (tie-break): the sender must yield
             self.send(peer, m.Queued(tuple(i for i, _ in kept), "", tuple(n for _, n in kept)))
+        yield from self._tell_acked(peer, message.ids)
+
+    def _tell_acked(self, peer: str, ids: tuple[str, ...]) -> Step:
+        """A holder announced jobs acknowledged here: SETACK it now, as
+        Disque answers. It had missed our SETACK, whose retries back off up
+        to minutes, and would have delivered the job again meanwhile."""
+        acked = yield _rows(sql.ACKED_HERE, {"ids": list(ids)})
+        if acked:
+            self.send(peer, m.SetAck(tuple((job_id, tuple(nodes)) for job_id, nodes in acked)))
 
     @staticmethod
     def _named(message: m.WillQueue | m.Queued) -> dict[str, Any]:
@@ -635,6 +667,7 @@ class NodeCore:
     def _on_working(self, peer: str, message: m.Working) -> Step:
         yield _rows(sql.APPLY_WORKING, {"ids": list(message.ids), "sender": peer,
                                         "myself": self.node_id})
+        yield from self._tell_acked(peer, message.ids)
 
     def _on_enqueue(self, peer: str, message: m.Enqueue) -> Step:
         yield _rows(sql.APPLY_ENQUEUE, {"ids": list(message.ids)})

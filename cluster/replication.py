@@ -56,6 +56,7 @@ class Pending:
     external: bool = False  # a leaving origin: every copy goes elsewhere, none stays here
     sent: set[str] = field(default_factory=set)
     confirmed: set[str] = field(default_factory=set)
+    recorded: set[str] = field(default_factory=set)  # targets the origin's row names as holders
     next_widen: float = 0.0
     next_resend: float = 0.0
 
@@ -127,6 +128,7 @@ class Replicator:
         entry = self.pending[copy.id]
         entry.confirmed = set(confirmed) - {self.myself}
         entry.sent = (set(copy.nodes) | entry.confirmed) - {self.myself}
+        entry.recorded = set(entry.sent)  # read from the row
         if entry.achieved:  # its copies exist already (an event drained after a restart)
             del self.pending[copy.id]
 
@@ -153,6 +155,11 @@ class Replicator:
                 entry.sync = False
                 done.append(entry)
         return done
+
+    def unrecorded(self) -> list[Pending]:
+        """Jobs sent to targets the origin's row does not name yet: record
+        them (RECORD_HOLDERS) before these REPLJOBs go (see :meth:`sends`)."""
+        return [e for e in self.pending.values() if e.sent - e.recorded]
 
     def forget(self, job_id: str) -> Pending | None:
         """Stop replicating (client gave up, job acked or deleted)."""

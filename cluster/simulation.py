@@ -46,6 +46,9 @@ Invariants, checked as the run goes and at its end:
 * **no false death**: no node is declared dead by a peer while it runs and
   the network between them is perfect (no partition, loss or long delay for
   the last 20 s);
+* **an acknowledged job is not delivered again**, on fault-free runs
+  (``faults=()``), once ``ACK_REACHES`` passed since its ACK returned (the
+  SETACKs are on their way until then); with faults Disque allows it;
 * **no step raises**: a node step that fails is a bug.
 
 A violation ends the run with the seed, the step and the last lines of
@@ -101,6 +104,10 @@ __all__ = ["FAULTS", "SimOptions", "SimResult", "Violation", "SimDatabases", "Si
            "run_seeds"]
 
 FAULTS = ("drop", "duplicate", "reorder", "partition", "crash", "skew")
+# Without faults, an acknowledged job reaches every holder's ack within
+# milliseconds: one delivered again this long after its ACK returned was not
+# collected (Disque allows it only while SETACK is on its way).
+ACK_REACHES = 0.5
 QUEUE = "sim"
 EPOCH = 1_800_000_000.0  # virtual wall time at t = 0 (2027-01-15)
 PORT = 7711
@@ -115,6 +122,10 @@ class SimOptions:
     seconds: float = 6.0  # workload and faults
     adds: int = 24
     faults: tuple[str, ...] = FAULTS
+    # The share of replicated adds made asynchronous (queued at once, copied
+    # in the background), drawn apart from the rest of the workload so that
+    # 0 replays the seeds found before it existed.
+    asynchronous: float = 0.0
     max_settle: float = 90.0  # the end phase stops as soon as everything settled
     trace_lines: int = 30
 
@@ -318,6 +329,7 @@ class Simulation:
         # the workload's record
         self.added: dict[str, tuple[str, int]] = {}  # job id -> (value, retry)
         self.acked: set[str] = set()
+        self.acked_at: dict[str, float] = {}  # job id -> when its ACK returned
         self.deliveries: dict[str, list[_Delivery]] = {}
         self.consuming = True
         self.adding = True
@@ -653,25 +665,30 @@ class Simulation:
     def _plan_workload(self) -> None:
         opts = self.options
         rng = random.Random(self.rng.random())
+        asynchronous = random.Random(f"asynchronous-{opts.seed}")
         for n in range(opts.adds):
             t = rng.uniform(0, opts.seconds * 0.8)
             node = rng.choice(self.nodes)
             at_most_once = rng.random() < 0.1
             replicate = 1 if at_most_once else rng.choice([None, None, 1, 2, 3])
             retry = 0.0 if at_most_once else rng.choice([1.0, 2.0])
-            self.at(t, lambda v=f"v{n}", nd=node, r=replicate, rt=retry: self._add(v, nd, r, rt))
+            later = replicate != 1 and asynchronous.random() < opts.asynchronous
+            self.at(t, lambda v=f"v{n}", nd=node, r=replicate, rt=retry, a=later:
+                    self._add(v, nd, r, rt, a))
         for _ in range(int(opts.seconds * 4)):
             t = rng.uniform(0, opts.seconds)
             node = rng.choice(self.nodes)
             count = rng.randint(1, 3)
             self.at(t, lambda nd=node, c=count: self._consume(nd, c, rng))
 
-    def _add(self, value: str, node: SimNode, replicate: int | None, retry: float) -> None:
+    def _add(self, value: str, node: SimNode, replicate: int | None, retry: float,
+             asynchronous: bool = False) -> None:
         if not self.adding:
             return
         params = arguments.job_params(replicate=replicate, delay=0, retry=retry, ttl=600,
-                                      maxlen=None, asynchronous=False, timeout=None)
-        self.trace(f"client add {value} on {node.name} W={replicate} retry={retry:g}")
+                                      maxlen=None, asynchronous=asynchronous, timeout=None)
+        self.trace(f"client add {value} on {node.name} W={replicate} retry={retry:g}"
+                   + (" ASYNC" if asynchronous else ""))
 
         def done(outcome: Any) -> None:
             if isinstance(outcome, Exception):
@@ -696,7 +713,7 @@ class Simulation:
             nacks = [j.id for j in jobs if j.id not in acks and rng.random() < 0.5]
             if acks:
                 self._client(node, commands.ack_jobs(self._session(node), acks), "ack",
-                             lambda n, ids=acks: self.acked.update(ids))
+                             lambda n, ids=acks: self._acked(ids))
             if nacks:
                 self._client(node, commands.nack_jobs(self._session(node), nacks), "nack",
                              lambda n: None)
@@ -708,8 +725,18 @@ class Simulation:
                                              [QUEUE], count, timeout, timeout is None, False),
                      "get", got)
 
+    def _acked(self, ids: list[str]) -> None:
+        self.acked.update(ids)
+        for job_id in ids:
+            self.acked_at.setdefault(job_id, self.now)
+
     def _delivered(self, job_id: str, value: str, node: SimNode) -> None:
         self.trace(f"client got {value} ({short(job_id)}) on {node.name}")
+        acked = self.acked_at.get(job_id)
+        if not self.options.faults and acked is not None and self.now - acked > ACK_REACHES:
+            self.violate("an acknowledged job is not delivered again",
+                         f"{value} ({job_id}) acked at {acked:.3f}, delivered again on "
+                         f"{node.name}{self._rows_of(job_id)}")
         past = self.deliveries.setdefault(job_id, [])
         if past and self.added.get(job_id, (None, 1))[1] == 0:
             self.violate("at-most-once", f"retry=0 job {value} ({job_id}) delivered twice: "

@@ -232,6 +232,30 @@ FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
 WHERE j.id = u.id
 """
 
+# REPLJOBs are about to go to new targets: they are holders from now on
+# (Disque adds a target to nodes_delivered as it sends). Recorded before the
+# sends, so that an ACK, NACK or WORKING made here meanwhile reaches every
+# node that may hold a copy; until then an ACK of an asynchronous job
+# deleted it without a SETACK, and a copy's re-queue timer delivered it
+# again. Only widens the holders (a late send never forgets one). The jobs
+# returned still exist: a job acked or deleted meanwhile gets no REPLJOB.
+RECORD_HOLDERS = f"""
+WITH relaxed AS MATERIALIZED (  -- lost in a crash, it costs a duplicate, never a job
+    SELECT set_config('synchronous_commit', 'off', true)
+)
+UPDATE pgq.jobs j SET
+    nodes_delivered = ARRAY(SELECT DISTINCT n FROM unnest(coalesce(j.nodes_delivered, '{{}}')
+                                                         || string_to_array(u.delivered, ',')) AS n
+                            ORDER BY n),
+    cluster_requeue_at = CASE WHEN j.state = 'queued' AND j.cluster_requeue_at IS NULL
+                                   AND j.retry > 0
+                                   AND cardinality(string_to_array(u.delivered, ',')) > 1
+                              THEN {_ARMED} ELSE j.cluster_requeue_at END
+FROM unnest(%(ids)s::text[], %(delivered)s::text[]) AS u(id, delivered), relaxed
+WHERE j.id = u.id
+RETURNING j.id
+"""
+
 # A leaving node handed a new job over (external replication): it keeps no
 # copy it would serve. The row stays as a receipt for the waiting client
 # (never claimable: active, no timers) until the maintenance sweep drops it.
@@ -362,6 +386,12 @@ UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS},
 FROM given g
 WHERE j.id = g.id AND j.state <> 'wait-repl'
 RETURNING j.id, j.state = 'queued' AS kept, j.nodes_delivered
+"""
+
+# QUEUED or WORKING named jobs acknowledged here: the sender still has a
+# copy (it missed our SETACK, which backs off up to minutes): it is told now.
+ACKED_HERE = """
+SELECT id, coalesce(nodes, '{}'::text[]) FROM pgq.acks WHERE id = ANY (%(ids)s::text[])
 """
 
 # WORKING from another holder: out of our queue, re-queue postponed by retry.

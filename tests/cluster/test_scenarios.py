@@ -389,6 +389,46 @@ def test_an_ack_reaches_every_holder_and_is_collected(sim_databases):
     s.until(collected(s, job), 3.0, "the job and its ACKs collected")
 
 
+def test_an_async_job_acked_before_all_its_copies_is_collected_on_every_holder(sim_databases):
+    """An asynchronous add is queued at once and copied in the background:
+    acked while one target stays silent, its copies elsewhere must learn of
+    the ACK. The origin named its holders only once every copy was
+    confirmed, so this ACK deleted the job without a SETACK, and the
+    confirmed copy's re-queue timer delivered it again."""
+    s = cluster(sim_databases)
+    s.crash("n3")  # a target that does not answer (not declared dead yet)
+    job = s.add("n1", b"x", replicate=3, retry=1, asynchronous=True)
+    s.until(lambda: "n2" in s.holders(job), 3.0, "n2's copy")
+    assert s.get("n1")[0].id == job and s.ack("n1", job) == 1
+    # retry=1: without a SETACK n2 queued its copy within about a second
+    s.until(lambda: copies(s, job) == set(), 3.0, "n2's copy dropped")
+    s.holds(lambda: not s.queued_on(job), 3.0, "the job never queued again")
+    s.restart("n3")
+    s.until(collected(s, job), 30.0, "the ACK collected once n3 is back")
+
+
+def test_a_holder_that_missed_the_ack_is_told_when_it_announces_the_job(sim_databases):
+    """A holder cut off while the job was acked queues its copy (its timer)
+    and announces it (QUEUED) when it is back: the acking node answers with
+    SETACK at once. It ignored the announcement, and the holder kept the
+    job queued until the acker's SETACK retry, backed off to half a minute."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=2, retry=1)
+    holder = next(n for n in s.holders(job) if n != "n1")
+    s.partition(holder)
+    assert s.get("n1")[0].id == job and s.ack("n1", job) == 1
+    gc = s.node("n1").core.acks.pending  # the acker's SETACK retries back off: 1, 2, 4 s...
+
+    def queued_and_next_retry_far() -> bool:
+        return s.queued_on(job) == [holder] and gc[job].next_try - s.now >= 3.5
+
+    # healed just after a retry failed (a partition shorter than a death)
+    s.until(queued_and_next_retry_far, 10.0, "the holder to queue it, the acker to back off")
+    s.heal()
+    s.until(lambda: copies(s, job) == set(), 2.0, "the copy dropped on its announcement, "
+            "before the acker's next retry")
+
+
 def test_an_ack_on_a_node_that_never_held_the_job(sim_databases):
     s = cluster(sim_databases)
     job = s.add("n1", b"x", replicate=2)
