@@ -50,19 +50,28 @@ class _Lease:
     outside a transaction with nothing to hear on that connection (a blocked
     GET on the shared listener, a poll), the connection is back in the pool
     (:meth:`lend`, called by the driver), and the command takes one again to
-    go on. A blocked GET held its connection for its whole wait: ten
-    blocked GETJOBs of the RESP port (a pool of ten) stopped every ADDJOB."""
+    go on, from the client's pool of that moment (a failover may have
+    replaced the first). A blocked GET held its connection for its whole
+    wait: ten blocked GETJOBs of the RESP port (a pool of ten) stopped every
+    ADDJOB."""
 
-    def __init__(self, pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]) -> None:
-        self.pool = pool
+    def __init__(self, pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any],
+                 current: Callable[[], AsyncConnectionPool | None]) -> None:
+        self.pool = pool  # the pool `conn` came from, and goes back to
         self.conn: psycopg.AsyncConnection[Any] | None = conn
+        self.current = current
+        self.resumed = time.monotonic()  # when it last took a connection
 
     async def lend(self, waiting: Callable[[], Awaitable[object]]) -> psycopg.AsyncConnection[Any]:
         """Run ``waiting()`` with the connection back in the pool; the
         connection to go on with (maybe another one)."""
         await self.release()
         await waiting()
-        self.conn = await self.pool.getconn()
+        self.resumed = time.monotonic()  # a failure to go on counts from now
+        pool = self.current()
+        if pool is None:
+            raise DatabaseUnavailableError("the client was closed while this call waited")
+        self.pool, self.conn = pool, await pool.getconn()
         return self.conn
 
     async def release(self) -> None:
@@ -169,17 +178,20 @@ class AsyncClient(ClientCore):
                 log.warning("pgq sweep failed: %s", exc)
 
     async def _run_on_pool(self, work: Any) -> Any:
-        assert self._pool is not None
         deadline = time.monotonic() + self.options.reconnect_timeout
         attempt = 0
         while True:
             pool = self._pool
-            assert pool is not None
+            if pool is None:
+                raise DatabaseUnavailableError("this client is closed")
+            lease: _Lease | None = None
             try:
-                lease = _Lease(pool, await pool.getconn())
+                lease = _Lease(pool, await pool.getconn(), lambda: self._pool)
                 try:
                     return await work(lease.conn, lease)
-                except psycopg.OperationalError as exc:
+                except PoolTimeout:  # no connection to go on with after a lent wait
+                    raise
+                except psycopg.OperationalError as exc:  # PoolClosed too: a failover meanwhile
                     conn = lease.conn
                     if conn is None or conn.closed or conn.broken:
                         raise _Reconnect() from exc
@@ -188,6 +200,8 @@ class AsyncClient(ClientCore):
                     await lease.release()
             except (_Reconnect, PoolTimeout) as exc:
                 cause = exc.__cause__ or exc
+                if lease is not None:  # a call that waited long is not out of time for that
+                    deadline = max(deadline, lease.resumed + self.options.reconnect_timeout)
                 if time.monotonic() >= deadline:
                     raise self.unavailable(cause, pool.get_stats()) from cause
                 if isinstance(exc, PoolTimeout) and await self._fail_over(pool):
@@ -222,11 +236,14 @@ class AsyncClient(ClientCore):
         if self._pool is None:
             await self.open()
 
+        early = [ticket]  # joined before the first attempt: a retry's driver must not take it
+
         async def work(pooled: psycopg.AsyncConnection[Any], lease: _Lease) -> T:
             await self._housekeeping(pooled)
+            joined, early[0] = early[0], None
             driver = AsyncDriver(pooled, prepare=self.options.prepare,
                                  housekeeping=self._housekeeping, shield=True, peers=self._peers,
-                                 listener=self._listener, ticket=ticket, lend=lease.lend)
+                                 listener=self._listener, ticket=joined, lend=lease.lend)
             return await driver.run(make(self.session(owned=True)))
 
         return await self._run_on_pool(work)  # type: ignore[no-any-return]

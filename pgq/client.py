@@ -31,7 +31,7 @@ from .combine import Shared, SyncCombiner
 from .connecting import first_connection
 from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
 from .driver import SyncDriver
-from .errors import NoReplError
+from .errors import DatabaseUnavailableError, NoReplError
 from .job import Job
 from .listener import SyncSharedListener, Ticket
 from .migrate import SCHEMA_VERSION as SCHEMA
@@ -54,14 +54,21 @@ class _Lease:
     """The pooled connection one command runs on, lent back to the pool
     while the command waits with nothing on it (see pgq.aio._Lease)."""
 
-    def __init__(self, pool: ConnectionPool, conn: psycopg.Connection[Any]) -> None:
-        self.pool = pool
+    def __init__(self, pool: ConnectionPool, conn: psycopg.Connection[Any],
+                 current: Callable[[], ConnectionPool | None]) -> None:
+        self.pool = pool  # the pool `conn` came from, and goes back to
         self.conn: psycopg.Connection[Any] | None = conn
+        self.current = current
+        self.resumed = time.monotonic()
 
     def lend(self, waiting: Callable[[], object]) -> psycopg.Connection[Any]:
         self.release()
         waiting()
-        self.conn = self.pool.getconn()
+        self.resumed = time.monotonic()
+        pool = self.current()
+        if pool is None:
+            raise DatabaseUnavailableError("the client was closed while this call waited")
+        self.pool, self.conn = pool, pool.getconn()
         return self.conn
 
     def release(self) -> None:
@@ -173,11 +180,16 @@ class Client(ClientCore):
         attempt = 0
         while True:
             pool = self._pool
+            if pool is None:
+                raise DatabaseUnavailableError("this client is closed")
+            lease: _Lease | None = None
             try:
-                lease = _Lease(pool, pool.getconn())
+                lease = _Lease(pool, pool.getconn(), lambda: self._pool)
                 try:
                     return work(lease.conn, lease)
-                except psycopg.OperationalError as exc:
+                except PoolTimeout:  # no connection to go on with after a lent wait
+                    raise
+                except psycopg.OperationalError as exc:  # PoolClosed too: a failover meanwhile
                     conn = lease.conn
                     if conn is None or conn.closed or conn.broken:
                         raise _Reconnect() from exc
@@ -186,6 +198,8 @@ class Client(ClientCore):
                     lease.release()
             except (_Reconnect, PoolTimeout) as exc:
                 cause = exc.__cause__ or exc
+                if lease is not None:  # a call that waited long is not out of time for that
+                    deadline = max(deadline, lease.resumed + self.options.reconnect_timeout)
                 if time.monotonic() >= deadline:
                     raise self.unavailable(cause, pool.get_stats()) from cause
                 if isinstance(exc, PoolTimeout) and self._fail_over(pool):
@@ -230,10 +244,13 @@ class Client(ClientCore):
                     raise
                 raise typed from exc
 
+        early = [ticket]  # joined before the first attempt: a retry's driver must not take it
+
         def work(pooled: psycopg.Connection[Any], lease: _Lease) -> T:
             self._housekeeping(pooled)
+            joined, early[0] = early[0], None
             driver = SyncDriver(pooled, prepare=self.options.prepare, housekeeping=self._housekeeping,
-                                peers=self._peers, listener=self._listener, ticket=ticket,
+                                peers=self._peers, listener=self._listener, ticket=joined,
                                 lend=lease.lend)
             return driver.run(make(self.session(owned=True)))
 

@@ -118,6 +118,7 @@ class SyncDriver:
         self._ticket: Ticket | None = None
         self._transactions: list[Any] = []  # open transaction contexts (nested: savepoints)
         self._listening = False
+        self._replicating = False
 
     def run(self, command: Command[T]) -> T:
         reply: Any = None
@@ -179,6 +180,7 @@ class SyncDriver:
             if conn not in _replication_listeners:
                 conn.execute(f"LISTEN {replication_channel(conn)}")
                 _replication_listeners.add(conn)
+            self._replicating = True  # this command waits for notifications on conn
             return None
         if isinstance(request, Wait):
             ticket, listener, seconds = self._ticket, self.listener, request.seconds
@@ -200,8 +202,9 @@ class SyncDriver:
 
     def _idle(self, waiting: Callable[[], object]) -> None:
         """Wait; with the connection lent back when it holds nothing."""
-        if self.lend is None or self._transactions or self._listening \
-                or self.conn in _replication_listeners:
+        # (Not `conn in _replication_listeners`: a pooled connection that
+        # once waited for copies LISTENs for good, and would never be lent.)
+        if self.lend is None or self._transactions or self._listening or self._replicating:
             waiting()
         else:
             self.conn = self.lend(waiting)
