@@ -219,6 +219,10 @@ class _Runner:
                 ["/bin/sh", "-c", 'cd "$1"', "sh", str(directory)],
                 user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
                 capture_output=True, check=False, cwd="/",
+                # Not our environment: an LD_PRELOAD of ours (libfaketime in
+                # the chaos test) failed as the server user and was read as
+                # "not reachable" (the chaos run's restart was refused so).
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"},
             )
             if probe.returncode >= 0:
                 break
