@@ -75,8 +75,12 @@ class NodeDirectory:
 
     def acquire(self, name: str) -> None:
         """Take the directory for this process, or raise NodeRunningError."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        handle = open(self.lock_file, "a+")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            handle = open(self.lock_file, "a+")
+        except OSError as exc:
+            raise PgqError(f"cannot use {self.path} as the node's directory: "
+                           f"{exc.strerror or exc}") from None
         os.chmod(self.lock_file, 0o600)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -105,6 +109,8 @@ class NodeDirectory:
             handle = open(self.lock_file)
         except FileNotFoundError:
             return None
+        except OSError as exc:  # not a directory, another user's node: say so, no traceback
+            raise PgqError(f"cannot read {self.lock_file}: {exc.strerror or exc}") from None
         with handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -196,6 +196,8 @@ def resp_address(fronts: Fronts | None, bus_host: str) -> str:
     host, port = fronts.resp
     if host in ("", "0.0.0.0", "::", "[::]"):
         host = bus_host
+    if ":" in host and not host.startswith("["):  # IPv6: [::1]:7711, as clients read it
+        host = f"[{host}]"
     return f"{host}:{port}"
 
 

@@ -35,7 +35,21 @@ def parse_listen(text: str) -> tuple[str, int]:
     number = port_number(port)
     if number is None or number > 65535:
         raise ValueError(f"not a port: {port!r}")
+    if host.startswith("[") and host.endswith("]"):  # [::1]:7780: IPv6 is written so
+        host = host[1:-1]
     return host or "127.0.0.1", number
+
+
+def serve(registry: CollectorRegistry, listen: str) -> None:
+    """Serve ``registry`` for Prometheus on HOST:PORT, in a thread."""
+    from .errors import PgqError
+
+    host, port = parse_listen(listen)
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:  # a port in use, a name that does not resolve
+        raise PgqError(f"cannot serve metrics on {listen}: {exc.strerror or exc}; "
+                       "choose another --metrics address") from None
 
 
 class WorkerMetrics:
@@ -55,8 +69,7 @@ class WorkerMetrics:
         self.jobs.labels(queue, outcome).inc()
 
     def serve(self, listen: str) -> None:
-        host, port = parse_listen(listen)
-        start_http_server(port, addr=host, registry=self.registry)
+        serve(self.registry, listen)
 
 
 class _NodeCollector(Collector):
@@ -111,5 +124,4 @@ class NodeMetrics:
         self.registry.register(_NodeCollector(dsn, snapshot))
 
     def serve(self, listen: str) -> None:
-        host, port = parse_listen(listen)
-        start_http_server(port, addr=host, registry=self.registry)
+        serve(self.registry, listen)

@@ -127,6 +127,7 @@ class Schedule:
         fail, tick after tick, and stopped the schedules after it."""
         if not isinstance(self.name, str) or not self.name or len(self.name) > 200:
             raise InvalidArgumentError("a schedule needs a name (1 to 200 characters)")
+        args.text("a schedule's name", self.name, 200)  # no NUL, no lone surrogate
         unknown = set(self.options) - {*_ADD_OPTIONS, "catch_up"}
         if unknown:
             raise InvalidArgumentError(f"unknown schedule option(s) {sorted(unknown)}: "
@@ -175,6 +176,7 @@ def load(conn: psycopg.Connection[Any]) -> list[tuple[Schedule, dt.datetime | No
 
 
 def remove(conn: psycopg.Connection[Any], name: str) -> bool:
+    args.text("a schedule's name", name, 200)
     return conn.execute(sql.REMOVE_SCHEDULE, {"name": name}).rowcount > 0
 
 

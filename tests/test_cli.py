@@ -230,6 +230,11 @@ def test_bad_input_is_one_line_and_an_exit_status_never_a_traceback(tmp_path):
         (["serve", "--http", "127.0.0.1:0", "--token-file", str(tmp_path / "binary.token")],
          2, "is not UTF-8 text"),
         (["worker", "nomodule:f", "--metrics", "foo"], 2, "--metrics wants HOST:PORT"),
+        (["worker", ".jobs:handle", "--queue", "q"], 2, "cannot import .jobs"),  # a TypeError
+        (["node", "status", "--data", "/dev/null/n1"], 1, "cannot read /dev/null/n1"),
+        (["spark", "ingest", str(tmp_path / "missing.csv"), "--queue", "q"], 2,
+         "no such file or directory"),
+        (["demo", "--jobs", "-5"], 2, "--jobs"),
     ]
     for args, status, message in cases:
         done = pgq(*args, check=False)
@@ -343,3 +348,23 @@ def test_bodies_and_names_are_never_read_as_markup(dsn, client):
     assert "[/] not [bold]markup" in listed and "[red]q[/]" in listed
     assert "[red]q[/]" in pgq("stats", "--once", "--interval", "0.1", dsn=dsn).stdout
 
+
+
+def test_an_add_from_a_file_refused_part_way_prints_what_it_added(dsn, tmp_path):
+    """The file goes in batches of 5,000, each its own commit: when one is
+    refused, the IDs of those before it are printed (a second run would add
+    them again) and stderr says where to resume."""
+    (tmp_path / "jobs.txt").write_text("".join(f"{i}\n" for i in range(10_000)))
+    done = pgq("add", "cli-part", "--file", str(tmp_path / "jobs.txt"), "--maxlen", "7000",
+               dsn=dsn, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    ids = done.stdout.split()
+    assert len(ids) == 5000 and "resume from line 5001" in done.stderr
+    assert pgq("qlen", "cli-part", dsn=dsn).stdout.strip() == "5000"
+
+
+def test_listen_addresses_take_bracketed_ipv6():
+    from pgq.metrics import parse_listen
+
+    assert parse_listen("[::1]:7780") == ("::1", 7780)
+    assert parse_listen("127.0.0.1:80") == ("127.0.0.1", 80)

@@ -86,6 +86,11 @@ def test_bad_schedules_are_refused_with_what_to_fix(cron, tz, message):
         periodic.Schedule("s", cron, "q", tz=tz)
     with pytest.raises(InvalidArgumentError, match="unknown schedule option"):
         periodic.Schedule("s", "* * * * *", "q", options={"priority": 1})
+    # A name from a shell that is no UTF-8 ($'\xff'): psycopg's encoding
+    # error was a traceback; NUL cannot be stored.
+    for name in ("\udcff", "a\x00b"):
+        with pytest.raises(InvalidArgumentError, match="name"):
+            periodic.Schedule(name, "* * * * *", "q")
 
 
 @pytest.mark.parametrize("queue,body,options", [

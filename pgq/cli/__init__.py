@@ -12,6 +12,7 @@ import click
 
 from .. import __version__
 from . import cluster, dashboard, jobs, server
+from .common import handles_errors
 from .periodic import periodic_group
 from .serve import serve
 from .simulate import simulate
@@ -27,10 +28,12 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--jobs", type=int, default=6000, show_default=True, help="Jobs to add.")
+@click.option("--jobs", type=click.IntRange(min=1), default=6000, show_default=True,
+              help="Jobs to add.")
 @click.option("--no-kill", is_flag=True, help="Do not kill a node halfway.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the verdict as JSON on stdout (the story goes to stderr).")
+@handles_errors
 def demo(jobs: int, no_kill: bool, as_json: bool) -> None:
     """Start a local 3-node cluster, run producers and consumers, kill a node
     halfway, restart it, and print the verdict (lost must be 0)."""

@@ -98,6 +98,7 @@ def node_group() -> None:
 @click.option("--wait-timeout", type=SECONDS, default=90.0, show_default=True,
               help="With --detach: seconds to wait for the node to serve.")
 @json_logs_option
+@handles_errors
 def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tuple[str, ...],
                secret_file: str | None, metrics: str | None, advertise_dsn: str | None,
                http_listen: str | None,
@@ -131,11 +132,21 @@ def _start_detached(data: Path, timeout: float) -> None:
 
     args = [a for a in sys.argv[1:] if a != "--detach"]
     directory = NodeDirectory(data.absolute())
-    directory.path.mkdir(parents=True, exist_ok=True)
-    with open(directory.log_file, "ab") as log:
+    try:
+        directory.path.mkdir(parents=True, exist_ok=True)
+        log = open(directory.log_file, "ab")
+    except OSError as exc:
+        raise PgqError(f"cannot use {directory.path} as the node's directory: "
+                       f"{exc.strerror or exc}") from None
+    with log:
         child = subprocess.Popen([sys.executable, "-m", "pgq.cli", *args], stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    state = _wait_serving(directory, timeout, child)
+    try:
+        state = _wait_serving(directory, timeout, child)
+    except KeyboardInterrupt:  # it runs on, in a session of its own: say where
+        click.echo(f"interrupted; the node (pid {child.pid}) goes on starting: "
+                   f"`pgq node stop --data {data}` stops it", err=True)
+        raise
     as_json = os.environ.get("PGQ_LOG_FORMAT") == "json"  # set by --json
     report({"name": state.get("name"), "pid": child.pid, "id": state.get("id"), "bus": state.get("bus"),
             "log": str(directory.log_file)}, as_json,
@@ -168,6 +179,7 @@ def _wait_serving(directory: Any, timeout: float, child: Any = None) -> dict[str
 @click.option("--data", type=click.Path(file_okay=False), required=True, help="Node directory.")
 @click.option("--timeout", type=SECONDS, default=90.0, show_default=True, help="Seconds to wait.")
 @json_option
+@handles_errors
 def node_wait(data: str, timeout: float, as_json: bool) -> None:
     """Wait until the node in DIR serves (after `pgq node start ... &`)."""
     from ..cluster.nodedir import NodeDirectory
@@ -183,6 +195,7 @@ def node_wait(data: str, timeout: float, as_json: bool) -> None:
 @click.option("--postgres/--no-postgres", default=True, show_default=True,
               help="Also stop the node's embedded PostgreSQL.")
 @json_option
+@handles_errors
 def node_stop(data: str, timeout: float, postgres: bool, as_json: bool) -> None:
     """Stop the node running in DIR: its process (SIGTERM, then wait), then
     its embedded PostgreSQL. Exit 3 when nothing runs there."""
@@ -219,6 +232,7 @@ def node_stop(data: str, timeout: float, postgres: bool, as_json: bool) -> None:
 @_node_target
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--show-password", is_flag=True, help="Show the DSN with its password (default: masked).")
+@handles_errors
 def node_status(data: str | None, dsn: str | None, as_json: bool, show_password: bool) -> None:
     """Report a node's id, DSN, bus address and state."""
     from ..cluster.nodedir import NodeDirectory

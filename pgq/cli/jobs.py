@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ..errors import PgqError
 from .common import (
     arg_bytes,
     client_for,
@@ -58,23 +59,36 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
     options = dict(replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
                    asynchronous=asynchronous, timeout=timeout, priority=priority)
     ids: list[str] = []
-    with client_for(dsn, data) as client:
-        if key is not None:
-            ids.append(client.add_job(queue, arg_bytes(bodies[0]), key=key, **options))
-        elif bodies:
-            ids += client.add_jobs(queue, [arg_bytes(b) for b in bodies], **options)
-        if path is not None:
-            lines = [line.rstrip(b"\r\n") for line in path]
-            with _progress() as progress:
-                task = progress.add_task(f"adding to {queue}", total=len(lines))
-                for start in range(0, len(lines), 5000):
-                    chunk = lines[start:start + 5000]
-                    ids += client.add_jobs(queue, chunk, **options)
-                    progress.advance(task, len(chunk))
-    if as_json:
-        click.echo(to_json(ids))
-    else:
-        click.echo("\n".join(ids))
+    lines_done = 0
+    try:
+        with client_for(dsn, data) as client:
+            if key is not None:
+                ids.append(client.add_job(queue, arg_bytes(bodies[0]), key=key, **options))
+            elif bodies:
+                ids += client.add_jobs(queue, [arg_bytes(b) for b in bodies], **options)
+            if path is not None:
+                lines = [line.rstrip(b"\r\n") for line in path]
+                with _progress() as progress:
+                    task = progress.add_task(f"adding to {queue}", total=len(lines))
+                    for start in range(0, len(lines), 5000):
+                        chunk = lines[start:start + 5000]
+                        ids += client.add_jobs(queue, chunk, **options)
+                        lines_done = start + len(chunk)
+                        progress.advance(task, len(chunk))
+    except (PgqError, KeyboardInterrupt):
+        # The batches before the failure are committed: their IDs go out
+        # first, or a second run adds them again.
+        if ids:
+            _echo_ids(ids, as_json)
+            resume = f"; resume from line {lines_done + 1} of the file" if path is not None else ""
+            click.echo(f"note: {len(ids)} jobs were added before this (their IDs are on "
+                       f"stdout){resume}", err=True)
+        raise
+    _echo_ids(ids, as_json)
+
+
+def _echo_ids(ids: list[str], as_json: bool) -> None:
+    click.echo(to_json(ids) if as_json else "\n".join(ids))
 
 
 @click.command()

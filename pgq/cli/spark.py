@@ -26,6 +26,7 @@ from typing import Any
 import click
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from ..errors import PgqError, first_line
 from .common import handles_errors, progress_console, table, to_json
 
 FORMATS = ("parquet", "csv", "json")
@@ -83,15 +84,17 @@ def _spark_progress(spark: Any, enabled: bool) -> Iterator[Any]:
 
 
 def _default_ingest_id(inputs: tuple[str, ...], queue: str) -> str:
-    digest = hashlib.sha256(queue.encode())
+    # surrogateescape: a file name need not be UTF-8 (it was a traceback)
+    digest = hashlib.sha256(queue.encode(errors="surrogateescape"))
     for item in inputs:
-        digest.update(item.encode())
+        digest.update(item.encode(errors="surrogateescape"))
         path = Path(item)
         files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
         for file in files:
             if file.exists():
                 stat = file.stat()
-                digest.update(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+                digest.update(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode(
+                    errors="surrogateescape"))
     return f"{queue}-{digest.hexdigest()[:16]}"
 
 
@@ -109,7 +112,11 @@ def _read_input(spark: Any, inputs: tuple[str, ...], fmt: str) -> Any:
     reader = spark.read
     if fmt == "csv":  # RFC 4180: a header line, quotes doubled inside quoted fields
         reader = reader.option("header", "true").option("escape", '"')
-    return reader.format(fmt).load(list(inputs))
+    try:
+        return reader.format(fmt).load(list(inputs))
+    except Exception as exc:  # Spark's own (a path it cannot read, a bad file): one line
+        raise PgqError(f"Spark cannot read {', '.join(inputs)} as {fmt}: {first_line(exc)}") \
+            from None
 
 
 @spark_group.command("ingest")
@@ -138,6 +145,9 @@ def ingest(inputs: tuple[str, ...], queue: str, fmt: str | None, body_column: st
     from ..spark import spark_session, write_jobs
 
     fmt = _input_format(inputs, fmt)  # before Spark starts: a usage error costs nothing
+    for item in inputs:  # a local path (no URL scheme) that is not there: say so now
+        if "://" not in item and not Path(item).exists():
+            raise click.UsageError(f"no such file or directory: {item}")
     ingest_id = ingest_id or _default_ingest_id(inputs, queue)
     spark = spark_session(master, app_name="pgq-ingest")
     try:

@@ -23,7 +23,7 @@ def _load(target: str) -> Any:
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
+    except (ImportError, TypeError, ValueError) as exc:  # TypeError: a relative name (.jobs)
         raise click.UsageError(f"cannot import {module_name}: {exc}") from None
     try:
         return getattr(module, attribute)
