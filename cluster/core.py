@@ -75,6 +75,9 @@ PERIODS = {"tick": 0.05, "persist": 0.25, "replicate": 0.025, "collect_acks": 0.
 HEARTBEAT_EVERY = 1.0
 ADVERT_EVERY = 30.0  # repairs a lost ADVERT; a changed DSN comes with a restart (alive again)
 IMPORT_STATS_EVERY = 1.0
+# How often the ACK collections in memory are checked against the
+# tombstones: one whose tombstone is gone (swept at the job's TTL) ends.
+ACK_PRUNE_EVERY = 60.0
 
 # Messages applied through the inbox, in arrival order: a run of one kind in one statement.
 BATCHED = (m.ReplJob, m.GotJob, m.SetAck, m.GotAck, m.DelJob)
@@ -196,6 +199,7 @@ class NodeCore:
         self._forgotten: list[str] = []
         self._beat_at = float("-inf")
         self._advert_at = float("-inf")
+        self._ack_prune_at = 0.0
         self._import_stats_at = float("-inf")
         self.adverts: dict[str, str] = {}  # peer id -> the DSN it advertised ("": none)
         self.resp_adverts: dict[str, str] = {}  # peer id -> its RESP address ("": none)
@@ -239,7 +243,7 @@ class NodeCore:
         yield from self._resume_replication([sql.ReplicationRow.of(r) for r in unreplicated])
         for job_id, nodes, dummy in (yield _rows(sql.PENDING_ACK_GC)):
             self.acks.add(job_id, None if dummy and not nodes else set(nodes or ()), now,
-                          everyone=self._everyone())
+                          everyone=self._all_known())
         for host, port in joins:
             self._act(self.membership.join(host, port, now))
 
@@ -254,6 +258,14 @@ class NodeCore:
 
     def _everyone(self) -> set[str]:
         return {p.id for p in self.membership.live_peers()} if self.membership else set()
+
+    def _all_known(self) -> set[str]:
+        """Every member, those declared dead too: whom a dummy ack must
+        reach. Failure detection is advisory (it never decides a job's
+        safety): a dummy asked only the live nodes, and completed without
+        the holders declared dead, which served the job again on return."""
+        assert self.membership is not None
+        return set(self.membership.members) - {self.node_id}
 
     def _reachable(self) -> list[str]:
         """Peers that may take new copies: alive and not leaving."""
@@ -351,6 +363,23 @@ class NodeCore:
             handed_over, self._handed_over = self._handed_over, False
             if handed_over:  # reset first: a hand-over meanwhile sets it again
                 yield _rows(sql.DROP_HANDED_OVER, {"myself": self.node_id})
+        if now - self._ack_prune_at >= ACK_PRUNE_EVERY:
+            self._ack_prune_at = now
+            yield from self._prune_ack_gcs()
+
+    def _prune_ack_gcs(self) -> Step:
+        """End the ACK collections whose tombstone is gone: the sweep drops
+        a tombstone at the job's TTL, and a holder that never answers (a
+        node forgotten since) kept its collection in memory for the life of
+        the process, retried every 3 minutes, and reloaded at each start."""
+        assert self.acks is not None
+        pending = list(self.acks.pending)
+        if not pending:
+            return
+        kept = {row[0] for row in (yield _rows(sql.ACKED_HERE, {"ids": pending}))}
+        for job_id in pending:
+            if job_id not in kept:
+                self.acks.forget(job_id)
 
     # ------------------------------------------------------------ outbox
 
@@ -391,7 +420,7 @@ class NodeCore:
                 if arg:
                     self.acks.add(job_id or "", holders, now)
                 else:  # dummy ack: ask everyone
-                    self.acks.add(job_id or "", None, now, everyone=self._everyone())
+                    self.acks.add(job_id or "", None, now, everyone=self._all_known())
             elif kind == c.OUTBOX_FASTACK:
                 self.replicator.forget(job_id or "")
                 targets = c.split_holders(arg) or sorted(self._everyone())

@@ -289,8 +289,8 @@ WHERE state = 'active' AND requeue_at IS NULL AND cluster_requeue_at IS NULL
 APPLY_SETACK = """
 WITH incoming AS (
     SELECT * FROM unnest(%(ids)s::text[], %(nodes)s::text[]) AS u(id, nodes)
-), existing AS (
-    SELECT id, nodes FROM pgq.acks WHERE id = ANY (%(ids)s::text[])
+), existing AS (  -- a dummy tombstone knows no holder: it answers 'unknown'
+    SELECT id, nodes FROM pgq.acks WHERE id = ANY (%(ids)s::text[]) AND NOT dummy
 ), gone AS (
     DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
     RETURNING id, queue, expires_at, nodes_delivered

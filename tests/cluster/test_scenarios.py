@@ -429,6 +429,20 @@ def test_a_holder_that_missed_the_ack_is_told_when_it_announces_the_job(sim_data
             "before the acker's next retry")
 
 
+def test_an_ack_collection_ends_with_its_tombstone(sim_databases):
+    """A holder that never answers (down for good, or forgotten since) kept
+    the acking node's collection in memory for the life of its process; it
+    ends once the tombstone is gone (the sweep drops it at the job's TTL)."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3)
+    s.crash("n3")
+    assert s.ack("n1", job) == 1
+    gc = s.node("n1").core.acks.pending
+    s.until(lambda: s.holders(job).get("n2") != "active" and job in gc, 3.0, "n2 told, n3 awaited")
+    s.sql("n1", "DELETE FROM pgq.acks WHERE id = %s", (job,))  # what the sweep does at the TTL
+    s.until(lambda: job not in gc, 70.0, "the collection to end")
+
+
 def test_an_ack_on_a_node_that_never_held_the_job(sim_databases):
     s = cluster(sim_databases)
     job = s.add("n1", b"x", replicate=2)
@@ -451,18 +465,27 @@ def test_an_ack_kept_for_a_crashed_holder_reaches_it_when_it_returns(sim_databas
     s.until(collected(s, job), 15.0, "the origin to learn the ACK")
 
 
-def test_a_dummy_ack_with_every_holder_down_is_collected_when_they_return(sim_databases):
+@pytest.mark.parametrize("declared_dead", [False, True])
+def test_a_dummy_ack_with_every_holder_down_is_collected_when_they_return(sim_databases,
+                                                                          declared_dead):
+    """Failure detection must not decide a job's safety: a dummy ack made
+    once the holders were declared dead asked only the live nodes,
+    completed on their 'unknown', and the holders served the job on their
+    return."""
     s = cluster(sim_databases, nodes=4)
     job = s.add("n1", b"x", replicate=2)
     holders = sorted(s.holders(job))
     acker = next(n for n in s.names if n not in holders)
     for name in holders:
         s.crash(name)
-    assert s.ack(acker, job) == 0  # nobody alive knows it
+    if declared_dead:
+        s.until(lambda: all(s.sees(acker, h) == "dead" for h in holders), 30.0,
+                "the holders declared dead")
+    assert s.ack(acker, job) == 0  # nobody alive knows it: a dummy ack
     s.run_for(3.0)
     for name in holders:
         s.restart(name)
-    s.until(collected(s, job), 30.0, "no copy or ACK anywhere")
+    s.until(collected(s, job), 60.0, "no copy or ACK anywhere")
 
 
 def test_an_acking_node_that_crashes_resumes_its_gc_from_its_database(sim_databases):
