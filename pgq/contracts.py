@@ -113,11 +113,16 @@ ON CONFLICT (key) DO UPDATE SET value = excluded.value
 NODE_ID = "SELECT pgq.meta_value('node_id')"
 
 # What a leaving node still holds: jobs it has a copy of, ACKs it still
-# has to collect. Zero: it may stop.
+# has to collect (the tombstones it drives, as PENDING_ACK_GC reads them).
+# Zero: it may stop. A passive tombstone (this node answered the SETACK and
+# waits for the DELJOB) does not count: it keeps late copies out while the
+# node runs, and a DELJOB lost once made `pgq cluster leave` wait for the
+# job's TTL (a day by default).
 HELD_BY_NODE = """
 SELECT (SELECT count(*) FROM pgq.jobs
         WHERE nodes_delivered IS NULL OR %(myself)s = ANY (nodes_delivered))
-     + (SELECT count(*) FROM pgq.acks)
+     + (SELECT count(*) FROM pgq.acks
+        WHERE (nodes IS NOT NULL OR dummy) AND expires_at > pgq.now())
 """
 
 def batch_rows(columns: Sequence[tuple[str, str, str]], *,

@@ -100,6 +100,13 @@ def test_the_leaving_flag_and_what_a_node_holds(dsn):
                      "('D-theirs', 'q', 'active', '', 1, pgq.now() + interval '1 hour', "
                      "ARRAY['other'])")
         assert conn.execute(contracts.HELD_BY_NODE, {"myself": "me"}).fetchone() == (1,)
+        # Tombstones: one whose collection this node drives counts; a passive
+        # one (waiting for a DELJOB) and an expired one do not.
+        conn.execute("INSERT INTO pgq.acks (id, queue, expires_at, nodes, dummy) VALUES "
+                     "('D-driven', 'q', pgq.now() + interval '1 hour', ARRAY['me', 'x'], false), "
+                     "('D-passive', 'q', pgq.now() + interval '1 hour', NULL, false), "
+                     "('D-expired', 'q', pgq.now() - interval '1 second', ARRAY['me'], false)")
+        assert conn.execute(contracts.HELD_BY_NODE, {"myself": "me"}).fetchone() == (2,)
 
 
 def test_the_async_client_has_the_sync_clients_api():
