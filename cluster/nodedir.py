@@ -68,6 +68,17 @@ class NodeDirectory:
     def postgres(self) -> Path:
         return self.path / "postgres"
 
+    def open_file(self, path: Path, mode: str) -> IO[Any]:
+        """Make the directory if need be and open one of its files; a
+        directory that cannot be one (/dev/null/n1, another user's) is a
+        PgqError that names it, not a traceback."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            return open(path, mode)
+        except OSError as exc:
+            raise PgqError(f"cannot use {self.path} as the node's directory: "
+                           f"{exc.strerror or exc}") from None
+
     def is_node_directory(self) -> bool:
         return self.state_file.exists() or self.lock_file.exists()
 
@@ -75,12 +86,7 @@ class NodeDirectory:
 
     def acquire(self, name: str) -> None:
         """Take the directory for this process, or raise NodeRunningError."""
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            handle = open(self.lock_file, "a+")
-        except OSError as exc:
-            raise PgqError(f"cannot use {self.path} as the node's directory: "
-                           f"{exc.strerror or exc}") from None
+        handle = self.open_file(self.lock_file, "a+")
         os.chmod(self.lock_file, 0o600)
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

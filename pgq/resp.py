@@ -34,7 +34,7 @@ from typing import Any
 
 from . import commands, errors
 from .aio import AsyncClient
-from .arguments import DEFAULT_TTL, MAX_REPLICATE
+from .arguments import DEFAULT_TTL, MAX_QUEUE_NAME_BYTES, MAX_REPLICATE
 from .job import Job
 
 __all__ = ["Parser", "ProtocolError", "Status", "Error", "NULL_ARRAY", "encode", "Session",
@@ -246,9 +246,9 @@ def _int(arg: bytes, what: str, error: str | None = None) -> int:
     return value
 
 
-# A scan cursor encodes the last key seen (up to 512 bytes: 4096 bits,
-# 1,234 digits); it is no 64-bit number, unlike Disque's.
-_CURSOR_DIGITS = 1234
+# A scan cursor encodes the last key seen (a queue name or job ID, at most
+# MAX_QUEUE_NAME_BYTES): it is no 64-bit number, unlike Disque's.
+_CURSOR_DIGITS = len(str(2 ** (8 * MAX_QUEUE_NAME_BYTES)))
 
 
 def _scan_cursor(arg: bytes) -> int:

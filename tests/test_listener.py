@@ -110,6 +110,17 @@ def anyio_backend():
     return "asyncio"
 
 
+def _blocked(client, count: int) -> bool:
+    """``count`` GETs of ``client`` wait on its shared listener, registered."""
+    listener = client._listener
+    return listener is not None and len(listener.wakeups.tickets) == count \
+        and all(t.ready.is_set() for t in listener.wakeups.tickets)
+
+
+async def _blocked_async(client, count: int) -> bool:
+    return _blocked(client, count)
+
+
 async def _waiters(dsn: str) -> list[tuple[int, str]]:
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         return await (await conn.execute("SELECT pid, queue FROM pgq.waiters ORDER BY queue")).fetchall()
@@ -130,12 +141,7 @@ async def test_blocked_gets_of_one_client_share_one_registration_and_all_get_a_b
         async with anyio.create_task_group() as tasks:
             for _ in range(4):
                 tasks.start_soon(consume)
-            async def four_registered() -> bool:
-                listener = consumer._listener
-                return listener is not None and len(listener.wakeups.tickets) == 4 \
-                    and all(t.ready.is_set() for t in listener.wakeups.tickets)
-
-            await async_wait_until(four_registered, timeout=10)
+            await async_wait_until(lambda: _blocked_async(consumer, 4), timeout=10)
             waiters = await _waiters(dsn)
             assert len(waiters) == 1 and waiters[0][1] == "shared"  # one backend, whatever the GETs
             ids = await producer.add_jobs("shared", [b"1", b"2", b"3", b"4"])  # one statement, one NOTIFY
@@ -159,13 +165,7 @@ async def test_blocked_gets_give_their_connections_back_to_the_pool(dsn):
         async with anyio.create_task_group() as tasks:
             for _ in range(6):
                 tasks.start_soon(consume)
-
-            async def six_blocked() -> bool:
-                listener = client._listener
-                return listener is not None and len(listener.wakeups.tickets) == 6 \
-                    and all(t.ready.is_set() for t in listener.wakeups.tickets)
-
-            await async_wait_until(six_blocked, timeout=10)
+            await async_wait_until(lambda: _blocked_async(client, 6), timeout=10)
             other = await client.add_job("elsewhere", b"x")
             assert await client.qlen("elsewhere") == 1
             ids = await client.add_jobs("lent", [b"%d" % i for i in range(6)])
@@ -276,9 +276,7 @@ def test_blocked_gets_of_threads_share_one_registration_and_all_get_a_batch(dsn)
         for thread in threads:
             thread.start()
         try:
-            wait_until(lambda: len(consumer._listener.wakeups.tickets) == 4
-                       and all(t.ready.is_set() for t in consumer._listener.wakeups.tickets),
-                       10, message="four blocked GETs")
+            wait_until(lambda: _blocked(consumer, 4), 10, message="four blocked GETs")
             waiters = _sync_waiters(dsn)
             assert len(waiters) == 1 and waiters[0][1] == "tshared"  # one backend, whatever the GETs
             # ... yet QSTAT counts the four GETs (schema 0016), once the thread wrote them
@@ -308,9 +306,7 @@ def test_blocked_threads_give_their_connections_back_to_the_pool(dsn):
         for thread in threads:
             thread.start()
         try:
-            wait_until(lambda: len(client._listener.wakeups.tickets) == 6
-                       and all(t.ready.is_set() for t in client._listener.wakeups.tickets),
-                       10, message="six blocked GETs")
+            wait_until(lambda: _blocked(client, 6), 10, message="six blocked GETs")
             other = client.add_job("telsewhere", b"x")
             ids = client.add_jobs("tlent", [b"%d" % i for i in range(6)])
         finally:

@@ -132,13 +132,7 @@ def _start_detached(data: Path, timeout: float) -> None:
 
     args = [a for a in sys.argv[1:] if a != "--detach"]
     directory = NodeDirectory(data.absolute())
-    try:
-        directory.path.mkdir(parents=True, exist_ok=True)
-        log = open(directory.log_file, "ab")
-    except OSError as exc:
-        raise PgqError(f"cannot use {directory.path} as the node's directory: "
-                       f"{exc.strerror or exc}") from None
-    with log:
+    with directory.open_file(directory.log_file, "ab") as log:
         child = subprocess.Popen([sys.executable, "-m", "pgq.cli", *args], stdin=subprocess.DEVNULL,
                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
