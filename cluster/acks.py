@@ -11,7 +11,10 @@ Rules (Disque's):
   a holder stores the ack durably, then answers GOTACK(known).
 * Unanswered holders get SETACK again, backing off 1 s * 2^n up to 3 min.
   An ack is kept as long as any holder has not confirmed (unreachable
-  holders included), and at most until the job's TTL.
+  holders included), and at most until the job's TTL. A holder that comes
+  back (seen alive again) gets its SETACKs at once (:meth:`AckCollector.peer_back`):
+  backed off meanwhile, they reached it minutes after its copies' timers
+  had queued the job there again.
 * When every holder confirmed, the acking node sends DELJOB to all of them
   and drops its tombstone.
 * A *dummy* ack (ACK of an ID this node never held) is sent to every known
@@ -26,6 +29,8 @@ Rules (Disque's):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from pgq.backoff import doubling
 
 __all__ = ["AckCollector", "PendingAck", "Outcome", "TakeOver", "take_over"]
 
@@ -79,7 +84,7 @@ class AckCollector:
         for entry in self.pending.values():
             if now < entry.next_try:
                 continue
-            entry.next_try = now + min(FIRST_RETRY * 2 ** entry.attempt, MAX_RETRY)
+            entry.next_try = now + doubling(FIRST_RETRY, entry.attempt, MAX_RETRY)
             entry.attempt += 1
             known = () if entry.dummy else tuple(sorted(entry.holders | {self.myself}))
             for peer in entry.holders - entry.confirmed:
@@ -112,6 +117,13 @@ class AckCollector:
 
     def forget(self, job_id: str) -> None:
         self.pending.pop(job_id, None)
+
+    def peer_back(self, node_id: str, now: float) -> None:
+        """``node_id`` is alive again: its SETACKs go now, and back off anew."""
+        for entry in self.pending.values():
+            if node_id in entry.holders and node_id not in entry.confirmed:
+                entry.next_try = min(entry.next_try, now)
+                entry.attempt = 0
 
     def on_deljob(self, peer: str, job_id: str) -> bool:
         """A DELJOB from ``peer``: its GC of the job is over. A GC this node

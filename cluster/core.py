@@ -78,6 +78,10 @@ IMPORT_STATS_EVERY = 1.0
 # How often the ACK collections in memory are checked against the
 # tombstones: one whose tombstone is gone (swept at the job's TTL) ends.
 ACK_PRUNE_EVERY = 60.0
+# A restarted node's overdue copy timers fire this long after their
+# WILLQUEUE window opens: time for the peers to see it alive again and
+# send the SETACKs it missed while down.
+RESTART_GRACE = 1.0
 
 # Messages applied through the inbox, in arrival order: a run of one kind in one statement.
 BATCHED = (m.ReplJob, m.GotJob, m.SetAck, m.GotAck, m.DelJob)
@@ -222,16 +226,20 @@ class NodeCore:
         now = self.clock.monotonic()
         joins = list(self.settings.joins)
         for row in (yield _rows(sql.LOAD_MEMBERS)):
-            member_id, name, host, port, _status, member_incarnation, member_leaving, dsn, resp = row
+            member_id, name, host, port, status, member_incarnation, member_leaving, dsn, resp = row
             if member_id == node_id:
                 continue
             if dsn is not None:
                 self.adverts[member_id] = dsn
             if resp is not None:
                 self.resp_adverts[member_id] = resp
+            # A member seen dead stays dead until it refutes that (a restarted
+            # node raises its incarnation): loaded as alive, a node forgotten
+            # while this one was down came back into every view through this
+            # one's gossip. Suspects are probed again, as alive ones.
             self.membership.members[member_id] = m.Member(
-                member_id, host, int(port), int(member_incarnation), "alive",
-                bool(member_leaving), name)
+                member_id, host, int(port), int(member_incarnation),
+                "dead" if status == "dead" else "alive", bool(member_leaving), name)
             joins.append((host, int(port)))  # contacted at start
         yield from self.set_meta(node_name=self.settings.name, bus_host=self.settings.bus_host,
                                  bus_port=str(self.settings.bus_port),
@@ -244,6 +252,7 @@ class NodeCore:
         for job_id, nodes, dummy in (yield _rows(sql.PENDING_ACK_GC)):
             self.acks.add(job_id, None if dummy and not nodes else set(nodes or ()), now,
                           everyone=self._all_known())
+        yield _rows(sql.POSTPONE_OVERDUE_TIMERS, {"after": ANNOUNCE_AHEAD + RESTART_GRACE})
         for host, port in joins:
             self._act(self.membership.join(host, port, now))
 
@@ -299,6 +308,8 @@ class NodeCore:
                     # A peer (re)joined: it may have lost what we advertised,
                     # or be new; it learns our DSN now, not in ADVERT_EVERY.
                     self.outgoing.append((member.host, member.port, self._advert()))
+                    if self.acks is not None:  # and the ACKs it missed, before its timers fire
+                        self.acks.peer_back(member.id, self.clock.monotonic())
 
     def _advert(self) -> m.Advert:
         return m.Advert(self.settings.advertise_dsn, self.settings.advertise_resp)
@@ -713,12 +724,14 @@ class NodeCore:
         """Ask for jobs where consumers wait on an empty queue; save import stats."""
         now = self.clock.monotonic()
         if not self.leaving:  # a leaving node does not import
-            for queue, length in (yield _rows(sql.WAITED_QUEUES)):
+            waited = yield _rows(sql.WAITED_QUEUES)
+            for queue, length in waited:
                 if length > 0:
                     continue
                 for targets, count in self.federation.needs(queue, now, self._alive()):
                     for peer in targets:
                         self.send(peer, m.NeedJobs(queue, count))
+            self.federation.prune({queue for queue, _ in waited}, now)
         if now - self._import_stats_at >= IMPORT_STATS_EVERY:
             self._import_stats_at = now
             stats = self.federation.stats(now)

@@ -11,8 +11,14 @@ Rules (Disque's):
 * Ad hoc: NEEDJOBS to the nodes that recently answered (responders expire
   after 5 s), sized by the import rate over the last seconds (5..100 jobs,
   split between responders), backing off 25 ms * 2^n up to 2 s; at once
-  when the local queue has just drained and jobs are flowing.
-* Every received batch resets the back-offs.
+  when the local queue has just drained and jobs are flowing (``reached_zero``;
+  the node's core does not pass it: the ad hoc back-off paces that case too).
+* Every received batch resets the ad hoc back-off; a batch from a node that
+  was not a responder resets the discovery back-off too.
+* A queue no consumer waits on any more, with no responder and nothing
+  imported lately, is forgotten (``prune``): one reply queue per request (the
+  RPC pattern) left an entry per queue ever waited on, each read 10-50
+  times a second.
 * A node that is importing a queue does not export it (no ping-pong).
 * The exporter answers with at most half its queue (at least one job) and
   keeps its own copies of at-least-once jobs (retry timers still guard
@@ -23,6 +29,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from pgq.backoff import doubling
 
 __all__ = ["Federation", "QueueImports", "export_count"]
 
@@ -81,12 +89,12 @@ class Federation:
             return []
         responders = q.live_responders(now)
         out: list[tuple[list[str], int]] = []
-        bcast_delay = min(BCAST_MIN * 2 ** q.bcast_attempt, BCAST_MAX)
+        bcast_delay = doubling(BCAST_MIN, q.bcast_attempt, BCAST_MAX)
         if now - q.bcast_at > bcast_delay and everyone:
             q.bcast_at = now
             q.bcast_attempt += 1
             out.append((list(everyone), 1))
-        adhoc_delay = min(ADHOC_MIN * 2 ** q.adhoc_attempt, ADHOC_MAX)
+        adhoc_delay = doubling(ADHOC_MIN, q.adhoc_attempt, ADHOC_MAX)
         if responders and (reached_zero or now - q.adhoc_at > adhoc_delay):
             q.adhoc_at = now
             q.adhoc_attempt += 1
@@ -101,6 +109,12 @@ class Federation:
         q.responders[node] = now
         q.imports.append((now, count))
         q.adhoc_attempt = 0
+
+    def prune(self, waited: set[str], now: float) -> None:
+        """Forget the queues not in ``waited`` that import nothing now."""
+        for name, q in list(self.queues.items()):
+            if name not in waited and not q.live_responders(now) and not q.rate(now):
+                del self.queues[name]
 
     def importing(self, queue: str, now: float) -> bool:
         q = self.queues.get(queue)

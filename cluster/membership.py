@@ -161,8 +161,12 @@ class Membership:
         return [Changed(self.me, None)]
 
     def forget(self, node_id: str, now: float, broadcast: bool = True) -> list[Action]:
-        """Drop a node and refuse news of it for ``forget_ban`` seconds."""
+        """Drop a node and refuse news of it for ``forget_ban`` seconds.
+        Never this node: it would ban itself and have every peer drop it (the
+        CLI refuses that; a hand-written event or a peer's FORGET is ignored)."""
         actions: list[Action] = []
+        if node_id == self.me.id:
+            return actions
         if broadcast:
             actions += [Send(m.host, m.port, Forget(node_id)) for m in self.live_peers()
                         if m.id != node_id]

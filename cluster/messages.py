@@ -54,6 +54,9 @@ MAX_MEMBERS = 1000  # records in one PUSHPULL or piggyback: a membership view ho
 # about 17, and a REPLJOB holds at most 10,000 (senders batch 500).
 MAX_OBJECTS = 10 * MAX_ITEMS
 MEMBER_STATES = ("alive", "suspect", "dead", "left")
+# "left" is this node's own word for a member it forgot: no node gossips it,
+# and one accepted from the wire excluded a healthy node (nothing refutes it).
+WIRE_STATES = ("alive", "suspect", "dead")
 # Incarnations grow by one per refutation: far below 2^63 so that neither
 # an increment nor the BIGINT they are stored in can overflow.
 MAX_INCARNATION = 2**62
@@ -154,7 +157,7 @@ class Member:
         r = _list(raw, 7)
         _need(len(r) == 7, "bad member")
         status = _str(r[4], 16)
-        _need(status in MEMBER_STATES, "bad member status")
+        _need(status in WIRE_STATES, "bad member status")
         return cls(_node(r[0]), _host(r[1]), _int(r[2], 1, 65535), _int(r[3], 0, MAX_INCARNATION),
                    status, _bool(r[5]), _str(r[6], 255))
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import ipaddress
 import json
 import logging
 import os
@@ -62,6 +63,21 @@ class BusAddressInUse(PgqError):
 def load_secret(secret_file: str | None, data: Path | None) -> bytes:
     """The cluster secret (see :mod:`.secret`)."""
     return cluster_secret.load(secret_file, data)
+
+
+def refuse_unspecified(host: str) -> None:
+    """The bus address is where the node listens *and* the address it gives
+    its peers: 0.0.0.0 (or ::) reaches nobody, so peers that learnt it sent
+    every reply to themselves and each declared the other dead."""
+    try:
+        unspecified = ipaddress.ip_address(host.partition("%")[0]).is_unspecified
+    except ValueError:
+        return  # a host name
+    if unspecified:
+        raise InvalidArgumentError(
+            f"--bus {host} is no address other nodes can reach (the bus address is also "
+            "the one this node gives its peers): give this machine's host name or IP "
+            "address, e.g. --bus $(hostname):7711")
 
 
 def bind_bus(host: str, port: int) -> socket.socket:
@@ -139,6 +155,7 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
     setup_logging(name)
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     host, port = parse_address(bus)
+    refuse_unspecified(host)
     peers = [parse_address(j) for j in joins]
     advertised(advertise_dsn, "")  # a bad DSN fails before anything starts
     if dsn is None and data is None:

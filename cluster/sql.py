@@ -182,14 +182,13 @@ STORE_COPIES = contracts.STORE_COPIES
 _ARMED = "pgq.now() + (j.retry + random() * 0.5) * interval '1 second'"
 
 # Synchronous replication achieved: queue the job (or keep it active until
-# its delay), record its holders, wake the client waiting for it. Commits
-# without waiting for the WAL flush: after a crash the job is still
-# 'wait-repl' here, the restarted node replicates it again and the peers,
-# which hold their copies durably, confirm at once.
+# its delay), record its holders, wake the client waiting for it. A durable
+# commit: the client is told at once, and a crash of PostgreSQL alone
+# (the node process goes on) put a relaxed one back to 'wait-repl', which
+# only a restart of the node process replicates again: the job stayed
+# invisible here, and one with retry 0 was never delivered.
 REPLICATION_ACHIEVED = f"""
-WITH relaxed AS MATERIALIZED (
-    SELECT set_config('synchronous_commit', 'off', true)
-), done AS (
+WITH done AS (
     UPDATE pgq.jobs j SET
         state = CASE WHEN j.requeue_at > pgq.now() THEN 'active' ELSE 'queued' END,
         queued_at = CASE WHEN j.requeue_at > pgq.now() THEN NULL
@@ -213,8 +212,7 @@ WITH relaxed AS MATERIALIZED (
     FROM (SELECT DISTINCT queue FROM done WHERE state = 'queued') AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
 )
-SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM woken), (SELECT count(*) FROM consumers),
-       (SELECT count(*) FROM relaxed)
+SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM woken), (SELECT count(*) FROM consumers)
 """
 
 # Progress of asynchronous / transactional replication: the holders, and
@@ -311,6 +309,15 @@ TRACK_ACK_GC = """
 UPDATE pgq.acks a SET nodes = string_to_array(u.nodes, ',')
 FROM unnest(%(ids)s::text[], %(nodes)s::text[]) AS u(id, nodes)
 WHERE a.id = u.id
+"""
+
+# At start: copies whose re-queue came due while this node was down are
+# announced first (a WILLQUEUE once they are within the announce window):
+# fired at once, they queued here a job acked meanwhile elsewhere, before
+# the acker's SETACK (or the other holders' answer) could reach this node.
+POSTPONE_OVERDUE_TIMERS = """
+UPDATE pgq.jobs SET cluster_requeue_at = pgq.now() + %(after)s * interval '1 second'
+WHERE cluster_requeue_at <= pgq.now() AND state = 'active' AND cardinality(nodes_delivered) > 1
 """
 
 PENDING_ACK_GC = """

@@ -22,6 +22,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from . import commands, tracing
+from .backoff import doubling
 from .combine import AsyncCombiner
 from .connecting import first_connection_async
 from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
@@ -210,7 +211,7 @@ class AsyncClient(ClientCore):
                         check_schema(version)
                     continue
                 await pool.check()
-                await anyio.sleep(min(0.05 * 2**attempt, 1.0))
+                await anyio.sleep(doubling(0.05, attempt, 1.0))
                 attempt += 1
             except psycopg.Error as exc:
                 typed = translate_database_error(exc)

@@ -27,6 +27,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from . import commands, tracing
+from .backoff import doubling
 from .combine import Shared, SyncCombiner
 from .connecting import first_connection
 from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
@@ -208,7 +209,7 @@ class Client(ClientCore):
                         check_schema(version)
                     continue
                 pool.check()
-                time.sleep(min(0.05 * 2**attempt, 1.0))
+                time.sleep(doubling(0.05, attempt, 1.0))
                 attempt += 1
             except psycopg.Error as exc:
                 typed = translate_database_error(exc)

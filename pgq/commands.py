@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from . import contracts
 from . import statements as sql
 from .arguments import JobParams
+from .backoff import doubling
 from .copydata import binary_copy
 from .errors import (
     InvalidArgumentError,
@@ -839,7 +840,7 @@ def _poll_wait(polls: int, interval: float) -> float:
     waiter could not notify us; after that NOTIFY wakes us and polling is only
     the fallback (and the whole mechanism behind PgBouncer's transaction mode).
     """
-    return float(min(0.05 * (2 ** min(polls, 10)), interval))
+    return doubling(0.05, polls, interval)
 
 
 def get_jobs(session: Session, queues: list[str], count: int, timeout: float | None,

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from .backoff import doubling
 from .dsn import host_and_port, redact
 from .errors import DatabaseUnavailableError
 
@@ -117,7 +118,7 @@ def attempts(dsns: list[str], timeout: float, start: int,
         if clock() >= deadline:
             assert last is not None
             raise unavailable(last[0], last[1], clock() - began) from None
-        yield Pause(min(0.1 * 2 ** attempt, 1.0, max(deadline - clock(), 0.0)))
+        yield Pause(min(doubling(0.1, attempt, 1.0), max(deadline - clock(), 0.0)))
         attempt += 1
 
 

@@ -65,6 +65,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from . import arguments as args
 from . import tracing
 from .aio import AsyncClient
+from .backoff import doubling
 from .client import Client
 from .dsn import redact
 from .errors import InvalidArgumentError, InvalidTypeError, NoJobError, PgqError, TooLateError
@@ -114,9 +115,9 @@ class TaskOptions:
 def backoff_delay(options: TaskOptions, nacks: int) -> float:
     """Seconds before a job that failed ``nacks`` times is delivered again:
     ``backoff`` doubling from the first failure, at most ``max_backoff``.
-    The doubling stops at 2**60: 2.0 ** 1024 overflows a float, which after
-    about a thousand failures crashed the worker."""
-    return min(options.backoff * 2.0 ** min(nacks - 1, 60), options.max_backoff)
+    (pgq.backoff: the doubling stops before it overflows a float, which
+    after about a thousand failures crashed the worker)."""
+    return doubling(options.backoff, nacks - 1, options.max_backoff)
 
 
 def _safe_text(text: str) -> str:

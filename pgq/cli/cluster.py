@@ -316,12 +316,20 @@ def cluster_nodes(data: str | None, dsn: str | None, as_json: bool) -> None:
 @json_option
 @handles_errors
 def cluster_forget(node_id: str, data: str | None, dsn: str | None, as_json: bool) -> None:
-    """Remove NODE_ID from the cluster (every node refuses it for a minute)."""
+    """Remove NODE_ID from the cluster (the nodes alive now drop it and refuse it for a minute)."""
+    import psycopg
+
     from ..ids import is_node_id
 
     if not is_node_id(node_id):
         fail(PgqError(f"{node_id!r} is not a 40-hex node id (see `pgq cluster nodes`)"))
-    _tell_node(node_dsn(data, dsn), contracts.OUTBOX_FORGET, node_id)
+    target = node_dsn(data, dsn)
+    with psycopg.connect(target, autocommit=True) as conn:
+        myself = conn.execute(contracts.NODE_ID).fetchone()
+    if myself is not None and myself[0] == node_id.lower():
+        fail(PgqError(f"{node_id} is this node: forget it from another node, or take it "
+                      "out with `pgq cluster leave`"))
+    _tell_node(target, contracts.OUTBOX_FORGET, node_id)
     report({"forgetting": node_id}, as_json, f"forgetting {node_id}")
 
 

@@ -40,6 +40,17 @@ def test_a_suspicion_at_the_incarnation_bound_is_not_refuted_past_it():
     assert membership.me.incarnation == 11 and membership.me.status == "alive"
 
 
+def test_a_left_record_from_the_wire_is_refused():
+    # "left" is a node's own word for a member it forgot; no node gossips
+    # it. Accepted, one such record excluded a healthy node (nothing
+    # refutes it) and deleted it from every pgq.nodes.
+    victim = m.Member("a" * 40, "127.0.0.1", 7000, 3, "left", name="n1")
+    with pytest.raises(m.MessageError):
+        m.decode(m.encode(m.PushPull((victim,), reply=False)))
+    assert m.decode(m.encode(m.PushPull((m.Member("a" * 40, "127.0.0.1", 7000, 3, "dead"),),
+                                        reply=False)))
+
+
 async def _ignore(_peer: str, _message: m.Message) -> None:
     return None
 

@@ -74,6 +74,9 @@ def test_forget_removes_a_node(make_cluster):
     gone = cluster[2]
     gone_id = gone.id()
     gone.kill()
+    itself = subprocess.run([sys.executable, "-m", "pgq.cli", "cluster", "forget", cluster[0].id(),
+                             "--dsn", cluster[0].dsn], capture_output=True, text=True)
+    assert itself.returncode == 1 and "is this node" in itself.stderr, itself.stderr
     subprocess.run([sys.executable, "-m", "pgq.cli", "cluster", "forget", gone_id,
                     "--dsn", cluster[0].dsn], check=True, capture_output=True)
     wait_until(lambda: all(gone_id not in n.view() for n in cluster.nodes[:2]), 10,

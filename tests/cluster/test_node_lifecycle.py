@@ -110,6 +110,11 @@ def test_a_start_that_fails_leaves_nothing_behind(node_dir):
                       "--bus", f"127.0.0.1:{free_port('127.0.0.1')}", "--secret-file", str(weak))
     assert refused.returncode == 1 and "pgq cluster secret" in refused.stderr
 
+    for unspecified in ("0.0.0.0:7711", "[::]:7711"):  # peers would send their replies there
+        nowhere = pgq_cli("node", "start", "--name", "n2", "--data", str(data),
+                          "--bus", unspecified, "--secret-file", str(secret))
+        assert nowhere.returncode == 1 and "--bus $(hostname):7711" in nowhere.stderr, nowhere.stderr
+
 
 def test_sigterm_stops_a_node_quickly_even_without_its_database(node_dir):
     root, secret = node_dir

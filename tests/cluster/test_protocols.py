@@ -153,6 +153,33 @@ def test_federation_backs_off_and_exports_at_most_half():
     assert export_count(10, 100) == 10 and export_count(10, 6) == 3 and export_count(10, 0) == 0
 
 
+
+def test_back_offs_keep_working_after_a_thousand_rounds():
+    # 2 ** 1024 overflows a float: a queue empty for 8.5 hours (broadcasts
+    # every 30 s) and an ACK collection waiting 51 hours on a dead holder
+    # (a round a minute at most) raised OverflowError, which stopped the
+    # node's federation loop and every later SETACK for good.
+    f = Federation()
+    for i in range(1100):
+        f.needs("q", i * 31.0, ["a"])
+    assert f.needs("q", 1100 * 31.0, ["a"]) == [(["a"], 1)]  # still broadcasting, every 30 s
+    acks = AckCollector("me")
+    acks.add("J", {"dead"}, now=0.0)
+    for i in range(1100):
+        acks.sends(i * 61.0, set())
+    assert acks.sends(1100 * 61.0, {"dead"}) == {"dead": [("J", ("dead", "me"))]}
+
+
+def test_federation_forgets_queues_no_one_waits_on():
+    f = Federation()
+    for i in range(1000):  # one reply queue per request
+        f.needs(f"reply-{i}", 0.0, ["a"])
+    f.imported("reply-7", "a", 1, 0.0)
+    f.prune({"reply-1"}, 1.0)
+    assert sorted(f.queues) == ["reply-1", "reply-7"]  # still waited on; importing
+    f.prune(set(), 1.0 + 60)
+    assert f.queues == {}
+
 # ------------------------------------------------------------ network
 
 def test_the_network_cuts_partitions_and_replays_its_fate_from_its_seed():

@@ -613,3 +613,54 @@ def test_a_leaving_node_drains_through_federation_and_takes_no_copy(sim_database
     s.until(lambda: s.sql("n3", contracts.HELD_BY_NODE, {"myself": myself})[0][0] == 0, 10.0,
             "the leaving node to hold nothing")
 
+
+
+# ------------------------------------------------------------ membership
+
+def test_a_node_forgotten_while_another_was_down_stays_forgotten(sim_databases):
+    """A restart loaded every stored member as alive: a node that missed
+    the FORGET (it was down) brought the forgotten node back into every
+    view through its gossip, for good."""
+    s = cluster(sim_databases, nodes=4)
+    gone = s.node("n4").node_id
+    s.crash("n4")
+    s.until(lambda: s.sql("n3", "SELECT status FROM pgq.nodes WHERE id = %s", [gone])
+            == [("dead",)], 40.0, "n3 to record n4 dead")
+    s.crash("n3")  # down for maintenance: it misses the FORGET
+    s.sql("n1", contracts.TELL_NODE, {"kind": contracts.OUTBOX_FORGET, "queue": None, "arg": gone})
+    s.sim._ring(s.node("n1"))
+    s.until(lambda: s.sees("n1", "n4") is None and s.sees("n2", "n4") is None, 5.0,
+            "n1 and n2 to forget n4")
+    s.run_for(61.0)  # past the ban: only what n3 says could bring n4 back
+    s.restart("n3")
+    s.until(lambda: s.sees("n1", "n3") == "alive", 15.0, "n3 back")
+    s.holds(lambda: s.sees("n1", "n4") is None and s.sees("n2", "n4") is None, 20.0,
+            "n4 stays forgotten")
+
+
+def test_forget_never_removes_the_node_itself(sim_databases):
+    s = cluster(sim_databases)
+    myself = s.node("n1").node_id
+    s.sql("n1", contracts.TELL_NODE, {"kind": contracts.OUTBOX_FORGET, "queue": None,
+                                      "arg": myself})
+    s.sim._ring(s.node("n1"))
+    s.holds(lambda: s.meshed(), 10.0, "every node sees every other alive")
+
+
+def test_a_holder_back_from_a_crash_does_not_queue_a_job_acked_while_it_was_down(sim_databases):
+    """Its overdue copy timer fired at its first look, before anyone could
+    tell it of the ACK: the acker's SETACKs to it had backed off (1, 2, 4,
+    8 s...) while it was down, and the job was delivered there again."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=2)
+    s.crash("n3")
+    [got] = s.get("n1")
+    assert s.ack("n1", got.id) == 1
+    s.run_for(10.0)  # n3's timer is overdue; n1's SETACKs to it back off
+    s.restart("n3")
+    # Checked every 0.5 ms: without the fix the job sat queued on n3 for
+    # the round trip of its QUEUED and the SETACK that answered it (1 ms
+    # here), long enough for a consumer blocked there.
+    s.holds(lambda: "n3" not in s.queued_on(job), 3.0, "n3 never queues the acked job",
+            every=0.0005)
+    s.until(collected(s, job), 20.0, "the ACK collected on every holder")
