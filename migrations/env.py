@@ -13,6 +13,12 @@ Invariants:
 * A schema ``pgq`` that holds objects but no ``pgq.alembic_version`` is not
   ours (Skytools PgQ uses the same name): nothing is touched and the
   migration stops with :class:`~pgq.errors.SchemaNotReadyError`.
+* The upgrade waits at most ``LOCK_TIMEOUT`` for each lock it takes (set
+  once the advisory lock is held, which may be waited for as long as
+  another migration takes). A DDL statement waiting behind a long
+  transaction (a Spark read, a caller's open transaction) made every
+  claim, add and ack queue behind it; now it gives up, rolls back, and
+  :func:`pgq.migrate` tries again a little later.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pgq.errors import SchemaNotReadyError
 from pgq.schema import metadata
 
 MIGRATION_LOCK_KEY = 0x70677100  # "pgq\0": one advisory lock for all migrators
+LOCK_TIMEOUT = "2s"
 
 
 FOREIGN_OBJECTS = """
@@ -61,10 +68,13 @@ def run_migrations_online() -> None:
             include_schemas=True,
             transaction_per_migration=False,
         )
+        connection.execute(text(f"SET lock_timeout = '{LOCK_TIMEOUT}'"))
         with context.begin_transaction():
             context.run_migrations()
         connection.commit()
     finally:
+        connection.rollback()  # a failed upgrade: unlock below, outside it
+        connection.execute(text("RESET lock_timeout"))
         connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
         connection.commit()
 

@@ -1111,6 +1111,11 @@ def dead_letters(session: Session, queue: str | None, after: int, count: int) ->
 def requeue_dead_letters(session: Session, queue: str | None, ids: list[str] | None,
                          count: int, params: JobParams) -> Command[list[str]]:
     """Put dead letters back as new jobs (same queue and body), atomically."""
+    # The adds run inside this command's transaction, as in a caller's: an
+    # owned session's separate doorbell (RING_NODE) relaxes the commit of
+    # the transaction it runs in, which made this one lose its new jobs (and
+    # bring the dead letters back) in a crash after it answered.
+    session = dataclasses.replace(session, owned=False)
     yield Begin()
     rows = yield Query(sql.TAKE_DEAD_LETTERS, {"queue": queue, "ids": ids, "count": count},
                        Result.ROWS)

@@ -34,6 +34,10 @@ it may still have to claim, and claims ``ctime >= floor``.
   late by that much; none is lost (FIFO is best effort, as in Disque).
 * The state is per process (one :class:`Floors` per database): it costs no
   write anywhere and cannot bloat anything itself.
+* The claim caps the floor at ``MARGIN`` before the database's now
+  (``pgq.floor_cap()``, schema 0017): a job whose ctime lies ahead of that
+  clock (from a node, or a Spark driver, whose clock is ahead) moved the
+  floor past every job added after it, for as long as the clocks differed.
 """
 
 from __future__ import annotations

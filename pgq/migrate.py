@@ -10,16 +10,18 @@ database with one cheap query instead of importing alembic.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 
+from .backoff import doubling
 from .errors import SchemaNotReadyError, first_line
 
 __all__ = ["SCHEMA_VERSION", "migrate", "schema_version", "check_schema"]
 
-SCHEMA_VERSION = "0016"
+SCHEMA_VERSION = "0017"
 
 # Alembic keeps its migration context in module globals: two migrations in
 # one process must not overlap (processes are serialised by an advisory lock).
@@ -46,12 +48,15 @@ def head_revision() -> str:
     return head
 
 
-def migrate(dsn: str, revision: str = "head") -> str:
+def migrate(dsn: str, revision: str = "head", lock_wait: float = 60.0) -> str:
     """Upgrade the database at ``dsn`` to ``revision``; return the revision it is at.
 
     Safe to run concurrently from several processes (an advisory lock
     serialises them) and idempotent. A database already at the newest
-    revision costs one query (alembic is not even imported).
+    revision costs one query (alembic is not even imported). A statement
+    that cannot take its lock within 2 s (another session's long
+    transaction) makes the upgrade roll back and try again, for up to
+    ``lock_wait`` seconds, rather than stall every call behind it.
     """
     from .connecting import first_connection
 
@@ -59,7 +64,6 @@ def migrate(dsn: str, revision: str = "head") -> str:
         _, version = first_connection([dsn], schema_version)
         if version == SCHEMA_VERSION:
             return version
-    from alembic import command
     from sqlalchemy import create_engine
     from sqlalchemy.pool import NullPool
 
@@ -71,9 +75,8 @@ def migrate(dsn: str, revision: str = "head") -> str:
 
     config = _alembic_config()
     try:
-        with _in_process, engine.connect() as connection:
-            config.attributes["connection"] = connection
-            command.upgrade(config, revision)
+        with _in_process:
+            _upgrade(engine, config, revision, lock_wait)
     except CommandError as exc:  # a revision this library does not know: a newer pgq's
         raise SchemaNotReadyError(
             f"cannot migrate the database to {revision}: {exc}. If a newer pgq migrated it, "
@@ -87,6 +90,32 @@ def migrate(dsn: str, revision: str = "head") -> str:
     finally:
         engine.dispose()
     return first_connection([dsn], schema_version)[1] or ""
+
+
+def _upgrade(engine: Any, config: Any, revision: str, lock_wait: float) -> None:
+    """``alembic upgrade``, tried again while a lock it needs is held elsewhere."""
+    from alembic import command
+    from sqlalchemy.exc import OperationalError
+
+    deadline = time.monotonic() + lock_wait
+    attempt = 0
+    while True:
+        try:
+            with engine.connect() as connection:
+                config.attributes["connection"] = connection
+                command.upgrade(config, revision)
+            return
+        except OperationalError as exc:
+            if not isinstance(exc.orig, psycopg.errors.LockNotAvailable):
+                raise
+            if time.monotonic() >= deadline:
+                raise SchemaNotReadyError(
+                    f"the migration waited {lock_wait:g} s for a lock on pgq's tables that "
+                    f"another session holds ({first_line(exc.orig)}): end that session's "
+                    "long transaction (pg_stat_activity shows it), or run `pgq migrate` "
+                    "when the queue is quiet") from exc
+            time.sleep(min(doubling(0.5, attempt, 5.0), max(deadline - time.monotonic(), 0)))
+            attempt += 1
 
 
 def schema_version(conn: psycopg.Connection) -> str | None:

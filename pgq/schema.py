@@ -10,6 +10,9 @@ Design of the hot path (see docs/storage.md):
 * ``jobs`` holds only jobs that are not acknowledged: an ACK deletes the row
   and appends to ``history``, so the hot table stays small. ``fillfactor`` 70
   and aggressive per-table autovacuum keep it compact under churn.
+* ``history`` keeps a day and at most 10 million rows by default (the
+  ``pgq.meta`` keys ``history_keep`` and ``history_keep_rows``, schema 0017);
+  clients prune it in the background.
 * A job is ``queued`` (claimable now, in the partial index ``jobs_queued_idx``
   ordered by ``ctime``) or ``active`` (delivered, delayed, or held without
   being queued here; a due ``requeue_at`` in ``jobs_timer_idx`` makes it
@@ -132,6 +135,9 @@ jobs = Table(
         "autovacuum_vacuum_insert_scale_factor": "0.05",
         "autovacuum_analyze_scale_factor": "0.02",
         "autovacuum_vacuum_cost_delay": "0",
+        # No truncation by VACUUM: its ACCESS EXCLUSIVE lock stalls every
+        # claim, and the next burst extends the file again (schema 0017).
+        "vacuum_truncate": "false",
     },
 )
 
@@ -176,6 +182,7 @@ acks = Table(
     Column("confirmed", ARRAY(Text)),  # holders that answered GOTACK
     PrimaryKeyConstraint("id", name="acks_pkey"),
     Index("acks_expiry_idx", "expires_at"),
+    postgresql_with={"vacuum_truncate": "false"},  # as jobs (schema 0017)
 )
 
 queues = Table(
@@ -247,6 +254,7 @@ outbox = Table(
         "kind = ANY (ARRAY[" + ", ".join(f"'{kind}'::text" for kind in OUTBOX_KINDS) + "])",
         name="outbox_kind_check",
     ),
+    postgresql_with={"vacuum_truncate": "false"},  # as jobs (schema 0017)
 )
 
 # The node process's view of the cluster (written by it; read by clients and SQL).

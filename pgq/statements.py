@@ -75,10 +75,17 @@ SELECT s.expired, s.requeued, s.acks_expired,
              WHERE t.schemaname = 'pgq' AND t.relname IN ('jobs', 'acks', 'outbox')
                AND t.n_dead_tup > greatest(%(dead_min)s, t.n_live_tup / 5)
                AND coalesce(greatest(t.last_vacuum, t.last_autovacuum), '-infinity')
-                   < pgq.now() - interval '10 seconds') AS vacuum
+                   < pgq.now() - interval '10 seconds') AS vacuum,
+       pgq.history_prunable() AS prune
 FROM pgq.sweep() s
 """
 SWEEP_TABLES_TO_VACUUM = 3  # the column of SWEEP's row naming them
+SWEEP_PRUNE_HISTORY = 4  # the column saying pgq.history holds rows past retention
+
+# Up to this many of the oldest rows of pgq.history past retention (schema
+# 0017), in a maintenance thread (pgq.vacuum); it calls again while batches
+# come back full.
+PRUNE_HISTORY = "SELECT pgq.prune_history(%(rows)s)"
 
 # Expire, and queue the due jobs of one queue, so that introspection of that
 # queue (QLEN, QPEEK, QSTAT) reports Disque's state exactly.
@@ -442,7 +449,9 @@ WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %
 #   it updates at most COUNT rows, each through a TID probe whatever plan
 #   the (generic) statement was given.
 # * The floor (pgq.floors) only skips dead index entries of jobs claimed
-#   before; the client walks from the front now and then for the rest.
+#   before; the client walks from the front now and then for the rest. It
+#   is capped at 50 ms before now (schema 0017): a job with a ctime ahead
+#   of this clock must not hide the jobs added after it.
 # In `picked`, a job of priority > 0 may come from both ready arms: it is
 # picked once, from_ready if so. The lease (`claimed`): for a job held here
 # only, a timer any claim honours (requeue_at); for a job with copies
@@ -458,7 +467,7 @@ _NOT_PAUSED_OUT = ("NOT EXISTS (SELECT 1 FROM pgq.queues p "
                    "WHERE p.name = q.name AND p.paused IN ('out', 'all'))")
 _CLAIM_BODY = f"""
 WITH wanted AS (
-    SELECT q.name, q.pos, q.floor
+    SELECT q.name, q.pos, least(q.floor, pgq.floor_cap()) AS floor
     FROM {{wanted}}
     WHERE {_NOT_PAUSED_OUT}
 ), ready AS (

@@ -1,4 +1,5 @@
-"""Vacuuming pgq's hot tables when they need it, instead of waiting for autovacuum.
+"""Vacuuming pgq's hot tables when they need it, instead of waiting for
+autovacuum; pruning the history past its retention.
 
 Every claimed and acknowledged job leaves a dead row and dead index entries
 in ``pgq.jobs``. Autovacuum looks at a table once a minute at best: a queue
@@ -16,7 +17,12 @@ jobs/s over ten rounds here). So pgq vacuums its own tables:
 * a VACUUM that could not remove at least half of the dead rows (another
   session holds an old snapshot: the xmin horizon) makes the next one of
   that table wait, twice as long each time up to ``BACKOFF_MAX``, so a
-  held horizon does not turn into a full scan of the table every 10 s.
+  held horizon does not turn into a full scan of the table every 10 s;
+* when the sweep finds ``pgq.history`` holding rows past its retention
+  (schema 0017: a day and 10 million rows by default), the same thread
+  deletes them, ``PRUNE_BATCH`` rows a statement, at most ``PRUNE_ROUNDS``
+  statements a run: a caller never waits for it, and one run does not
+  hold the thread for long.
 
 Invariant: a failure here is logged and never reaches a caller; a role that
 does not own the tables makes VACUUM skip them (a warning), nothing more.
@@ -32,7 +38,9 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
-__all__ = ["Vacuumer", "DEAD_MIN", "VACUUM_LOCK", "BACKOFF_MIN", "BACKOFF_MAX"]
+from .statements import PRUNE_HISTORY
+
+__all__ = ["Vacuumer", "DEAD_MIN", "VACUUM_LOCK", "BACKOFF_MIN", "BACKOFF_MAX", "PRUNE_BATCH"]
 
 log = logging.getLogger("pgq")
 DEAD_MIN = 20_000
@@ -40,6 +48,8 @@ VACUUM_LOCK = 0x70677176  # "pgqv"
 TABLES = ("jobs", "acks", "outbox")
 BACKOFF_MIN = 10.0  # seconds
 BACKOFF_MAX = 300.0
+PRUNE_BATCH = 10_000  # rows of pgq.history per statement (tens of ms)
+PRUNE_ROUNDS = 100
 
 DEAD_ROWS = "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'pgq' AND relname = %s"
 
@@ -50,13 +60,14 @@ class Vacuumer:
         self._busy = threading.Lock()
         self._backoff: dict[tuple[str, str], tuple[float, float]] = {}  # -> (until, wait)
 
-    def request(self, dsn: str, tables: Sequence[str] | None) -> None:
-        """Vacuum ``tables`` (of schema pgq) soon, unless a vacuum runs already."""
+    def request(self, dsn: str, tables: Sequence[str] | None, prune_history: bool = False) -> None:
+        """Vacuum ``tables`` (of schema pgq), and prune the history if asked,
+        soon, unless this process runs maintenance already."""
         wanted = self.due(dsn, tables or (), time.monotonic())
-        if not wanted or not self._busy.acquire(blocking=False):
+        if not (wanted or prune_history) or not self._busy.acquire(blocking=False):
             return
-        thread = threading.Thread(target=self._run, args=(dsn, wanted), daemon=True,
-                                  name="pgq-vacuum")
+        thread = threading.Thread(target=self._run, args=(dsn, wanted, prune_history),
+                                  daemon=True, name="pgq-vacuum")
         thread.start()
 
     def due(self, dsn: str, tables: Sequence[str], now: float) -> list[str]:
@@ -64,7 +75,7 @@ class Vacuumer:
         return [t for t in tables
                 if t in TABLES and self._backoff.get((dsn, t), (0.0, 0.0))[0] <= now]
 
-    def _run(self, dsn: str, tables: list[str]) -> None:
+    def _run(self, dsn: str, tables: list[str], prune_history: bool = False) -> None:
         try:
             with psycopg.connect(dsn, autocommit=True, options=self.options,
                                  application_name="pgq-vacuum", connect_timeout=10) as conn:
@@ -75,10 +86,25 @@ class Vacuumer:
                     before = self._dead_rows(conn, table)
                     conn.execute(sql.SQL("VACUUM (SKIP_LOCKED) pgq.{}").format(sql.Identifier(table)))
                     self._judge(dsn, table, before, self._dead_rows(conn, table))
+                if prune_history:
+                    self._prune(conn)
         except Exception as exc:  # never the caller's problem
-            log.warning("pgq: vacuum of %s failed: %s", ", ".join(tables), exc)
+            log.warning("pgq: maintenance of %s failed: %s",
+                        ", ".join([*tables, *(["history"] if prune_history else [])]), exc)
         finally:
             self._busy.release()
+
+    @staticmethod
+    def _prune(conn: psycopg.Connection) -> int:
+        """Delete the history past retention; the rows deleted."""
+        pruned = 0
+        for _round in range(PRUNE_ROUNDS):
+            row = conn.execute(PRUNE_HISTORY, {"rows": PRUNE_BATCH}).fetchone()
+            deleted = int(row[0]) if row else 0
+            pruned += deleted
+            if deleted < PRUNE_BATCH:
+                break
+        return pruned
 
     @staticmethod
     def _dead_rows(conn: psycopg.Connection, table: str) -> int:

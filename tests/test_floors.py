@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import psycopg
 
+import pgq
 from pgq import statements as sql
 from pgq.core import _floors_of as floors_of
 from pgq.floors import FROM_THE_FRONT, FULL_WALK_EVERY, MARGIN, Floors
@@ -84,6 +85,53 @@ def test_a_vacuum_that_removes_little_backs_off_and_one_that_cleans_resets():
 
 
 # ------------------------------------------------------------- with a database
+
+HISTORY = "SELECT count(*) FROM pgq.history"
+
+
+def _finish(client, queue: str, n: int) -> None:
+    client.add_jobs(queue, [b"x"] * n)
+    while jobs := client.get_job(queue, count=100, nohang=True):
+        client.ack_job(*(j.id for j in jobs))
+
+
+def test_a_job_from_a_clock_ahead_does_not_hide_the_jobs_added_after_it(client, db):
+    client.add_job("f", b"ahead")
+    db.execute("UPDATE pgq.jobs SET ctime = ctime + 60000 * 1000000::bigint")  # a minute ahead
+    assert [j.body for j in client.get_job("f", nohang=True)] == [b"ahead"]  # a full walk
+    client.add_job("f", b"new")
+    # Before the next full walk (FULL_WALK_EVERY, 2 s; a slower run passes
+    # without proving anything): the floor was a minute ahead, above "new".
+    assert [j.body for j in client.get_job("f", nohang=True)] == [b"new"]
+
+
+def test_the_history_keeps_a_day_by_default(client, db):
+    _finish(client, "h", 30)
+    assert db.execute(HISTORY).fetchone()[0] == 30
+    assert db.execute("SELECT pgq.history_prunable(), pgq.prune_history(100)").fetchone() == (False, 0)
+    ahead = db.execute("SELECT statement_timestamp() + interval '1 day 1 minute'").fetchone()[0]
+    db.execute("SELECT set_config('pgq.now', %s, false)", (ahead.isoformat(),))
+    assert db.execute("SELECT pgq.history_prunable()").fetchone()[0] is True
+    assert db.execute("SELECT pgq.prune_history(20)").fetchone()[0] == 20  # its batch, oldest first
+    assert db.execute("SELECT pgq.prune_history(20)").fetchone()[0] == 10
+    assert db.execute("SELECT pgq.history_prunable()").fetchone()[0] is False
+    assert db.execute(HISTORY).fetchone()[0] == 0
+
+
+def test_clients_prune_the_history_past_its_bounds_in_the_background(dsn, db):
+    # It had no bound: one row per finished job, until the disk was full.
+    db.execute("INSERT INTO pgq.meta (key, value) VALUES ('history_keep_rows', '10')")
+    with pgq.Client(dsn, sweep_interval=0.05) as client:
+        _finish(client, "h", 50)
+        newest = db.execute("SELECT max(seq) FROM pgq.history").fetchone()[0]
+
+        def pruned() -> bool:
+            client.qlen("h")  # calls run the periodic sweep, which asks for the pruning
+            return db.execute(HISTORY).fetchone()[0] <= 11
+
+        wait_until(pruned, timeout=30, message="a client to prune pgq.history")
+    assert db.execute("SELECT min(seq) FROM pgq.history").fetchone()[0] >= newest - 10  # the newest kept
+    assert db.execute("SELECT max(seq) FROM pgq.history").fetchone()[0] == newest
 
 EPOCH = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgq.queue_epoch"
 

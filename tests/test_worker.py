@@ -410,3 +410,29 @@ def test_a_database_away_neither_ends_the_worker_nor_loses_its_acks():
         assert worker.stats.failed == 1
 
     anyio.run(main)
+
+
+def test_requeued_dead_letters_commit_durably_on_a_cluster_node(dsn, db):
+    """On a node of a cluster the new jobs write outbox events, and the
+    doorbell that wakes the node process relaxed the commit of the whole
+    transaction it ran in: a crash right after could lose the new jobs and
+    bring the dead letters back. A deferred trigger sees the commit's setting."""
+    db.execute("""INSERT INTO pgq.dead_letters (id, queue, body, nacks, additional_deliveries,
+                      deliveries, ctime, retry, repl)
+                  VALUES ('D-dead', 'q', 'x', 3, 0, 3, 0, 60, 1)""")
+    db.execute("CREATE TABLE pgq.test_commit_settings (setting text)")
+    db.execute("""CREATE FUNCTION pgq.test_log_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+                  BEGIN INSERT INTO pgq.test_commit_settings
+                        VALUES (current_setting('synchronous_commit')); RETURN NULL; END $$""")
+    db.execute("""CREATE CONSTRAINT TRIGGER log_commit AFTER DELETE ON pgq.dead_letters
+                  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION pgq.test_log_commit()""")
+    # A node process at work (its heartbeat) with one peer alive: adds replicate.
+    db.execute("""INSERT INTO pgq.meta (key, value)
+                  VALUES ('heartbeat_at', now()::text), ('bus_host', '127.0.0.1'), ('bus_port', '7998')
+                  ON CONFLICT (key) DO UPDATE SET value = excluded.value""")
+    db.execute("""INSERT INTO pgq.nodes (id, host, port, status)
+                  VALUES (repeat('b', 40), '127.0.0.1', 7999, 'alive')""")
+    with pgq.Client(dsn) as client:
+        assert len(client.requeue_dead_letters("q")) == 1
+    assert db.execute("SELECT count(*) FROM pgq.outbox").fetchone()[0] > 0  # the doorbell's case
+    assert db.execute("SELECT setting FROM pgq.test_commit_settings").fetchall() == [("on",)]
