@@ -131,7 +131,12 @@ class AsyncClient(ClientCore):
                 _, (version, node_id) = await first_connection_async([self._dsn], self._read_node)
             check_schema(version)
             self._node_id = node_id
-            self._pool = await self._open_pool()
+            pool = await self._open_pool()
+            if self._closed:  # closed while this opened: the pool would never be closed
+                with anyio.CancelScope(shield=True):
+                    await pool.close()
+                raise DatabaseUnavailableError("this AsyncClient is closed")
+            self._pool = pool
 
     async def _open_pool(self) -> AsyncConnectionPool:
         pool = AsyncConnectionPool(
@@ -151,8 +156,8 @@ class AsyncClient(ClientCore):
         async with self._switching:
             if self._pool is not failed:
                 return True
-            if not self.next_dsn():
-                return False
+            if self._closed or not self.next_dsn():
+                return False  # closed: a pool opened now would never be closed
             log.warning("pgq: node database unreachable, failing over to %s:%s",
                         self._host, self._port)
             self._pool = await self._open_pool()

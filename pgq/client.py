@@ -121,6 +121,7 @@ class Client(ClientCore):
         check_schema(version)
         self._node_id = node_id
         self._switching = threading.Lock()
+        self._closed = False
         self._pool = self._open_pool()
         # Other nodes' databases, where synchronous replicated adds write
         # their copies themselves (pgq.peers; opened when first needed).
@@ -148,6 +149,8 @@ class Client(ClientCore):
         with self._switching:
             if self._pool is not failed:
                 return True  # another thread switched already
+            if self._closed:
+                return False  # a pool opened now would never be closed
             if not self.next_dsn():
                 return False
             log.warning("pgq: node database unreachable, failing over to %s:%s",
@@ -222,7 +225,11 @@ class Client(ClientCore):
         in the process (threads sharing one client, or each with its own)
         share statements and commits (see pgq.combine)."""
         # (Clients that differ in how they write share no batch: a batch runs
-        # with its first caller's client, its settings and its connections.)
+        # with its first caller's client, its settings and its connections.
+        # So a closed client's call never enters one: as the leader of a
+        # batch it failed the other clients' calls with its closed pool.)
+        if self._closed:
+            raise DatabaseUnavailableError("this client is closed")
         combiners: _Combiners = _SHARED.get((self._dsn, self.options.turbo, self.options.prepare,
                                              self.options.direct_copies))
         return combiners
@@ -261,6 +268,7 @@ class Client(ClientCore):
 
     def close(self) -> None:
         """Close the client's connections (the embedded server keeps running)."""
+        self._closed = True
         self._listener.close()
         self._pool.close()
         self._peers.close()

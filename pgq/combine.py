@@ -19,7 +19,10 @@ Invariants:
 * Every call gets exactly its own outcome: a result, or an exception that
   is raised in its caller only (``flush`` returns one outcome per call, in
   order; if ``flush`` itself raises, every call of that batch gets that
-  error).
+  error; if the leader's thread is interrupted, the others an ordinary
+  error saying their outcome is unknown).
+* A caller interrupted while it waits leaves the queue, and passes on the
+  next flush if it was to make it.
 * At most ``parallel`` flushes are in flight at once.
 * Calls are flushed in arrival order.
 * A batch weighs at most ``limit`` (by ``weigh``: an add's body bytes)
@@ -41,6 +44,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import anyio
+
+from .errors import DatabaseUnavailableError
 
 __all__ = ["Outcome", "SyncCombiner", "AsyncCombiner", "Failed", "Shared"]
 
@@ -157,11 +162,30 @@ class SyncCombiner(Generic[C]):
                 slot.gate = threading.Lock()
                 slot.gate.acquire()
         if not lead:
-            slot.gate.acquire()
+            try:
+                slot.gate.acquire()
+            except BaseException:  # interrupted (Ctrl-C, a signal handler's SystemExit)
+                self._leave(slot)
+                raise
             lead = slot.lead and not slot.done
         if lead:
             self._lead(slot, context)
         return _result(slot)
+
+    def _leave(self, slot: _Slot[C]) -> None:
+        """A caller stops waiting: out of the queue, and if it was to make
+        the next flush, that passes on (left there, no one made it, and
+        every later call of the process waited for ever). A call already in
+        a flush is settled by it; its outcome is lost with its caller."""
+        following = None
+        with self._lock:
+            if slot.done or slot not in self._queue.waiting:
+                return
+            self._queue.waiting.remove(slot)
+            if slot.lead:
+                following = self._queue.finish()
+        if following is not None and following.gate is not None:
+            following.gate.release()
 
     def _lead(self, slot: _Slot[C], context: Any) -> None:
         with self._lock:
@@ -169,8 +193,16 @@ class SyncCombiner(Generic[C]):
         try:
             outcomes: Sequence[Outcome] | BaseException = self._flush(
                 context, [s.call for s in batch])
-        except BaseException as exc:  # every call of the batch gets it
+        except Exception as exc:  # every call of the batch gets it
             outcomes = exc
+        except BaseException as exc:
+            # The leader's thread was interrupted: it alone gets that; the
+            # others of its batch an ordinary error (a KeyboardInterrupt in
+            # a worker thread killed it, and their adds may have committed).
+            outcomes = [exc if s is slot else Failed(DatabaseUnavailableError(
+                "the thread that sent this call's batch was interrupted: its outcome is "
+                "unknown (an add may have committed; look it up before adding again)"))
+                for s in batch]
         with self._lock:
             _settle(batch, outcomes)
             following = self._queue.finish()
@@ -197,14 +229,20 @@ class AsyncCombiner(Generic[C]):
         try:
             while not lead and not slot.done and not slot.lead:
                 await self._changed.wait()
-        except BaseException:  # cancelled while waiting: leave the queue cleanly
-            if not slot.done:
-                if slot in self._queue.waiting:
-                    self._queue.waiting.remove(slot)
+        except BaseException:  # cancelled while waiting
+            if slot in self._queue.waiting:  # not sent yet: leave the queue cleanly
+                self._queue.waiting.remove(slot)
                 if slot.lead:  # it was to make the next flush: pass that on
                     self._queue.finish()
                     self._notify()
-            raise
+                raise
+            # In a flush already (or settled): its outcome goes to its caller,
+            # a claim's jobs above all (lost, they waited out their lease, and
+            # a retry-0 job never came back). anyio cancels again at the
+            # caller's next checkpoint.
+            with anyio.CancelScope(shield=True):
+                while not slot.done:
+                    await self._changed.wait()
         if lead or (slot.lead and not slot.done):
             await self._lead(slot, context)
         return _result(slot)

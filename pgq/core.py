@@ -287,6 +287,11 @@ class ClientCore:
         if params.key is not None and len(data) != 1:
             raise InvalidArgumentError(
                 "an idempotency key names one job: add keyed jobs one at a time with add_job")
+        if params.timeout is None:
+            # This client's default, carried by the call: a batch of the
+            # group commit (shared by the clients of one database in the
+            # process) waited as long as its leader's client said.
+            params = replace(params, timeout=self.options.replication_timeout)
         return commands.AddCall(name, data, params)
 
     def add_jobs_command(self, queue: object, bodies: Iterable[object], *, replicate: object,

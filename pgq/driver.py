@@ -275,15 +275,19 @@ class AsyncDriver:
                     return done.value  # type: ignore[no-any-return]
                 if isinstance(request, Wait) or not self.shield:
                     reply = await self._handle(request)
-                else:
-                    with anyio.CancelScope(shield=True):
-                        reply = await self._handle(request)
-                    if not self._transactions:
-                        # Inside pgq's own transaction a cancellation waits
-                        # for its end (short): between the direct copies and
-                        # the commit of this node's rows it would leave
-                        # copies behind whose origin never committed.
-                        await anyio.lowlevel.checkpoint_if_cancelled()
+                    continue
+                if not self._transactions:
+                    # A cancellation is taken before a statement, never
+                    # between one and the command's use of its reply: a
+                    # claim that committed reaches its caller (taken after
+                    # it, the jobs went to nobody, and a retry-0 job was
+                    # lost). Inside pgq's own transaction it waits for the
+                    # end (short): between the direct copies and the commit
+                    # of this node's rows it would leave copies behind
+                    # whose origin never committed.
+                    await anyio.lowlevel.checkpoint_if_cancelled()
+                with anyio.CancelScope(shield=True):
+                    reply = await self._handle(request)
         except BaseException as exc:
             await self._abandon_transaction(exc)
             raise

@@ -260,6 +260,7 @@ class SharedListener:
         self._received: list[str] = []
         self._changed = anyio.Event()
         self._reading: anyio.CancelScope | None = None  # the wait for notifications
+        self._stopped = False  # run() ended: nothing will make a ticket ready any more
 
     # ------------------------------------------------------------ the GETs' side
 
@@ -276,7 +277,10 @@ class SharedListener:
         registered and LISTENed (or the listener failed: ``ticket.failed``)."""
         ticket = self.wakeups.join(queues)
         try:
-            if set(ticket.queues) <= self._registered:
+            if self._stopped:  # the client is closing: the GET polls out its wait
+                ticket.failed = True
+                ticket.ready.set()
+            elif set(ticket.queues) <= self._registered:
                 ticket.ready.set()
             else:
                 self._poke()
@@ -327,6 +331,13 @@ class SharedListener:
                         ticket.event.set()
                     await anyio.sleep(RETRY)
         finally:
+            # A GET waiting to be registered (or subscribing from now on)
+            # waited for ever: it polls instead, bounded by its timeout.
+            self._stopped = True
+            for ticket in self.wakeups.all():
+                ticket.failed = True
+                ticket.ready.set()
+                ticket.event.set()
             with anyio.CancelScope(shield=True):
                 await self._close()
 
@@ -396,11 +407,16 @@ class SharedListener:
             await self._conn.execute(sql.SET_WAITER_GETS, _gets_params(counts))
         self.counts.written(counts, now)
 
-    async def _unregister(self) -> None:
+    async def _unregister(self, seconds: float | None = None) -> None:
+        """Drop the registration; its statements are shielded from the
+        task's cancellation, up to ``seconds`` (a bound: a shield inside
+        the caller's own deadline made that deadline do nothing)."""
         if self._conn is not None:
-            with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(seconds, shield=True) as bounded:
                 await self._conn.execute(f"UNLISTEN {JOBS_CHANNEL}")
                 await self._conn.execute(sql.UNREGISTER_WAITER)
+            if bounded.cancelled_caught:
+                raise psycopg.OperationalError("the registration could not be dropped in time")
         self._registered = set()
         self._received = []
         self.counts.forget()
@@ -420,11 +436,12 @@ class SharedListener:
     async def _close(self) -> None:
         """On the client's close: leave nothing behind (best effort)."""
         if self._conn is not None and self._registered and not self._conn.broken:
-            with anyio.move_on_after(1.0):
-                try:
-                    await self._unregister()
-                except psycopg.Error:
-                    pass
+            # Bounded: a locked pgq.waiters, a paused server or a silent
+            # network held the client's close (and a node's stop) for good.
+            try:
+                await self._unregister(seconds=1.0)
+            except psycopg.Error:
+                pass  # the sweep drops the registration of a closed connection
         await self._drop()
 
 
@@ -447,7 +464,7 @@ class SyncSharedListener:
         self._received: list[str] = []
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        # A socket pair wakes the thread's select() when the tickets change
+        # A socket pair wakes the thread's poll() when the tickets change
         # (made with the thread: a client that never blocks holds no more fds).
         self._poke_in: socket.socket | None = None
         self._poke_out: socket.socket | None = None
@@ -473,8 +490,12 @@ class SyncSharedListener:
             ticket = self.wakeups.join(queues)
             self._start()
         self._poke()
-        if not ticket.ready.wait(timeout):
-            ticket.failed = True
+        try:
+            if not ticket.ready.wait(timeout):
+                ticket.failed = True
+        except BaseException:  # interrupted: the ticket must not stay registered for good
+            self.leave(ticket)
+            raise
         return ticket
 
     def wait(self, ticket: Ticket, seconds: float) -> None:
@@ -577,11 +598,17 @@ class SyncSharedListener:
         if counts and self._conn is not None:
             self._conn.execute(sql.SET_WAITER_GETS, _gets_params(counts))
             self.counts.written(counts, now)
-        watched: list[Any] = [self._poke_in]  # made with the thread
+        # poll(), not select(): select() refuses a descriptor from 1024 on,
+        # common in a process that raised its limit to hold many sockets,
+        # and the listener then failed and reconnected every second.
+        assert self._poke_in is not None  # made with the thread
+        poller = select.poll()
+        poller.register(self._poke_in, select.POLLIN)
         if self._conn is not None and self._registered:
-            watched.append(self._conn.fileno())
+            poller.register(self._conn.fileno(), select.POLLIN)
         timeout = self.linger.timeout(bool(wanted), bool(self._registered))
-        readable, _, _ = select.select(watched, [], [], timeout if held is None else min(timeout, held))
+        events = poller.poll(1000 * (timeout if held is None else min(timeout, held)))
+        readable = {fd for fd, _ in events}
         if self._conn is not None and self._registered and self._conn.fileno() in readable:
             queues = take_notifications(self._conn)
             with self._lock:

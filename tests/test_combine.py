@@ -4,13 +4,16 @@ kept to their callers, cancellation that strands nobody."""
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from pgq.combine import AsyncCombiner, SyncCombiner, _Queue, _Slot
+from pgq.errors import DatabaseUnavailableError
 
 
 def test_a_lone_caller_flushes_alone_and_at_once():
@@ -74,6 +77,80 @@ def test_a_failing_flush_fails_its_batch_only():
     with pytest.raises(ConnectionError):
         combiner.submit(1)
     assert combiner.submit(2) == 2  # the combiner goes on
+
+
+def _blocked_first_flush(then=lambda calls: calls):
+    """A combiner whose first flush waits for ``gate``; later ones run ``then``."""
+    gate, entered = threading.Event(), threading.Event()
+    flushes: list[list[int]] = []
+
+    def flush(_ctx: object, calls: list[int]) -> list[object]:
+        flushes.append(list(calls))
+        if len(flushes) == 1:
+            entered.set()
+            assert gate.wait(10)
+            return list(calls)
+        return then(calls)
+
+    combiner = SyncCombiner(flush)
+    first = threading.Thread(target=combiner.submit, args=(0,), daemon=True)
+    first.start()
+    assert entered.wait(10)
+    return combiner, gate, first
+
+
+def _queued(combiner: SyncCombiner, n: int) -> None:
+    while len(combiner._queue.waiting) < n:
+        threading.Event().wait(0.001)
+
+
+def test_a_waiting_caller_interrupted_leaves_the_queue_and_calls_go_on():
+    # Ctrl-C (or a SIGTERM handler's SystemExit) in a thread waiting for
+    # its batch left its slot queued: chosen to make the next flush, it
+    # made none, and every later call of the process waited for ever.
+    combiner, gate, first = _blocked_first_flush()
+
+    def interrupt_when_queued() -> None:
+        _queued(combiner, 1)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    killer = threading.Thread(target=interrupt_when_queued, daemon=True)
+    killer.start()
+    with pytest.raises(KeyboardInterrupt):
+        combiner.submit(1)  # the main thread waits behind the first flush
+    killer.join(10)
+    gate.set()
+    first.join(10)
+    results: list[int] = []
+    later = threading.Thread(target=lambda: results.append(combiner.submit(2)), daemon=True)
+    later.start()
+    later.join(10)
+    assert results == [2] and combiner._queue.flushing == 0
+
+
+def test_an_interrupted_leader_keeps_the_interrupt_to_itself():
+    def interrupted(calls: list[int]) -> list[int]:
+        raise KeyboardInterrupt
+
+    combiner, gate, first = _blocked_first_flush(then=interrupted)
+    outcomes: dict[int, BaseException] = {}
+
+    def call(i: int) -> None:
+        try:
+            combiner.submit(i)
+        except BaseException as exc:  # what each caller got
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,), daemon=True) for i in (1, 2, 3)]
+    for queued, thread in enumerate(threads, 1):
+        thread.start()
+        _queued(combiner, queued)  # in this order: 1 leads the next batch
+    gate.set()
+    for thread in [first, *threads]:
+        thread.join(10)
+    assert isinstance(outcomes[1], KeyboardInterrupt)  # the leader of [1, 2, 3]
+    assert all(isinstance(outcomes[i], DatabaseUnavailableError) for i in (2, 3)), outcomes
+    assert "outcome is unknown" in str(outcomes[2])
 
 
 def test_async_batches_share_flushes_and_survive_cancellation():
@@ -148,6 +225,51 @@ def test_async_promoted_caller_cancelled_passes_the_flush_on():
             scope.cancel()
             await anyio.wait_all_tasks_blocked()
             gate.set()
+
+    anyio.run(main)
+
+
+def test_an_async_caller_cancelled_while_its_call_is_sent_still_gets_its_outcome():
+    # A claim's jobs, taken by a flush in flight when its caller was
+    # cancelled, went to nobody (they waited out their lease; a retry-0
+    # job never came back). The caller gets them; anyio cancels it again
+    # at its next checkpoint.
+    async def main() -> None:
+        first_gate, second_gate = anyio.Event(), anyio.Event()
+        flushed: list[list[int]] = []
+
+        async def flush(_ctx: object, calls: list[int]) -> list[int]:
+            flushed.append(list(calls))
+            await (first_gate if len(flushed) == 1 else second_gate).wait()
+            return [c * 10 for c in calls]
+
+        combiner = AsyncCombiner(flush)
+        got: dict[int, object] = {}
+        scope = anyio.CancelScope()
+
+        async def doomed() -> None:
+            with scope:
+                got[2] = await combiner.submit(2)  # led by 1, in the second flush
+                await anyio.lowlevel.checkpoint()  # cancelled here, with its outcome
+                got["after"] = True
+
+        async def caller(i: int) -> None:
+            got[i] = await combiner.submit(i)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(caller, 0)
+                await anyio.wait_all_tasks_blocked()
+                tasks.start_soon(caller, 1)
+                tasks.start_soon(doomed)
+                await anyio.wait_all_tasks_blocked()
+                first_gate.set()
+                await anyio.wait_all_tasks_blocked()  # the second flush holds [1, 2]
+                assert flushed == [[0], [1, 2]]
+                scope.cancel()
+                await anyio.wait_all_tasks_blocked()
+                second_gate.set()
+        assert got == {0: 0, 1: 10, 2: 20}
 
     anyio.run(main)
 

@@ -5,11 +5,12 @@ real server."""
 from __future__ import annotations
 
 import anyio
+import anyio.lowlevel
 import psycopg
 import pytest
 
 import pgq
-from pgq.listener import BlockedCounts, Linger, Ticket, Wakeups
+from pgq.listener import BlockedCounts, Linger, SharedListener, SyncSharedListener, Ticket, Wakeups
 
 from .conftest import async_wait_until
 
@@ -75,6 +76,53 @@ def test_a_failed_listener_leaves_unregistered_tickets_polling():
     assert not ready.failed and waiting.failed
 
 
+@pytest.mark.anyio
+async def test_a_subscribe_after_the_listener_stopped_polls_instead_of_waiting_for_ever():
+    # A GET whose driver had the listener before the client closed, and
+    # blocked after: its ticket was never made ready, and it waited past
+    # its own timeout, holding up the front's graceful stop.
+    async def no_connection() -> psycopg.AsyncConnection:
+        raise AssertionError("nothing to register yet")
+
+    listener = SharedListener(no_connection)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(listener.run)
+        await anyio.lowlevel.checkpoint()  # run() starts
+        tasks.cancel_scope.cancel()
+    with anyio.fail_after(5):
+        ticket = await listener.subscribe(["q"])
+    assert ticket.failed and ticket.ready.is_set()
+
+
+def test_a_thread_interrupted_while_it_subscribes_leaves_no_ticket():
+    import signal
+    import threading
+
+    connecting, give_up = threading.Event(), threading.Event()
+
+    def slow_connect() -> psycopg.Connection:
+        connecting.set()
+        give_up.wait(10)
+        raise psycopg.OperationalError("gave up")
+
+    listener = SyncSharedListener(slow_connect)
+
+    def interrupt() -> None:
+        connecting.wait(10)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    killer = threading.Thread(target=interrupt)
+    killer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            listener.subscribe(["q"], timeout=30)
+        assert listener.wakeups.tickets == []  # it counted as a blocked GET for good
+    finally:
+        killer.join(10)
+        give_up.set()
+        listener.close()
+
+
 def test_the_registration_goes_a_linger_after_the_last_ticket_left():
     linger = Linger(1.0)
     assert not linger.over(wanted=True, registered=True, now=0.0)
@@ -119,6 +167,74 @@ def _blocked(client, count: int) -> bool:
 
 async def _blocked_async(client, count: int) -> bool:
     return _blocked(client, count)
+
+
+@pytest.mark.anyio
+async def test_a_blocked_get_cancelled_once_its_claim_committed_returns_the_job(dsn, monkeypatch):
+    """The driver took a cancellation between the claim and the command's
+    use of its rows: the jobs went to nobody, and a retry-0 job was lost."""
+    from pgq import statements
+    from pgq.driver import AsyncDriver
+    from pgq.protocol import Query
+
+    claims = {statements.CLAIM, statements.CLAIM_ONE, statements.CLAIM_RELAXED,
+              statements.CLAIM_ONE_RELAXED}
+    scope = anyio.CancelScope()
+    handle = AsyncDriver._handle
+
+    async def cancelled_after_a_claim(self, request):
+        reply = await handle(self, request)
+        if isinstance(request, Query) and request.sql in claims:
+            scope.cancel()  # the GET's caller gives up just as its claim returns
+        return reply
+
+    got: list[pgq.Job] = []
+
+    async def consumer(client: pgq.AsyncClient) -> None:
+        with scope:
+            got.extend(await client.get_job("cancelled", timeout=20))
+
+    async with pgq.AsyncClient(dsn) as client, pgq.AsyncClient(dsn) as producer:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(consumer, client)
+            await async_wait_until(lambda: _blocked_async(client, 1), 10)
+            monkeypatch.setattr(AsyncDriver, "_handle", cancelled_after_a_claim)
+            job_id = await producer.add_job("cancelled", b"x", retry=0)
+        assert scope.cancel_called
+        assert [j.id for j in got] == [job_id]
+
+
+@pytest.mark.anyio
+async def test_closing_a_client_is_bounded_when_its_registration_cannot_be_dropped(dsn):
+    # The 1 s bound on dropping the registration was inside a shield, and
+    # did nothing: a locked pgq.waiters (a migration, VACUUM FULL), a
+    # paused server or a silent network held close() (and a node's stop).
+    import threading
+    import time
+
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:  # at most 20 s: a regression fails, it does not hang
+        with psycopg.connect(dsn) as admin:
+            admin.execute("LOCK TABLE pgq.waiters IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(20)
+
+    client = pgq.AsyncClient(dsn)
+    await client.__aenter__()
+    holder = threading.Thread(target=hold_the_lock, daemon=True)
+    try:
+        assert await client.get_job("locked", timeout=0.05) == []  # registered, lingering
+        holder.start()
+        assert locked.wait(10)
+        began = time.monotonic()
+        await client.__aexit__(None, None, None)
+        # 1 s for the registration, then the pool's close; it took the 20 s
+        assert time.monotonic() - began < 10
+    finally:
+        release.set()
+        holder.join(30)
+        await client.close()
 
 
 async def _waiters(dsn: str) -> list[tuple[int, str]]:
