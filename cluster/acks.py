@@ -61,6 +61,7 @@ class AckCollector:
     def __init__(self, myself: str) -> None:
         self.myself = myself
         self.pending: dict[str, PendingAck] = {}
+        self._back: dict[str, float] = {}  # peer -> until when peer_back ignores it
 
     def add(self, job_id: str, holders: set[str] | None, now: float,
             everyone: set[str] | None = None) -> None:
@@ -119,11 +120,15 @@ class AckCollector:
         self.pending.pop(job_id, None)
 
     def peer_back(self, node_id: str, now: float) -> None:
-        """``node_id`` is alive again: its SETACKs go now, and back off anew."""
+        """``node_id`` is back (alive again, or restarted): the collections
+        waiting for it go now. Their back-off is kept, and a peer that
+        flaps is served at most once per ``FIRST_RETRY * 2**4`` seconds."""
+        if now < self._back.get(node_id, float("-inf")):
+            return
+        self._back[node_id] = now + FIRST_RETRY * 2**4
         for entry in self.pending.values():
             if node_id in entry.holders and node_id not in entry.confirmed:
                 entry.next_try = min(entry.next_try, now)
-                entry.attempt = 0
 
     def on_deljob(self, peer: str, job_id: str) -> bool:
         """A DELJOB from ``peer``: its GC of the job is over. A GC this node

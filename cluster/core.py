@@ -304,9 +304,12 @@ class NodeCore:
                     self._forgotten.append(member.id)
                     self.adverts.pop(member.id, None)
                 if member.status == "alive" and member.id != self.node_id and \
-                        (previous is None or previous.status != "alive"):
-                    # A peer (re)joined: it may have lost what we advertised,
-                    # or be new; it learns our DSN now, not in ADVERT_EVERY.
+                        (previous is None or previous.status != "alive"
+                         or member.incarnation > previous.incarnation):
+                    # A peer (re)joined (or restarted faster than it could
+                    # be suspected: a higher incarnation): it may have lost
+                    # what we advertised, or be new; it learns our DSN now,
+                    # not in ADVERT_EVERY.
                     self.outgoing.append((member.host, member.port, self._advert()))
                     if self.acks is not None:  # and the ACKs it missed, before its timers fire
                         self.acks.peer_back(member.id, self.clock.monotonic())

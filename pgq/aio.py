@@ -101,7 +101,8 @@ class AsyncClient(ClientCore):
             parallel=commands.REPLICATED_FLUSHES, weigh=commands.call_bytes,
             limit=commands.BATCH_BYTES)
         self._claims: AsyncCombiner[commands.ClaimCall] = AsyncCombiner(
-            lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)))
+            lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)),
+            delivers=True)
         self._acks: AsyncCombiner[list[str]] = AsyncCombiner(
             lambda client, calls: client._run(lambda s: commands.ack_batch(s, calls)))
         # Blocked GETs share one LISTEN connection (pgq.listener), served by

@@ -218,10 +218,13 @@ class AsyncCombiner(Generic[C]):
 
     def __init__(self, flush: Callable[[Any, list[C]], Awaitable[Sequence[Outcome]]],
                  parallel: int = 1, weigh: Callable[[C], int] | None = None,
-                 limit: int = 0) -> None:
+                 limit: int = 0, delivers: bool = False) -> None:
         self._flush = flush
         self._queue: _Queue[C] = _Queue(parallel, weigh, limit)
         self._changed = anyio.Event()
+        # Outcomes that are jobs handed to the caller (claims): a caller
+        # cancelled while its call is in a flush waits for the outcome.
+        self._delivers = delivers
 
     async def submit(self, call: C, context: Any = None) -> Any:
         slot = _Slot(call, context)
@@ -236,10 +239,12 @@ class AsyncCombiner(Generic[C]):
                     self._queue.finish()
                     self._notify()
                 raise
-            # In a flush already (or settled): its outcome goes to its caller,
-            # a claim's jobs above all (lost, they waited out their lease, and
-            # a retry-0 job never came back). anyio cancels again at the
-            # caller's next checkpoint.
+            if not self._delivers and not slot.done:
+                raise  # its outcome is not worth the wait (a flush may retry for long)
+            # In a flush already (or settled): a claim's jobs go to their
+            # caller (lost, they waited out their lease, and a retry-0 job
+            # never came back). anyio cancels again at the caller's next
+            # checkpoint.
             with anyio.CancelScope(shield=True):
                 while not slot.done:
                     await self._changed.wait()

@@ -986,7 +986,7 @@ def _claim_from(session: Session, queues: list[str], floors: list[int],
     else:
         statement = sql.CLAIM_RELAXED if session.owned else sql.CLAIM
         params = {"queues": queues, "floors": floors, "count": count}
-    rows = yield Query(statement, params, Result.ROWS)
+    rows = yield Query(statement, params, Result.ROWS, delivers=True)
     claimed = [Claimed(*row) for row in rows]
     marks = [row for row in claimed if row.id is None]
     jobs = [row for row in claimed if row.id is not None]

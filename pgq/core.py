@@ -32,7 +32,7 @@ from .errors import (
 from .floors import Floors
 from .ids import validate_job_id, validate_job_ids
 from .protocol import ClusterView, Command, Session
-from .statements import SESSION_OPTIONS, SWEEP_PRUNE_HISTORY, SWEEP_TABLES_TO_VACUUM
+from .statements import SESSION_OPTIONS, SWEEP_TABLES_TO_VACUUM
 from .vacuum import DEAD_MIN, Vacuumer
 
 __all__ = ["ClientOptions", "ClientCore", "translate_database_error"]
@@ -240,11 +240,10 @@ class ClientCore:
 
     def swept(self, row: Sequence[Any] | None) -> None:
         """After the periodic sweep (``sql.SWEEP``): vacuum the tables it
-        found mostly dead, and prune the history past its retention, in the
-        background (pgq.vacuum)."""
+        found mostly dead, and prune the history past its retention (at most
+        once a minute), in the background (pgq.vacuum)."""
         if row is not None:
-            _VACUUMER.request(self._dsn, row[SWEEP_TABLES_TO_VACUUM],
-                              prune_history=bool(row[SWEEP_PRUNE_HISTORY]))
+            _VACUUMER.request(self._dsn, row[SWEEP_TABLES_TO_VACUUM])
 
     def sweep_due(self) -> bool:
         now = time.monotonic()

@@ -267,6 +267,7 @@ class AsyncDriver:
 
     async def run(self, command: Command[T]) -> T:
         reply: Any = None
+        delivered = False  # a claim returned: see below
         try:
             while True:
                 try:
@@ -274,13 +275,15 @@ class AsyncDriver:
                 except StopIteration as done:
                     return done.value  # type: ignore[no-any-return]
                 if isinstance(request, Wait) or not self.shield:
+                    delivered = False  # a command that waits has handed nothing out
                     reply = await self._handle(request)
                     continue
-                if not self._transactions:
+                if not self._transactions and not delivered:
                     # A cancellation is taken before a statement, never
-                    # between one and the command's use of its reply: a
-                    # claim that committed reaches its caller (taken after
-                    # it, the jobs went to nobody, and a retry-0 job was
+                    # between one and the command's use of its reply, nor
+                    # after a claim (Query.delivers) until the command ends
+                    # or waits: the claimed jobs reach the caller (taken
+                    # there, they went to nobody, and a retry-0 job was
                     # lost). Inside pgq's own transaction it waits for the
                     # end (short): between the direct copies and the commit
                     # of this node's rows it would leave copies behind
@@ -288,6 +291,7 @@ class AsyncDriver:
                     await anyio.lowlevel.checkpoint_if_cancelled()
                 with anyio.CancelScope(shield=True):
                     reply = await self._handle(request)
+                delivered = delivered or (isinstance(request, Query) and request.delivers)
         except BaseException as exc:
             await self._abandon_transaction(exc)
             raise

@@ -438,6 +438,8 @@ class SharedListener:
         if self._conn is not None and self._registered and not self._conn.broken:
             # Bounded: a locked pgq.waiters, a paused server or a silent
             # network held the client's close (and a node's stop) for good.
+            # (A server that does not answer the cancel either costs psycopg's
+            # own bound on it, about 10 s, since psycopg 3.3.)
             try:
                 await self._unregister(seconds=1.0)
             except psycopg.Error:

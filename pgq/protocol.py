@@ -74,6 +74,10 @@ class Query:
     sql: str
     params: Mapping[str, Any] | None = None
     result: Result = Result.ROWS
+    # Its rows are jobs handed to the caller (a claim): once it returned, a
+    # driver lets the command run to its end or its next Wait before it
+    # takes a cancellation, which would hand them to nobody.
+    delivers: bool = False
 
 
 @dataclass(frozen=True, slots=True)

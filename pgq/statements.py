@@ -75,12 +75,10 @@ SELECT s.expired, s.requeued, s.acks_expired,
              WHERE t.schemaname = 'pgq' AND t.relname IN ('jobs', 'acks', 'outbox')
                AND t.n_dead_tup > greatest(%(dead_min)s, t.n_live_tup / 5)
                AND coalesce(greatest(t.last_vacuum, t.last_autovacuum), '-infinity')
-                   < pgq.now() - interval '10 seconds') AS vacuum,
-       pgq.history_prunable() AS prune
+                   < pgq.now() - interval '10 seconds') AS vacuum
 FROM pgq.sweep() s
 """
 SWEEP_TABLES_TO_VACUUM = 3  # the column of SWEEP's row naming them
-SWEEP_PRUNE_HISTORY = 4  # the column saying pgq.history holds rows past retention
 
 # Up to this many of the oldest rows of pgq.history past retention (schema
 # 0017), in a maintenance thread (pgq.vacuum); it calls again while batches

@@ -18,11 +18,13 @@ jobs/s over ten rounds here). So pgq vacuums its own tables:
   session holds an old snapshot: the xmin horizon) makes the next one of
   that table wait, twice as long each time up to ``BACKOFF_MAX``, so a
   held horizon does not turn into a full scan of the table every 10 s;
-* when the sweep finds ``pgq.history`` holding rows past its retention
-  (schema 0017: a day and 10 million rows by default), the same thread
-  deletes them, ``PRUNE_BATCH`` rows a statement, at most ``PRUNE_ROUNDS``
-  statements a run: a caller never waits for it, and one run does not
-  hold the thread for long.
+* at most every ``PRUNE_EVERY`` seconds per database (sooner while a run
+  found more than it could take), the same thread deletes the rows of
+  ``pgq.history`` past its retention (schema 0017: a day and 10 million
+  rows by default), ``PRUNE_BATCH`` rows a statement, at most
+  ``PRUNE_ROUNDS`` statements a run: a caller never waits for it, and a
+  steady queue, whose oldest row ages past the bound every second, costs
+  a connection a minute, not one a second.
 
 Invariant: a failure here is logged and never reaches a caller; a role that
 does not own the tables makes VACUUM skip them (a warning), nothing more.
@@ -50,6 +52,7 @@ BACKOFF_MIN = 10.0  # seconds
 BACKOFF_MAX = 300.0
 PRUNE_BATCH = 10_000  # rows of pgq.history per statement (tens of ms)
 PRUNE_ROUNDS = 100
+PRUNE_EVERY = 60.0  # seconds
 
 DEAD_ROWS = "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = 'pgq' AND relname = %s"
 
@@ -59,13 +62,18 @@ class Vacuumer:
         self.options = options
         self._busy = threading.Lock()
         self._backoff: dict[tuple[str, str], tuple[float, float]] = {}  # -> (until, wait)
+        self._prune_at: dict[str, float] = {}  # dsn -> when its history is pruned next
 
-    def request(self, dsn: str, tables: Sequence[str] | None, prune_history: bool = False) -> None:
-        """Vacuum ``tables`` (of schema pgq), and prune the history if asked,
-        soon, unless this process runs maintenance already."""
-        wanted = self.due(dsn, tables or (), time.monotonic())
+    def request(self, dsn: str, tables: Sequence[str] | None) -> None:
+        """Vacuum ``tables`` (of schema pgq), and prune the history when that
+        is due, soon, unless this process runs maintenance already."""
+        now = time.monotonic()
+        wanted = self.due(dsn, tables or (), now)
+        prune_history = now >= self._prune_at.get(dsn, 0.0)
         if not (wanted or prune_history) or not self._busy.acquire(blocking=False):
             return
+        if prune_history:
+            self._prune_at[dsn] = now + PRUNE_EVERY
         thread = threading.Thread(target=self._run, args=(dsn, wanted, prune_history),
                                   daemon=True, name="pgq-vacuum")
         thread.start()
@@ -86,8 +94,8 @@ class Vacuumer:
                     before = self._dead_rows(conn, table)
                     conn.execute(sql.SQL("VACUUM (SKIP_LOCKED) pgq.{}").format(sql.Identifier(table)))
                     self._judge(dsn, table, before, self._dead_rows(conn, table))
-                if prune_history:
-                    self._prune(conn)
+                if prune_history and self._prune(conn) >= PRUNE_BATCH * PRUNE_ROUNDS:
+                    self._prune_at[dsn] = 0.0  # more to take: at the next sweep
         except Exception as exc:  # never the caller's problem
             log.warning("pgq: maintenance of %s failed: %s",
                         ", ".join([*tables, *(["history"] if prune_history else [])]), exc)

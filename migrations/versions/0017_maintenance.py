@@ -10,11 +10,10 @@ is 170 million rows a day, until the disk is full and PostgreSQL stops.
 It now keeps what is younger than ``history_keep`` (an interval, default
 one day, as River keeps finished jobs) and at most ``history_keep_rows``
 rows (default 10 million, about 1-2 GB), both ``pgq.meta`` keys an
-operator may set. ``pgq.history_prunable()`` is one probe of the oldest
-row (the client's periodic sweep asks it); ``pgq.prune_history(n)``
-deletes up to ``n`` of the oldest rows past either bound, skipping rows
-another pruner holds. Clients prune in their background maintenance
-thread (pgq.vacuum), never on a caller's call.
+operator may set. ``pgq.prune_history(n)`` deletes up to ``n`` of the
+oldest rows past either bound. Clients prune in their background
+maintenance thread (pgq.vacuum) at most once a minute, never on a
+caller's call.
 
 **A cap on claim floors.** A claim walks a queue from its client's floor
 (pgq.floors): the highest ctime it took, less 50 ms. A job whose ctime lies
@@ -60,30 +59,19 @@ LANGUAGE sql STABLE AS $$
     SELECT coalesce(pgq.meta_value('history_keep_rows')::bigint, 10000000)
 $$;
 
--- Is the oldest row past a bound? Two probes of history_pkey, no scan:
--- the periodic sweep of every client asks it.
-CREATE FUNCTION pgq.history_prunable() RETURNS boolean
-LANGUAGE sql STABLE AS $$
-    SELECT coalesce((
-        SELECT o.finished_at < pgq.now() - pgq.history_keep()
-               OR o.seq < (SELECT max(seq) FROM pgq.history) - pgq.history_keep_rows()
-        FROM (SELECT seq, finished_at FROM pgq.history ORDER BY seq LIMIT 1) AS o), false)
-$$;
-
 -- Delete up to max_rows of the oldest rows past either bound. Only the
--- oldest max_rows are looked at (seq follows finished_at), so a call
--- costs its batch whatever the table's size.
+-- oldest max_rows are looked at (seq follows finished_at), each by a probe
+-- of history_pkey (seq = ANY of an array: the plan cannot become a scan
+-- of the table, whatever max_rows is), so a call costs its batch whatever
+-- the table's size. Pruners do not overlap: the client's maintenance
+-- thread holds pgq.vacuum's advisory lock.
 CREATE FUNCTION pgq.prune_history(max_rows integer DEFAULT 10000) RETURNS integer
 LANGUAGE sql AS $$
-    WITH oldest AS (
-        SELECT seq, finished_at FROM pgq.history ORDER BY seq LIMIT max_rows
-        FOR UPDATE SKIP LOCKED),
-    bounds AS (
-        SELECT pgq.now() - pgq.history_keep() AS before,
-               (SELECT max(seq) FROM pgq.history) - pgq.history_keep_rows() AS below),
-    gone AS (
-        DELETE FROM pgq.history h USING oldest o, bounds b
-        WHERE h.seq = o.seq AND (o.finished_at < b.before OR o.seq < b.below)
+    WITH gone AS (
+        DELETE FROM pgq.history h
+        WHERE h.seq = ANY (ARRAY(SELECT seq FROM pgq.history ORDER BY seq LIMIT max_rows))
+          AND (h.finished_at < pgq.now() - pgq.history_keep()
+               OR h.seq < (SELECT max(seq) FROM pgq.history) - pgq.history_keep_rows())
         RETURNING 1)
     SELECT count(*)::integer FROM gone
 $$;
@@ -99,5 +87,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     for table in HOT_TABLES:
         op.execute(f"ALTER TABLE pgq.{table} RESET (vacuum_truncate)")
-    op.execute("DROP FUNCTION pgq.prune_history(integer), pgq.history_prunable(), "
-               "pgq.history_keep_rows(), pgq.history_keep(), pgq.floor_cap()")
+    op.execute("DROP FUNCTION pgq.prune_history(integer), pgq.history_keep_rows(), "
+               "pgq.history_keep(), pgq.floor_cap()")
