@@ -17,7 +17,10 @@ What this module adds to the core:
   one failing step never stops the node;
 * the doorbell (LISTEN), the inbox with back-pressure (the transport stops
   reading a peer's link while the inbox is full, so a flood costs the
-  flooder), and metrics.
+  flooder), and metrics;
+* the watch of the node lock (``relock``): PostgreSQL restarted under the
+  node process ends the connection that held it; the node takes it again
+  within a second, or stops if another node process took the database.
 """
 
 from __future__ import annotations
@@ -31,15 +34,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from pgq.contracts import DOORBELL_CHANNEL
 from pgq.driver import extract
+from pgq.errors import PgqError
 from pgq.protocol import Query
 from pgq.statements import SESSION_OPTIONS
 
 from . import messages as m
+from . import sql
 from .bus import Bus
 from .clock import Clock, SystemClock
 from .core import GOSSIP, OUTBOX_BATCH, PERIODS, CoreSettings, NodeCore, Step
@@ -52,6 +58,7 @@ log = logging.getLogger("pgq.cluster.node")
 DOORBELL = DOORBELL_CHANNEL
 INBOX_LIMIT = 20_000  # messages waiting to be applied: the bus stops reading beyond
 INBOX_BYTES = 256 * 1024 * 1024
+LOCK_CHECK_EVERY = 1.0  # seconds between two looks at the node lock
 
 
 @dataclass
@@ -81,8 +88,10 @@ TransportFactory = Callable[[str, Callable[..., Any]], Transport]
 class Node:
     def __init__(self, settings: NodeSettings, clock: Clock | None = None,
                  rng: random.Random | None = None, listener: Any = None,
-                 transport: TransportFactory | None = None) -> None:
+                 transport: TransportFactory | None = None,
+                 relock: Callable[[], None] | None = None) -> None:
         self.settings = settings
+        self._relock = relock  # takes the node lock again (blocking; None: not watched)
         self.listener = listener  # the bus socket, bound before the node started
         self.clock = clock or SystemClock()
         self.core = NodeCore(CoreSettings(settings.name, settings.bus_host, settings.bus_port,
@@ -131,6 +140,8 @@ class Node:
                     tasks.start_soon(self._forever, loop)
                 for name in ("persist", "replicate", "timers"):
                     tasks.start_soon(self._forever, self._periodic(name))
+                if self._relock is not None:
+                    tasks.start_soon(self._watch_lock, self._relock)
                 log.info("node %s (%s) up on bus %s:%s", self.settings.name, self.node_id[:8],
                          self.settings.bus_host, self.settings.bus_port)
                 task_status.started()
@@ -161,6 +172,25 @@ class Node:
             except Exception:
                 log.exception("%s failed; restarting it", name)
                 await anyio.sleep(0.5)
+
+    async def _watch_lock(self, relock: Callable[[], None]) -> None:
+        """Take the node lock again when nobody holds it (PostgreSQL restarted:
+        clients read "no node process" meanwhile). Another node process
+        holding it now stops this one (PgqError, out of the task group)."""
+        assert self.pool is not None
+        while True:
+            await anyio.sleep(LOCK_CHECK_EVERY)
+            try:
+                async with self.pool.connection() as conn:
+                    row = await (await conn.execute(sql.NODE_LOCK_HELD)).fetchone()
+                if row is not None and not row[0]:
+                    await anyio.to_thread.run_sync(relock)
+                    log.warning("the node lock was lost (PostgreSQL restarted?): taken again")
+            except (psycopg.OperationalError, OSError):
+                continue  # the database is away: look again later
+            except PgqError as exc:
+                log.error("%s: stopping this node process", exc)
+                raise
 
     def _periodic(self, name: str) -> Callable[[], Any]:
         step = getattr(self.core, name)

@@ -127,6 +127,30 @@ def setup_logging(name: str) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
+class NodeLock:
+    """The node lock of the database (pgq.contracts), held by a connection of
+    its own while the node runs. A crash of PostgreSQL alone (an OOM kill of
+    one backend restarts them all) ends that connection and the lock with
+    it: clients then read "no node process" and withdraw a replicated add
+    after 50 ms, and a second node process could start on the database. The
+    node checks it and takes it again (:meth:`take`, pgq.cluster.node)."""
+
+    def __init__(self, dsn: str, name: str) -> None:
+        self.dsn, self.name = dsn, name
+        self.conn: Any = None
+
+    def take(self) -> None:
+        """Take the lock on a new connection (PgqError: another process has it)."""
+        self.release()
+        self.conn = _database_lock(self.dsn, self.name)
+
+    def release(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
 def _database_lock(dsn: str, name: str) -> Any:
     """Take the node lock of the database (held while this connection lives)."""
     import psycopg
@@ -165,7 +189,7 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
     if directory is not None:
         directory.acquire(name)
     listener: socket.socket | None = None
-    lock_conn = None
+    lock: NodeLock | None = None
     launched = False  # this start launched the embedded PostgreSQL
     served = False
     try:
@@ -177,12 +201,13 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
             launched = not embedded.status(directory.postgres)["running"]
             dsn = embedded.ensure_running(directory.postgres, host=host).dsn
         migrate(dsn)
-        lock_conn = _database_lock(dsn, name)
+        lock = NodeLock(dsn, name)
+        lock.take()
         served = True
         served_fronts = FrontsThread(dsn, fronts).start() if fronts else None
         try:
             return _serve(name, dsn, host, port, peers, secret, metrics, listener, directory,
-                          advertised(advertise_dsn, dsn), resp_address(fronts, host))
+                          advertised(advertise_dsn, dsn), resp_address(fronts, host), lock)
         finally:
             if served_fronts is not None:
                 served_fronts.stop()
@@ -195,9 +220,8 @@ def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = Non
         if listener is not None:
             with contextlib.suppress(OSError):
                 listener.close()
-        if lock_conn is not None:
-            with contextlib.suppress(Exception):
-                lock_conn.close()
+        if lock is not None:
+            lock.release()
         if directory is not None:
             with contextlib.suppress(OSError):
                 directory.write(state="stopped")
@@ -239,13 +263,14 @@ def advertised(option: str | None, dsn: str) -> str:
 
 def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int]],
            secret: bytes, metrics: str | None, listener: socket.socket,
-           directory: NodeDirectory | None, advertise_dsn: str, advertise_resp: str) -> int:
+           directory: NodeDirectory | None, advertise_dsn: str, advertise_resp: str,
+           lock: NodeLock) -> int:
     from .node import Node, NodeSettings
 
     settings = NodeSettings(name=name, dsn=dsn, bus_host=host, bus_port=port,
                             secret=secret, joins=peers, metrics=metrics,
                             advertise_dsn=advertise_dsn, advertise_resp=advertise_resp)
-    node = Node(settings, listener=listener)
+    node = Node(settings, listener=listener, relock=lock.take)
 
     async def main() -> None:
         async with anyio.create_task_group() as tasks:
@@ -258,5 +283,13 @@ def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int
                     tasks.cancel_scope.cancel()
                     break
 
-    anyio.run(main)
+    try:
+        anyio.run(main)
+    except BaseExceptionGroup as group:  # the node stopped itself (another took its database)
+        stopped = group.subgroup(PgqError)
+        if stopped is None:
+            raise
+        while isinstance(stopped, BaseExceptionGroup):
+            stopped = stopped.exceptions[0]
+        raise stopped from None
     return 0

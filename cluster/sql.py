@@ -36,6 +36,10 @@ INSERT INTO pgq.meta (key, value) VALUES ('heartbeat_at', pgq.now()::text)
 ON CONFLICT (key) DO UPDATE SET value = excluded.value
 """
 
+# Does some session hold the node lock? (The node's own connection does,
+# until PostgreSQL restarts under the node process: see process.NodeLock.)
+NODE_LOCK_HELD = f"SELECT {contracts.NODE_LOCK_HELD}"
+
 LOAD_MEMBERS = """
 SELECT id, name, host, port, status, incarnation, leaving, dsn, resp FROM pgq.nodes
 """

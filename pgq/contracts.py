@@ -16,6 +16,8 @@ apart:
   :data:`NODE_LOCK_KEY` on its database while it runs (one process per
   database); its backend ends with the process, so a free lock means no
   node process runs: a synchronous adder stops waiting for copies at once.
+  A crash of PostgreSQL alone ends the lock too: the node process checks it
+  every second and takes it again.
 * **Outbox events** (``pgq.outbox``: kind, job_id, queue, arg), written by
   client statements in the transaction of the change they announce, and
   read by the node process in ``seq`` order (:data:`OUTBOX_KINDS`; the
@@ -51,12 +53,19 @@ __all__ = [
     "OUTBOX_REPLICATE", "OUTBOX_ABORT", "OUTBOX_ACK", "OUTBOX_FASTACK", "OUTBOX_QUEUED",
     "OUTBOX_WORKING", "OUTBOX_PAUSE", "OUTBOX_MEET", "OUTBOX_FORGET", "OUTBOX_LEAVING",
     "TELL_NODE", "SET_LEAVING", "NODE_ID", "HELD_BY_NODE", "CLUSTER_STATE", "NODES",
-    "holders_arg", "split_holders", "notice_arg", "split_notice", "NODE_LOCK_KEY",
+    "holders_arg", "split_holders", "notice_arg", "split_notice", "NODE_LOCK_KEY", "NODE_LOCK_HELD",
     "STORE_COPIES", "STORE_COPY", "ONE_COPY_NAMES", "COPY_ROWS", "batch_rows",
 ]
 
 JOBS_CHANNEL = "pgq"
 NODE_LOCK_KEY = 0x7067716E  # "pgqn": pg_advisory_lock(bigint) of the node process
+# Some session holds the node lock. A bigint advisory key shows in pg_locks
+# as classid = its high half, objid = its low half, objsubid = 1.
+NODE_LOCK_HELD = f"""EXISTS (SELECT FROM pg_locks l
+               WHERE l.locktype = 'advisory' AND l.granted
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                 AND l.classid = {NODE_LOCK_KEY >> 32} AND l.objid = {NODE_LOCK_KEY & 0xFFFFFFFF}
+                 AND l.objsubid = 1)"""
 DOORBELL_CHANNEL = "pgq_node"
 REPLICATION_CHANNEL_PREFIX = "pgq_r"
 

@@ -268,7 +268,7 @@ class LocalCluster:
         for node in self.nodes:
             node.serve_or_restart(timeout)
         others = len(self.nodes) - 1
-        wait_for(lambda: all(set(n.cluster_view().values()) == {"alive"} and
+        wait_for(lambda: all(set(n.cluster_view().values()) <= {"alive"} and  # {} for a lone node
                              len(n.cluster_view()) == others for n in self.nodes),
                  timeout, "the nodes to see each other")
         return self
@@ -285,7 +285,11 @@ class LocalCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
     def __enter__(self) -> LocalCluster:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # __exit__ does not run then: stop what did start
+            self.close()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.close()

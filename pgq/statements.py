@@ -24,7 +24,7 @@ from __future__ import annotations
 from .contracts import (
                         DOORBELL_CHANNEL,
                         JOBS_CHANNEL,
-                        NODE_LOCK_KEY,
+                        NODE_LOCK_HELD,
                         OUTBOX_ABORT,
                         OUTBOX_ACK,
                         OUTBOX_FASTACK,
@@ -355,17 +355,11 @@ FROM pgq.cluster_state s
 # continuously; a lag of seconds means it is stuck, e.g. stopped).
 # node_running: some session holds the node lock (pgq.contracts): a killed
 # node process's backend is gone within milliseconds, and its lock with it.
-# A bigint advisory key shows as classid = its high half, objid = its low
-# half, objsubid = 1.
 REPLICATION_DONE = f"""
 SELECT u.id, j.state IS NOT NULL AND j.state <> 'wait-repl' AS replicated, j.state IS NULL AS gone,
        (SELECT extract(epoch FROM pgq.now() - o.created_at)::float8
         FROM pgq.outbox o ORDER BY o.seq LIMIT 1) AS outbox_lag,
-       EXISTS (SELECT FROM pg_locks l
-               WHERE l.locktype = 'advisory' AND l.granted
-                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-                 AND l.classid = {NODE_LOCK_KEY >> 32} AND l.objid = {NODE_LOCK_KEY & 0xFFFFFFFF}
-                 AND l.objsubid = 1) AS node_running
+       {NODE_LOCK_HELD} AS node_running
 FROM unnest(%(ids)s::text[]) AS u(id) LEFT JOIN pgq.jobs j ON j.id = u.id
 """
 

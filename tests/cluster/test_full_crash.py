@@ -49,3 +49,35 @@ def test_every_node_and_database_killed_then_restarted_at_once():
                 if jobs:
                     client.ack_job(*(j.id for j in jobs))
         assert wanted <= got, f"{len(wanted - got)} jobs held before the crash were not delivered"
+
+
+def _lock_holder(dsn: str) -> int | None:
+    """The backend holding the node lock, None if nobody (or no server)."""
+    import psycopg
+
+    from pgq.contracts import NODE_LOCK_KEY
+
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=2) as conn:
+            row = conn.execute(f"""SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+                                   AND classid = {NODE_LOCK_KEY >> 32}
+                                   AND objid = {NODE_LOCK_KEY & 0xFFFFFFFF} AND objsubid = 1""").fetchone()
+    except psycopg.OperationalError:
+        return None
+    return None if row is None else int(row[0])
+
+
+def test_a_crash_of_postgresql_alone_leaves_the_node_process_its_lock():
+    """An OOM kill of one backend makes PostgreSQL restart them all. The node
+    process lived on without its node lock: clients read "no node process"
+    and withdrew replicated adds after 50 ms, until the node was restarted."""
+    with LocalCluster(1, prefix="pgq-pgcrash-") as cluster:
+        node = cluster.nodes[0]
+        holder = _lock_holder(node.dsn)
+        assert holder is not None
+        os.kill(holder, signal.SIGKILL)  # crash recovery: every backend ends
+        wait_for(lambda: _lock_holder(node.dsn) not in (None, holder), 60,
+                 "the node process to take its lock again")
+        assert node.alive()
+        with pgq.Client(node.dsn) as client:  # and it serves
+            assert client.get_job("pgcrash", nohang=True) == []
