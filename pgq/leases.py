@@ -29,6 +29,9 @@ class LeaseSchedule:
     def __len__(self) -> int:
         return len(self._interval)
 
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._interval
+
     def add(self, job_id: str, retry: float, now: float) -> None:
         """Start extending ``job_id``, whose lease is ``retry`` seconds."""
         interval = max(retry / 2, self._min_interval)

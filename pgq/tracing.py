@@ -108,5 +108,8 @@ def extract_link(carrier: Mapping[str, str] | None) -> list[Any]:
     """A link to the span whose context a job carried (none without one)."""
     if trace is None or not carrier:
         return []
-    context = trace.get_current_span(propagate.extract(dict(carrier))).get_span_context()
+    try:
+        context = trace.get_current_span(propagate.extract(dict(carrier))).get_span_context()
+    except Exception:  # a carrier a producer got wrong ({"traceparent": 5}): no link
+        return []
     return [trace.Link(context)] if context.is_valid else []

@@ -44,6 +44,7 @@ What a worker guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import inspect
@@ -196,7 +197,7 @@ class Worker:
                  max_nacks: int | None = None, max_deliveries: int | None = DEFAULT_MAX_DELIVERIES,
                  backoff: float = 1.0, max_backoff: float = 300.0,
                  transactional: bool = False, metrics: Any = None,
-                 job_log_level: int = logging.DEBUG, keep_results: float | None = None,
+                 job_log_level: int | str = logging.DEBUG, keep_results: float | None = None,
                  encode_result: Callable[[Any], bytes | None] | None = None,
                  scheduler: bool = False,
                  trace_context: Callable[[Job], dict[str, str] | None] | None = None) -> None:
@@ -223,7 +224,8 @@ class Worker:
                                     transactional)
         self.tasks: dict[str, _Task] = {}
         self.stats = WorkerStats()
-        self.job_log_level = job_log_level  # one line per finished job, at this level
+        self.job_log_level = _log_level(job_log_level)  # one line per finished job, at this level
+        self._extending: dict[str, anyio.Event] = {}  # WORKING in flight, by job
         # Results (schema 0011): what a handler returns, or the error that
         # sent its job to the dead letters, kept `keep_results` seconds.
         self.keep_results = keep_results
@@ -432,7 +434,7 @@ class Worker:
                 got = await self.client.get_job(*queues, count=free, timeout=self.poll_timeout,
                                                 withcounters=True, nohang=self._until_empty)
                 self._observe("claim", time.perf_counter() - started)
-            except PgqError as exc:
+            except (PgqError, psycopg.Error) as exc:  # a read-only standby after a failover...
                 log.warning("worker: claim failed: %s", exc)
                 got = []
                 await anyio.sleep(1.0)
@@ -540,10 +542,17 @@ class Worker:
 
     async def _call(self, task: _Task, job: Job) -> Any:
         """Run the handler; what it returned when the ACK is still to be sent,
-        None when done (transactional: acknowledged with its writes)."""
+        None when done (transactional: acknowledged with its writes).
+
+        Whatever the handler raises fails its job, never the worker: its own
+        TimeoutError (a socket's, asyncio.timeout's) is no timeout of ours
+        (with no timeout set, reporting one raised TypeError, which ended
+        the worker), and a CancelledError, SystemExit or KeyboardInterrupt
+        raised by its code stopped the worker without draining it. Only a
+        cancellation of this task (the worker stopping) goes through."""
         timeout = task.options.timeout
         try:
-            with anyio.fail_after(timeout) if timeout else _no_timeout():
+            with anyio.move_on_after(timeout) as deadline:
                 if task.options.transactional:
                     await self._call_in_transaction(task, job)
                     return None
@@ -552,13 +561,14 @@ class Worker:
                 else:
                     value = await self._threads.run(task.handler, job)
                 return _Returned(value)
-        except TimeoutError as exc:
-            raise _JobFailed(f"timed out after {timeout:g} s") from exc
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception as exc:
-            trace = "".join(traceback.format_exception(exc)).rstrip()
-            raise _JobFailed(f"{type(exc).__name__}: {exc}", trace) from exc
+        except anyio.get_cancelled_exc_class() as exc:
+            if _cancelling():
+                raise
+            raise _handler_failed(exc) from exc
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            raise _handler_failed(exc) from exc
+        assert deadline.cancelled_caught and timeout is not None
+        raise _JobFailed(f"timed out after {timeout:g} s")
 
     async def _call_in_transaction(self, task: _Task, job: Job) -> None:
         """The handler's writes, its result (with ``keep_results``) and the
@@ -649,9 +659,13 @@ class Worker:
             with anyio.move_on_after(wait):
                 await self._leases_changed.wait()
             for job_id in self._leases.due(time.monotonic()):
-                await self._extend(job_id)
+                if job_id in self._leases:  # not ended while an earlier one was extended
+                    await self._extend(job_id)
 
     async def _extend(self, job_id: str) -> None:
+        # A job that fails meanwhile waits for this WORKING before its NACK
+        # (_failed): sent after it, the WORKING undid the NACK's back-off.
+        self._extending[job_id] = sent = anyio.Event()
         try:
             await self.client.working(job_id)
             self.stats.extended += 1
@@ -660,8 +674,11 @@ class Worker:
             self._leases.discard(job_id)
         except NoJobError:
             self._leases.discard(job_id)
-        except PgqError as exc:  # the next extension is scheduled: try again then
+        except (PgqError, psycopg.Error) as exc:  # the next extension is scheduled: try again then
             log.warning("worker: could not extend the lease of job %s: %s", job_id, exc)
+        finally:
+            del self._extending[job_id]
+            sent.set()
 
     async def _failed(self, task: _Task, job: Job, failure: _JobFailed) -> None:
         opts = task.options
@@ -675,6 +692,8 @@ class Worker:
             log.warning("worker: job %s of %s failed (%s)\n%s", job.id, job.queue, reason, failure.trace)
         else:
             log.warning("worker: job %s of %s failed (%s)", job.id, job.queue, reason)
+        if (extending := self._extending.get(job.id)) is not None:
+            await extending.wait()
         try:
             outcome = await self._settle_failure(job, opts, reason, failure.trace, over, policy, nacks)
         except (PgqError, psycopg.Error) as exc:
@@ -762,20 +781,42 @@ class Worker:
 
     def _observe(self, what: str, seconds: float) -> None:
         if self.metrics is not None:
-            self.metrics.observe(what, seconds)
+            try:
+                self.metrics.observe(what, seconds)
+            except Exception:  # a metrics object of the user's must not end the worker
+                log.exception("worker: metrics.observe failed")
 
     def _done(self, job: Job, outcome: str) -> None:
         log.log(self.job_log_level, "job %s of %s %s", job.id, job.queue, outcome)
         if self.metrics is not None:
-            self.metrics.job_done(job.queue, outcome)
+            try:
+                self.metrics.job_done(job.queue, outcome)
+            except Exception:
+                log.exception("worker: metrics.job_done failed")
 
 
-class _no_timeout:
-    def __enter__(self) -> None:
-        return None
+def _log_level(level: object) -> int:
+    """A logging level: an int, or a name ("INFO"). Checked when the worker
+    is made: a name was passed to log.log() after every job, which raised."""
+    if isinstance(level, str) and isinstance(logging.getLevelName(level.upper()), int):
+        return int(logging.getLevelName(level.upper()))
+    if isinstance(level, int) and not isinstance(level, bool) and level >= 0:
+        return level
+    raise InvalidArgumentError(f"job_log_level must be a logging level (logging.INFO, or "
+                               f"'INFO'), not {level!r}")
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+
+def _cancelling() -> bool:
+    """This task is being cancelled (the worker stops), as opposed to a
+    CancelledError the handler's own code raised (an awaited task that
+    someone else cancelled)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
+def _handler_failed(exc: BaseException) -> _JobFailed:
+    trace = "".join(traceback.format_exception(exc)).rstrip()
+    return _JobFailed(f"{type(exc).__name__}: {exc}", trace)
 
 
 def _name_of(handler: Handler) -> str:

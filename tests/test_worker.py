@@ -3,10 +3,13 @@ with back-off and dead letters, timeouts, transactional mode."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 import time
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 import pgq
@@ -138,6 +141,65 @@ def test_failures_back_off_then_go_to_dead_letters(dsn, client, db):
     assert len(again) == 1 and again[0] != job_id
     assert client.get_job("flaky", nohang=True)[0].body == b"payload"
     assert client.dead_letters("flaky") == []
+
+
+def _raising(error: BaseException, is_async: bool):
+    """A handler that raises ``error`` for the body b"bad" and succeeds otherwise."""
+    def check(job: pgq.Job) -> str:
+        if job.body == b"bad":
+            raise error
+        return "ok"
+
+    if not is_async:
+        return check
+
+    async def handler(job: pgq.Job) -> str:
+        await anyio.lowlevel.checkpoint()
+        return check(job)
+
+    return handler
+
+
+@pytest.mark.parametrize("is_async", [True, False], ids=["async", "def"])
+@pytest.mark.parametrize("error", [TimeoutError("read timed out"), asyncio.CancelledError(),
+                                   SystemExit(3), KeyboardInterrupt()],
+                         ids=["TimeoutError", "CancelledError", "SystemExit", "KeyboardInterrupt"])
+def test_whatever_a_handler_raises_fails_its_job_not_the_worker(dsn, client, error, is_async):
+    """A handler's own TimeoutError with no timeout set raised TypeError
+    (reporting "timed out after None s"), and a CancelledError, SystemExit
+    or KeyboardInterrupt from its code ended the worker without draining:
+    the job came back after its retry and did it again, every time."""
+    client.add_jobs("raises", [b"bad", b"good"])
+    worker = pgq.Worker(client, queues=["raises"], handler=_raising(error, is_async),
+                        max_nacks=1, concurrency=1)
+    run_until(worker, lambda: worker.stats.dead == 1 and worker.stats.succeeded == 1)
+    [dead] = client.dead_letters("raises")
+    assert dead["reason"].startswith(f"{type(error).__name__}: ") and "Traceback" in dead["reason"]
+
+
+def test_a_handlers_own_timeout_error_is_no_timeout_of_the_worker(dsn, client):
+    client.add_job("own-timeout", b"bad")
+    worker = pgq.Worker(client, queues=["own-timeout"], timeout=30, max_nacks=1,
+                        handler=_raising(TimeoutError("read timed out"), True))
+    run_until(worker, lambda: worker.stats.dead == 1)
+    assert client.dead_letters("own-timeout")[0]["reason"].startswith("TimeoutError: read timed out")
+
+
+def test_a_failing_metrics_object_or_a_level_name_does_not_end_the_worker(dsn, client):
+    class Broken:
+        def observe(self, what: str, seconds: float) -> None:
+            raise RuntimeError("metrics backend down")
+
+        def job_done(self, queue: str, outcome: str) -> None:
+            raise RuntimeError("metrics backend down")
+
+    client.add_jobs("metrics", [b"1", b"2"])
+    worker = pgq.Worker(client, queues=["metrics"], handler=lambda job: None, metrics=Broken(),
+                        job_log_level="INFO")
+    run_until(worker, lambda: worker.stats.succeeded == 2)
+    assert worker.job_log_level == logging.INFO
+    with pytest.raises(pgq.errors.InvalidArgumentError, match="job_log_level"):
+        pgq.Worker(client, queues=["metrics"], handler=lambda job: None, job_log_level="LOUD")
 
 
 def test_per_job_timeout_counts_as_a_failure(dsn, client):
