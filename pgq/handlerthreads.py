@@ -26,7 +26,11 @@ Invariants:
 * a thread parks itself before it wakes its caller, so calls made one
   after another run in one thread;
 * the awaiting task gets the handler's return value or its exception, and a
-  task cancelled while waiting leaves the call to finish alone.
+  task cancelled while waiting leaves the call to finish alone; such calls
+  still running are counted (``abandoned``): a worker keeps their slots
+  taken, or a handler that hangs past its timeout ran again beside itself,
+  and threads (and a transactional handler's connections) grew past the
+  worker's concurrency.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class HandlerThreads:
         self._parked: list[_Thread] = []
         self._lock = threading.Lock()
         self.started = 0  # threads started so far (for tests and metrics)
+        self.abandoned = 0  # calls still running whose awaiting task gave up
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` in one of the threads; its result, or its exception."""
@@ -65,9 +70,21 @@ class HandlerThreads:
                 box["result"] = fn(*args)
             except BaseException as exc:  # handed to the awaiting task
                 box["error"] = exc
+            finally:
+                with self._lock:
+                    box["returned"] = True
+                    if box.get("abandoned"):
+                        self.abandoned -= 1
 
         self._hand(call, wake)
-        await done.wait()
+        try:
+            await done.wait()
+        except BaseException:  # cancelled (a timeout, a shutdown): the call goes on alone
+            with self._lock:
+                if not box.get("returned"):
+                    box["abandoned"] = True
+                    self.abandoned += 1
+            raise
         if "error" in box:
             raise box["error"]
         return box.get("result")

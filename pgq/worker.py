@@ -405,8 +405,9 @@ class Worker:
         self._stopping.set()  # type: ignore[union-attr]
 
     def _free(self) -> int:
-        """Slots not taken by a claimed job (running or about to)."""
-        return self.concurrency - len(self._in_flight)
+        """Slots not taken by a claimed job (running or about to), nor by a
+        ``def`` handler still running after its job timed out."""
+        return self.concurrency - len(self._in_flight) - self._threads.abandoned
 
     async def _claim_until_stopped(self) -> None:
         # A claim is never cancelled (its jobs could be lost between the

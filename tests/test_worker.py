@@ -15,6 +15,8 @@ import pytest
 import pgq
 import pgq.testing
 
+from .conftest import wait_until
+
 
 def run_until(worker: pgq.Worker, predicate, timeout: float = 20.0) -> pgq.worker.WorkerStats:
     """Run the worker in a thread until predicate() is true, then stop it."""
@@ -211,6 +213,38 @@ def test_per_job_timeout_counts_as_a_failure(dsn, client):
     worker = pgq.Worker(client, queues=["slow"], handler=handler, timeout=0.3, max_nacks=1)
     run_until(worker, lambda: worker.stats.dead == 1, timeout=10)
     assert "timed out after 0.3 s" in client.dead_letters("slow")[0]["reason"]
+
+
+def test_a_def_handler_still_running_after_its_timeout_keeps_its_slot(dsn, client):
+    """Its thread cannot be stopped: its slot was freed all the same, so a
+    handler that hangs ran again beside itself (its job NACKed and claimed
+    again), threads grew past the concurrency, and a transactional
+    handler's connections ran out."""
+    client.add_jobs("hangs", [b"hang", b"next"])
+    release, started = threading.Event(), []
+
+    def handler(job: pgq.Job) -> None:
+        started.append(job.body)
+        if job.body == b"hang":
+            release.wait(30)
+
+    worker = pgq.Worker(client, queues=["hangs"], handler=handler, concurrency=1, timeout=0.3,
+                        max_nacks=1)
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        # Either "next" started beside the hung handler (the bug), or the
+        # worker holds its one slot for the abandoned thread, nothing in flight.
+        wait_until(lambda: worker.stats.dead == 1 and (
+            b"next" in started or (not worker._in_flight and worker._free() == 0)), 20)
+        assert started == [b"hang"]
+        release.set()  # the thread returns: its slot is free again
+        wait_until(lambda: worker.stats.succeeded == 1, 20)
+        assert started == [b"hang", b"next"]
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(30)
 
 
 def test_failed_at_most_once_job_is_not_retried(dsn, client):
