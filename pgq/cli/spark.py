@@ -129,7 +129,8 @@ def _read_input(spark: Any, inputs: tuple[str, ...], fmt: str) -> Any:
 @click.option("--delay", type=float, default=0, show_default=True, help="Seconds before jobs are queued.")
 @click.option("--retry", type=float, help="Seconds before an unacknowledged job is re-queued.")
 @click.option("--ttl", type=float, help="Seconds a job lives (default 86400).")
-@click.option("--ingest-id", help="Name of this ingestion (default: derived from the input).")
+@click.option("--ingest-id", help="Name of this ingestion (default: derived from the local "
+              "input files; required for a URL).")
 @click.option("--partitions", type=int, help="Repartition the input into this many partitions first.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_nodes_option
@@ -148,6 +149,12 @@ def ingest(inputs: tuple[str, ...], queue: str, fmt: str | None, body_column: st
     for item in inputs:  # a local path (no URL scheme) that is not there: say so now
         if "://" not in item and not Path(item).exists():
             raise click.UsageError(f"no such file or directory: {item}")
+    if ingest_id is None and any("://" in item for item in inputs):
+        # The default id hashes local files' sizes and times; of a URL only
+        # its text, so a daily run on one prefix said "done already" and
+        # added nothing new.
+        raise click.UsageError("an input given as a URL needs --ingest-id (the same id for a "
+                               "run again of the same data, a new one for new data)")
     ingest_id = ingest_id or _default_ingest_id(inputs, queue)
     spark = spark_session(master, app_name="pgq-ingest")
     try:

@@ -211,6 +211,14 @@ class Ingestion:
         self.partitions = partitions
         self.progress = progress or (lambda _message: None)
         self.nodes = [_describe(dsn) for dsn in resolve_nodes(nodes)]
+        ids = [n.node_id for n in self.nodes]
+        if len(set(ids)) != len(ids):
+            # Two spellings of one database (localhost and 127.0.0.1): they
+            # shared one staging table, the first merge took only its own
+            # rows and dropped it, and the second found the ingestion merged.
+            raise InvalidArgumentError(
+                "nodes lists the same database twice (two DSNs, one node id "
+                f"{next(i for i in ids if ids.count(i) > 1)}): name each node once")
         w = _replication(params, self.nodes)
         self.plan = IngestPlan(ingest_id, name, tuple(n.node_id for n in self.nodes), w, params)
         self.started_ms = 0
@@ -356,6 +364,7 @@ class Ingestion:
             if state is None:
                 raise IngestError(f"ingestion {plan.ingest_id!r} vanished from {target.name}: run it again")
             if state[0] == "merged":  # a concurrent run finished it
+                conn.execute(sql.staging(sql.DROP_STAGING, plan.staging_table))  # ours, if any
                 self.merged.add(node)
                 return 0
             if conn.execute(sql.QUEUE_PAUSED_IN, {"queue": plan.queue}).fetchone()[0]:  # type: ignore[index]

@@ -62,3 +62,6 @@ def test_missing_input_and_bad_format_fail_clearly(tmp_path, dsn):
     odd.write_text("<x/>")
     failed = pgq_cli("spark", "ingest", str(odd), "--queue", "q", "--dsn", dsn)
     assert failed.returncode == 2 and "--format" in failed.stderr
+    # of a URL the default id would hash only its text: a daily run added nothing new
+    url = pgq_cli("spark", "ingest", "s3a://bucket/daily/data.csv", "--queue", "q", "--dsn", dsn)
+    assert url.returncode == 2 and "--ingest-id" in url.stderr, url.stderr
