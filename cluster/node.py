@@ -41,7 +41,7 @@ from psycopg_pool import AsyncConnectionPool
 from pgq.contracts import DOORBELL_CHANNEL
 from pgq.driver import extract
 from pgq.errors import PgqError
-from pgq.protocol import Query
+from pgq.protocol import Query, Result
 from pgq.statements import SESSION_OPTIONS
 
 from . import messages as m
@@ -177,13 +177,10 @@ class Node:
         """Take the node lock again when nobody holds it (PostgreSQL restarted:
         clients read "no node process" meanwhile). Another node process
         holding it now stops this one (PgqError, out of the task group)."""
-        assert self.pool is not None
         while True:
             await anyio.sleep(LOCK_CHECK_EVERY)
             try:
-                async with self.pool.connection() as conn:
-                    row = await (await conn.execute(sql.NODE_LOCK_HELD)).fetchone()
-                if row is not None and not row[0]:
+                if not await self._query(Query(sql.NODE_LOCK_HELD, None, Result.VALUE)):
                     await anyio.to_thread.run_sync(relock)
                     log.warning("the node lock was lost (PostgreSQL restarted?): taken again")
             except (psycopg.OperationalError, OSError):
