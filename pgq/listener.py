@@ -486,17 +486,19 @@ class SyncSharedListener:
     def subscribe(self, queues: Sequence[str], timeout: float = 30.0) -> Ticket:
         """As :meth:`SharedListener.subscribe` (a listener that cannot
         register within ``timeout`` seconds leaves the ticket polling)."""
-        with self._lock:
-            if self._stopping.is_set():
-                raise psycopg.OperationalError("this client is closed")
-            ticket = self.wakeups.join(queues)
-            self._start()
-        self._poke()
-        try:
+        ticket: Ticket | None = None
+        try:  # from the join on: an interrupt anywhere after it must not leave the ticket
+            with self._lock:
+                if self._stopping.is_set():
+                    raise psycopg.OperationalError("this client is closed")
+                ticket = self.wakeups.join(queues)
+                self._start()
+            self._poke()
             if not ticket.ready.wait(timeout):
                 ticket.failed = True
         except BaseException:  # interrupted: the ticket must not stay registered for good
-            self.leave(ticket)
+            if ticket is not None:
+                self.leave(ticket)
             raise
         return ticket
 
