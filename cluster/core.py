@@ -677,7 +677,7 @@ class NodeCore:
     def _on_willqueue(self, peer: str, message: m.WillQueue) -> Step:
         assert self.requeues is not None
         rows = yield _rows(sql.WILLQUEUE_STATE, {**self._named(message), "sender": peer,
-                                                 "myself": self.node_id})
+                                                 "myself": self.node_id, "ahead": ANNOUNCE_AHEAD})
         queued, acked = self.requeues.on_willqueue((r[0], r[1], r[2]) for r in rows)
         if queued:
             holders = {r[0]: tuple(r[2] or ()) for r in rows}

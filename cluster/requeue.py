@@ -9,7 +9,11 @@ Disque's answer, kept here:
 * **WILLQUEUE**: a little before its timer fires (``ANNOUNCE_AHEAD``), a
   holder tells the other holders it is about to queue the job. A holder
   that has the job queued answers QUEUED (so the announcer postpones its
-  timer); one that knows it acknowledged answers SETACK.
+  timer); one that knows it acknowledged answers SETACK. An active copy
+  whose timer would race the announcer's stands aside (postpones its own,
+  in SQL: ``WILLQUEUE_STATE``), the lower node id going first when both
+  are due within the window: a QUEUED alone arrives too late for timers
+  closer together than a message takes.
 * **QUEUED**: when the timer fires and the job is queued here, every other
   holder is told; each postpones its own timer by ``retry`` and, if it has
   the job queued too (both fired together), keeps it only if it wins the

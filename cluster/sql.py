@@ -361,11 +361,32 @@ _MERGED_HOLDERS = """
     (SELECT array_agg(DISTINCT n ORDER BY n)
      FROM unnest(coalesce(j.nodes_delivered, ARRAY[%(myself)s::text]) || g.named) AS n)"""
 
+# WILLQUEUE from `sender`: it will queue these within `ahead` seconds.
+# Learn the holders it names; answer with our state (the node replies
+# QUEUED for a copy queued here, SETACK for an acknowledged one). And an
+# active copy whose own timer would race the sender's stands aside: its
+# timer is postponed by retry when the sender comes first (our timer is
+# due after the sender's window) or wins the tie (both due within the
+# window: the lower node id queues). Disque relies on the sender's QUEUED
+# alone to postpone the others, which arrives too late when two timers
+# come due closer together than a message takes: both queued the job and
+# counted the re-queue twice (a real-process test under a loaded CI run).
+# The announcement goes out `ahead` seconds early, so this holds for any
+# delay shorter than that; past it the QUEUED tie-break still decides.
+_STANDS_ASIDE = """(
+    j.state = 'active' AND j.retry > 0
+    AND j.cluster_requeue_at < pgq.now() + j.retry * interval '1 second'
+    AND (%(sender)s < %(myself)s
+         OR j.cluster_requeue_at > pgq.now() + %(ahead)s * interval '1 second'))"""
+
 WILLQUEUE_STATE = f"""
 WITH {_GIVEN_HOLDERS}, learned AS (
-    UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS}
+    UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS},
+        cluster_requeue_at = CASE WHEN {_STANDS_ASIDE}
+            THEN pgq.now() + (j.retry + random() * 0.5) * interval '1 second'
+            ELSE j.cluster_requeue_at END
     FROM given g
-    WHERE j.id = g.id AND NOT coalesce(j.nodes_delivered @> g.named, false)
+    WHERE j.id = g.id AND (NOT coalesce(j.nodes_delivered @> g.named, false) OR {_STANDS_ASIDE})
     RETURNING j.id, j.nodes_delivered
 )
 SELECT j.id, j.state, coalesce(l.nodes_delivered, j.nodes_delivered)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from pgq.cluster.mock_transport import NetworkFaults
 from pgq.cluster.scenario import Scenario
 
 from pgq import arguments, commands, contracts
@@ -91,6 +92,29 @@ def test_two_holders_whose_timers_fire_together_agree_on_one(sim_databases):
                     "requeue_at = NULL WHERE id = %s", (job,))
     s.until(lambda: s.queued_on(job), 4.0, "a re-queue")
     s.holds(lambda: len(s.queued_on(job)) == 1, 4.0, "one queued copy after the race")
+
+
+@pytest.mark.parametrize("lower_first", [True, False])
+def test_holders_whose_timers_are_closer_than_a_message_requeue_once(sim_databases, lower_first):
+    """The queueing node crashed; the two other holders' timers come due
+    30 ms apart while a message takes 200 ms: the later one cannot hear
+    the first one's QUEUED in time. Their WILLQUEUEs, sent 0.5 s ahead,
+    decide instead (the lower node id queues): one re-queue, counted once
+    on every copy. Without it both queued the job and each copy counted
+    two re-queues (the real-process test_requeue saw it under load)."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=1)
+    s.crash("n1")
+    lower, higher = sorted(["n2", "n3"], key=lambda name: s.node(name).node_id)
+    first, second = (lower, higher) if lower_first else (higher, lower)
+    for name, after in ((first, 1.0), (second, 1.03)):
+        s.sql(name, "UPDATE pgq.jobs SET cluster_requeue_at = to_timestamp(%s) WHERE id = %s",
+              (s.node(name).clock.wall() + after, job))
+    s.degrade(NetworkFaults(delay=(0.2, 0.2)))
+    s.until(lambda: [n for n in s.queued_on(job) if n != "n1"], 3.0, "a re-queue")
+    s.holds(lambda: [n for n in s.queued_on(job) if n != "n1"] == [lower], 2.0,
+            "the lower node id alone re-queued the job")
+    assert s.counters(job)[lower] == s.counters(job)[higher] == (0, 1)
 
 
 def test_an_at_most_once_job_is_never_requeued(sim_databases):
