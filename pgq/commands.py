@@ -904,9 +904,9 @@ def claim_batch(session: Session, calls: Sequence[ClaimCall]) -> Command[list[li
     """One claim attempt of many callers: one statement per distinct list of
     queues, COUNT summed; the jobs go to the callers in arrival order, each
     up to its COUNT, in priority order. A caller left without jobs blocks
-    on its own (``get_jobs(..., claimed=...)``); where the claim took
-    nothing at all its callers get the claim's :class:`Due` instead of
-    ``[]``, so that their first wait needs no query of its own."""
+    on its own (``get_jobs(..., claimed=...)``); where the claim came up
+    short, the callers it left without a job get the claim's :class:`Due`
+    instead of ``[]``, so that their first wait needs no query of its own."""
     outcomes: list[list[Job] | Due] = [[] for _ in calls]
     groups: dict[tuple[str, ...], list[int]] = {}
     for index, call in enumerate(calls):
@@ -914,16 +914,12 @@ def claim_batch(session: Session, calls: Sequence[ClaimCall]) -> Command[list[li
     for queues, members in groups.items():
         total = min(sum(calls[i].count for i in members), MAX_CLAIM)
         rows, due = yield from _claim(session, list(queues), total)
-        if due is not None:
-            for index in members:
-                outcomes[index] = due
-            continue
         ordered = _in_priority_order(rows, list(queues))
         start = 0
         for index in members:
             mine = ordered[start:start + calls[index].count]
             start += len(mine)
-            outcomes[index] = _jobs(mine, calls[index].withcounters)
+            outcomes[index] = _jobs(mine, calls[index].withcounters) if mine or due is None else due
     return outcomes
 
 
@@ -942,7 +938,7 @@ class Claimed(NamedTuple):
     from_ready: bool  # taken from the ready index (not a due lease): moves the floor
     priority: int
     epoch: int | None
-    due_in: float | None  # the epoch row of a claim that took nothing: seconds until a job is due
+    due_in: float | None  # the epoch row of a claim that came up short: seconds until a job is due
 
 
 @dataclass(frozen=True, slots=True)
@@ -956,7 +952,8 @@ class Due:
 
 def _claim(session: Session, queues: list[str], count: int) -> Command[tuple[list[Claimed], Due | None]]:
     """One claim from the queues' floors (see pgq.floors); returns the
-    claimed jobs (and, if it took none, when a job is due next) and moves
+    claimed jobs (and, if it took fewer than ``count``, when a job is due
+    next) and moves
     the floors on. If the queue epoch moved since the last claim (a job may
     be queued behind a floor) and the claim came up short, it claims again
     at once from the front."""
@@ -975,7 +972,7 @@ def _claim(session: Session, queues: list[str], count: int) -> Command[tuple[lis
         more, _epoch, due = yield from _claim_from(session, queues, [FROM_THE_FRONT] * len(queues),
                                                    count - len(jobs))
         jobs += more
-    return jobs, (due if not jobs else None)
+    return jobs, due
 
 
 def _claim_from(session: Session, queues: list[str], floors: list[int],
@@ -992,7 +989,9 @@ def _claim_from(session: Session, queues: list[str], floors: list[int],
     jobs = [row for row in claimed if row.id is not None]
     if not marks:
         return jobs, None, None
-    return jobs, marks[0].epoch, (Due(marks[0].due_in) if not jobs else None)
+    # The probe ran only if the claim came up short (see sql._CLAIM_RESULT):
+    # a full claim's NULL due_in means "not asked", not "none will be due".
+    return jobs, marks[0].epoch, (Due(marks[0].due_in) if len(jobs) < count else None)
 
 
 def _in_priority_order(rows: list[Claimed], queues: list[str]) -> list[Claimed]:

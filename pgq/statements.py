@@ -524,10 +524,13 @@ WITH wanted AS (
 # a higher queue or by due leases): a concurrent claim skipped them and may
 # have moved its floor past them.
 #
-# A claim that took nothing also says, in that row, how long until a job of
-# these queues becomes due (``due_in``, as NEXT_DUE below): a blocked GET
-# bounds its wait with it without asking again (0.3 statements per job in
-# the steady-state bench). A claim that took jobs skips the probe.
+# A claim that came up short (took fewer than its COUNT: the queues ran
+# dry) also says, in that row, how long until a job of these queues becomes
+# due (``due_in``, as NEXT_DUE below): a blocked GET bounds its wait with it
+# without asking again (0.3 statements per job in the steady-state bench),
+# and so do the callers of a combined claim left without a job (0.4 NEXT_DUE
+# per job there, when only claims that took nothing probed). A claim that
+# filled its COUNT skips the probe.
 # A queue paused for output gives nothing, so its due jobs are no reason to
 # wake: the claim's probe reads the queues it wanted (paused-out ones are not),
 # where a due job of a paused one made a blocked GET claim every millisecond.
@@ -541,7 +544,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
             THEN nextval('pgq.queue_epoch')
             ELSE (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pgq.queue_epoch)
        END,
-       CASE WHEN NOT EXISTS (SELECT 1 FROM claimed) THEN (
+       CASE WHEN (SELECT count(*) FROM claimed) < %(count)s THEN (
            SELECT extract(epoch FROM min(d.requeue_at) - pgq.now())::float8
            FROM wanted q
            CROSS JOIN LATERAL (

@@ -239,6 +239,28 @@ def test_a_due_job_in_a_queue_paused_for_output_does_not_make_a_get_spin(dsn, cl
     assert len(queries) < 40, len(queries)  # as an idle queue's (above); ~1000 before
 
 
+def test_a_combined_claim_that_runs_dry_tells_the_callers_it_left_when_a_job_is_due(client):
+    """Callers of one combined claim left without a job wait at once: the
+    claim that came up short says when the next job is due (a lease here),
+    so their first wait needs no NEXT_DUE of its own (0.4 statements per
+    job in the steady-state bench, when only a claim that took nothing
+    said it). A claim that filled its COUNT does not probe."""
+    from pgq import commands
+
+    leased = client.add_job("dry", b"leased", retry=30)
+    assert [j.id for j in client.get_job("dry")] == [leased]  # due again in 30 s
+    ready = client.add_job("dry", b"ready")
+    calls = [commands.ClaimCall(("dry",), 1, False)] * 3
+    first, second, third = client._run(lambda session: commands.claim_batch(session, calls))
+    assert [j.id for j in first] == [ready]
+    assert isinstance(second, commands.Due) and second == third
+    assert second.seconds is not None and 25 < second.seconds <= 30.3  # the lease's retry (+ jitter)
+    client.add_job("dry", b"a")
+    client.add_job("dry", b"b")
+    full = client._run(lambda session: commands.claim_batch(session, calls[:2]))
+    assert [len(jobs) for jobs in full] == [1, 1]
+
+
 def test_a_job_stands_for_its_id(client):
     client.add_jobs("asid", [b"1", b"2"], retry=30)
     first, second = client.get_job("asid", count=2)
