@@ -203,12 +203,20 @@ class AsyncPeerPools:
         return results
 
     async def _prune(self) -> None:
+        """Close the pools no write used for IDLE_POOL seconds: all taken at
+        once, with no await in between, as :meth:`PeerPools._prune` does
+        under its lock. One by one, with a close awaited after each, two
+        concurrent writes (a client's replicated batches in flight) took the
+        same idle pools, and the second one's ``del`` raised KeyError in the
+        middle of their adds (an ADDJOB through the RESP port failed so in a
+        full bench run, once the peers' pools had idled between rows)."""
         now = time.monotonic()
-        for dsn in [d for d, used in self._used.items() if now - used > IDLE_POOL]:
+        idle = [dsn for dsn, used in self._used.items() if now - used > IDLE_POOL]
+        pools = [self._pools.pop(dsn) for dsn in idle if dsn in self._pools]
+        for dsn in idle:
             del self._used[dsn]
-            pool = self._pools.pop(dsn, None)
-            if pool is not None:
-                await pool.close(timeout=1.0)
+        for pool in pools:
+            await pool.close(timeout=1.0)
 
     async def close(self) -> None:
         self._closed = True

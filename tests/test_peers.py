@@ -83,3 +83,30 @@ def test_a_peer_that_does_not_answer_is_given_up_at_the_timeout(peers, db, dsn):
     assert elapsed < 0.9
     assert db.execute("SELECT v FROM t WHERE id = 1").fetchone()[0] == b"old"
     assert peers.write(INSERT, (("a", dsn, {"id": 2, "v": b"new"}),), 5) == {"a": [(2,)]}
+
+
+def test_two_async_writes_that_find_the_same_idle_pools_both_go_on(dsn):
+    """Two writes in flight at once (a client's replicated batches) pruned
+    the same idle pools: the second one's ``del`` raised KeyError in the
+    middle of its add (a full bench run's ADDJOB through the RESP port)."""
+    import anyio
+
+    from pgq import peers as peer_module
+    from pgq.peers import AsyncPeerPools
+
+    async def main() -> None:
+        pools = AsyncPeerPools()
+        try:
+            others = [f"{dsn}{'&' if '?' in dsn else '?'}application_name=idle{i}" for i in range(2)]
+            for other in others:
+                await pools._pool(other)
+                pools._used[other] = time.monotonic() - peer_module.IDLE_POOL - 1
+            write = (("peer", dsn, {}),)
+            async with anyio.create_task_group() as tasks:
+                for _ in range(2):
+                    tasks.start_soon(pools.write, "SELECT 1", write, 5.0)
+            assert set(pools._pools) == {dsn}
+        finally:
+            await pools.close()
+
+    anyio.run(main)
