@@ -220,10 +220,16 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM woken), (SELECT count(
 """
 
 # Progress of asynchronous / transactional replication: the holders, and
-# the watch of a copy queued here that now has holders elsewhere.
+# the watch of a copy queued here that now has holders elsewhere. The
+# holders only widen, as in RECORD_HOLDERS: such a job is queued while it
+# replicates, and a node that imported it meanwhile (NEEDJOBS: EXPORT_JOBS
+# lists the importer) was dropped from the list, so our ACK never reached
+# its copy and it served the job again (found by a read-only review).
 REPLICATION_PROGRESS = f"""
 UPDATE pgq.jobs j SET
-    nodes_delivered = string_to_array(u.delivered, ','),
+    nodes_delivered = ARRAY(SELECT DISTINCT n FROM unnest(coalesce(j.nodes_delivered, '{{}}')
+                                                         || string_to_array(u.delivered, ',')) AS n
+                            ORDER BY n),
     nodes_confirmed = string_to_array(u.confirmed, ','),
     cluster_requeue_at = CASE WHEN j.state = 'queued' AND j.cluster_requeue_at IS NULL
                                    AND j.retry > 0

@@ -483,6 +483,14 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
         yield Rollback()
         return False
     kept = {job_id: (int(ctime), float(expires)) for job_id, ctime, expires in stored or ()}
+    if any(job_id not in kept and call.queue not in paused for call, job_id, _body, _t in rows):
+        # A row of this add is here already: an attempt before a lost
+        # connection committed it. Whether its copies exist only the node
+        # path knows (it waits on the row's state); confirmed here, such an
+        # add once returned with the one copy of a first attempt that went
+        # through the node process and had not been replicated yet.
+        yield Rollback()
+        return False
     writes = _copy_writes(rows, holders, kept, targets)
     if writes:
         bound = min(DIRECT_TIMEOUT, max(timeout / 2, 0.001))
@@ -490,6 +498,7 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
         failed = _failed_peers(writes, done)
         if failed:
             yield Rollback()
+            _renew_ids(session, calls, taken)
             now = session.clock()
             for peer in failed:
                 session.cluster.failing[peer] = now + PEER_BACKOFF
@@ -505,6 +514,17 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
     yield Commit()
     _set_outcomes(calls, taken, outcomes, paused)
     return True
+
+
+def _renew_ids(session: Session, calls: Sequence[AddCall], taken: list[_Taken]) -> None:
+    """New IDs, in place (the calls' memos hold the same lists), for adds
+    whose direct copies are being withdrawn: the node's way must not store
+    them under the withdrawn IDs. A withdrawal that reached a slow peer
+    after its node process had stored the node's copy there (REPLJOB, the
+    same ID) deleted a copy the add was confirmed with (found by a
+    read-only review). Nothing of the old IDs was committed here."""
+    for t in taken:
+        t.ids[:] = _new_ids(session, calls[t.position].params, len(t.ids))
 
 
 def _copy_writes(rows: list[_Row], holders: list[str], kept: dict[str, tuple[int, float]],

@@ -10,13 +10,14 @@ wiring (tests/cluster/test_*.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
 from pgq.cluster.mock_transport import NetworkFaults
 from pgq.cluster.scenario import Scenario
 
-from pgq import arguments, commands, contracts
+from pgq import arguments, commands, contracts, protocol
 from pgq.errors import LeavingError, NoReplError, PausedError
 
 pytestmark = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",
@@ -356,6 +357,82 @@ def test_a_peer_refusing_a_direct_copy_keeps_none_of_it(sim_databases):
     assert messages_sent(s, "repljob") >= 1
     assert copies(s, job) == {"n1", "n3"}
     s.holds(lambda: copies(s, job) == {"n1", "n3"}, 3.0, "no copy on the paused n2")
+
+
+def test_a_direct_add_run_again_over_a_row_its_first_attempt_left_is_not_confirmed_without_copies(
+        sim_databases):
+    """A replicated add's first attempt went through the node process: its
+    row committed, waiting for copies, and its connection broke. The client
+    runs it again with the same IDs, and this time writes the copies itself:
+    the insert takes nothing (the row exists), so no copy was written, and
+    the add was confirmed with its one copy. A row that exists goes through
+    the node process now, which knows whether it was replicated (found by a
+    read-only review)."""
+    s = cluster(sim_databases, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+            "the peers' databases advertised")
+    s.crash("n1")  # its node process makes no copy: the first attempt's row waits
+    call = commands.AddCall("q", [b"x"], params(replicate=3, timeout=2))
+
+    def first_attempt(session):  # through the node process, until it waits for copies
+        attempt = commands.add_replicated_batch(dataclasses.replace(session, direct=False), [call])
+        request = next(attempt)
+        while not isinstance(request, protocol.Wait):
+            request = attempt.send((yield request))
+        attempt.close()  # the connection broke here
+
+    s.do("n1", first_attempt, "the first attempt")
+    [job] = next(iter(call.ids.values()))
+    assert s.holders(job) == {"n1": "wait-repl"}
+    outcome = s.do("n1", lambda session: commands.add_replicated_batch(session, [call]),
+                   "the add run again")[0]
+    if isinstance(outcome, list):  # confirmed: then W databases hold it
+        assert copies(s, job) == {"n1", "n2", "n3"}
+    else:
+        assert isinstance(outcome, NoReplError) and s.holders(job) == {}
+
+
+def test_an_add_whose_direct_copies_were_withdrawn_goes_through_the_node_under_new_ids(
+        sim_databases):
+    """The withdrawal of a failed direct attempt may reach a slow peer late,
+    after that peer's node process stored the node's copy of the same add:
+    under the same ID it deleted a copy the add was confirmed with (found by
+    a read-only review). The node's way stores the jobs under new IDs."""
+    s = cluster(sim_databases, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+            "the peers' databases advertised")
+    s.partition("n3")  # the direct attempt fails there
+    call = commands.AddCall("q", [b"x"], params())  # W=3, 2 copies suffice after the grace
+    def first_ids(session):  # a command (a generator) that only makes the call's IDs
+        return commands._ids(session, call.params, 1, call.ids)
+        yield
+
+    [first] = s.do("n1", first_ids, "the IDs of the first attempt")
+    [outcome] = s.do("n1", lambda session: commands.add_replicated_batch(session, [call]),
+                     "the add")
+    [job] = outcome
+    assert job != first and s.holders(first) == {}
+    assert copies(s, job) == {"n1", "n2"} and next(iter(call.ids.values())) == [job]
+
+
+def test_replication_progress_keeps_a_holder_that_imported_the_job_meanwhile(sim_databases):
+    """An asynchronous add is queued while it replicates, so another node
+    may import it (NEEDJOBS: EXPORT_JOBS lists the importer as a holder).
+    The progress of the replication overwrote the holders and dropped the
+    importer: an ACK here never reached its copy (found by a read-only
+    review). The holders only widen."""
+    from pgq.cluster import sql as node_sql
+
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=2, asynchronous=True)
+    importer = "f" * 40
+    s.sql("n1", "UPDATE pgq.jobs SET nodes_delivered = nodes_delivered || %s::text WHERE id = %s",
+          (importer, job))
+    origin, peer = s.node("n1").node_id, s.node("n2").node_id
+    s.sql("n1", node_sql.REPLICATION_PROGRESS,
+          {"ids": [job], "delivered": [f"{origin},{peer}"], "confirmed": [f"{origin},{peer}"]})
+    [(holders,)] = s.sql("n1", "SELECT nodes_delivered FROM pgq.jobs WHERE id = %s", (job,))
+    assert importer in holders and {origin, peer} <= set(holders)
 
 
 def test_a_copy_committed_too_late_for_its_client_is_withdrawn(sim_databases):
