@@ -268,6 +268,7 @@ class AsyncDriver:
     async def run(self, command: Command[T]) -> T:
         reply: Any = None
         delivered = False  # a claim returned: see below
+        rolled_back = False  # the last request ended pgq's own transaction by a rollback
         try:
             while True:
                 try:
@@ -278,7 +279,7 @@ class AsyncDriver:
                     delivered = False  # a command that waits has handed nothing out
                     reply = await self._handle(request)
                     continue
-                if not self._transactions and not delivered:
+                if not self._transactions and not delivered and not rolled_back:
                     # A cancellation is taken before a statement, never
                     # between one and the command's use of its reply, nor
                     # after a claim (Query.delivers) until the command ends
@@ -287,11 +288,15 @@ class AsyncDriver:
                     # lost). Inside pgq's own transaction it waits for the
                     # end (short): between the direct copies and the commit
                     # of this node's rows it would leave copies behind
-                    # whose origin never committed.
+                    # whose origin never committed. Nor right after a
+                    # rollback: what follows it undoes what the transaction
+                    # left elsewhere (the withdrawal of direct copies from
+                    # the peers, found by a read-only review).
                     await anyio.lowlevel.checkpoint_if_cancelled()
                 with anyio.CancelScope(shield=True):
                     reply = await self._handle(request)
                 delivered = delivered or (isinstance(request, Query) and request.delivers)
+                rolled_back = isinstance(request, Rollback)
         except BaseException as exc:
             await self._abandon_transaction(exc)
             raise

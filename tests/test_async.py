@@ -119,3 +119,32 @@ async def test_client_can_be_created_outside_a_loop_and_opened_lazily(dsn):
         assert client.node_id
     finally:
         await client.close()
+
+
+def test_a_cancelled_command_runs_what_follows_its_rollback_before_it_stops(dsn):
+    """After pgq's own transaction rolls back, what follows undoes what it
+    left elsewhere (a direct add withdraws the copies it wrote into the
+    peers' databases). A cancellation that arrived meanwhile was taken just
+    before that, and the copies stayed (found by a read-only review). It is
+    taken at the request after."""
+    from pgq.driver import AsyncDriver
+    from pgq.protocol import Begin, Query, Result, Rollback
+
+    ran: list[object] = []
+
+    def command(scope: anyio.CancelScope):
+        yield Begin()
+        scope.cancel()  # inside pgq's own transaction: taken after it
+        yield Query("SELECT 1", None, Result.VALUE)
+        yield Rollback()
+        ran.append((yield Query("SELECT 2", None, Result.VALUE)))  # the clean-up
+        ran.append((yield Query("SELECT 3", None, Result.VALUE)))  # cancelled before this one
+
+    async def main() -> None:
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            with anyio.CancelScope() as scope:
+                await AsyncDriver(conn, shield=True).run(command(scope))
+            assert scope.cancelled_caught
+
+    anyio.run(main)
+    assert ran == [2]
