@@ -49,6 +49,7 @@ from . import sql
 from .bus import Bus
 from .clock import Clock, SystemClock
 from .core import GOSSIP, OUTBOX_BATCH, PERIODS, CoreSettings, NodeCore, Step
+from .inbox import Inbox
 from .membership import Config
 from .transport import Transport
 
@@ -76,10 +77,15 @@ class NodeSettings:
     advertise_resp: str = ""  # HOST:PORT of this node's RESP front, for HELLO ("": none)
 
 
-def _weight(message: m.Message) -> int:
-    """Roughly what a message holds in memory (its job bodies dominate)."""
+def _weight(item: tuple[str, m.Message]) -> int:
+    """Roughly what an inbox item holds in memory: its job bodies, and
+    about 128 bytes per job it names (an ID and its holders as Python
+    strings). Bodies alone counted a SETACK or DELJOB of 100k IDs as 256
+    bytes, so a full inbox could hold tens of GB (a read-only review)."""
+    message = item[1]
     jobs = getattr(message, "jobs", ())
-    return 256 + sum(len(job.body) for job in jobs)
+    named = len(jobs) + len(getattr(message, "ids", ())) + len(getattr(message, "items", ()))
+    return 256 + 128 * named + sum(len(job.body) for job in jobs)
 
 
 TransportFactory = Callable[[str, Callable[..., Any]], Transport]
@@ -103,10 +109,7 @@ class Node:
         self.bus: Transport | None = None
         self.metrics: Any = None
         self._doorbell = anyio.Event()
-        self._inbox: list[tuple[str, m.Message]] = []
-        self._inbox_bytes = 0
-        self._inbox_ready = anyio.Event()
-        self._inbox_room = anyio.Event()
+        self._inbox: Inbox[tuple[str, m.Message]] = Inbox(INBOX_LIMIT, INBOX_BYTES, _weight)
 
     @property
     def node_id(self) -> str:
@@ -309,23 +312,14 @@ class Node:
             return
         # Back-pressure: the bus does not read the sender's link again
         # until the inbox has room, so a flood costs the flooder.
-        while len(self._inbox) >= INBOX_LIMIT or self._inbox_bytes >= INBOX_BYTES:
-            self._inbox_room = anyio.Event()
-            await self._inbox_room.wait()
-        self._inbox.append((peer, message))
-        self._inbox_bytes += _weight(message)
-        self._inbox_ready.set()
+        await self._inbox.put((peer, message))
 
     async def _inbox_loop(self) -> None:
         """Apply job messages in arrival order; a run of messages of one kind
         that arrived while the previous statement ran shares one statement
         (application-level group commit: no added latency when idle)."""
         while True:
-            await self._inbox_ready.wait()
-            self._inbox_ready = anyio.Event()
-            items, self._inbox = self._inbox, []
-            self._inbox_bytes = 0
-            self._inbox_room.set()
+            items = await self._inbox.take()
             for run in self.core.runs(items):
                 try:
                     await self._run(self.core.apply_run(run))
