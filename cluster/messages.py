@@ -64,6 +64,12 @@ MAX_QUEUE_BYTES = 512
 MAX_SECONDS = 10 * 365 * 86400.0  # the longest TTL
 MAX_BODY = 64 * 1024 * 1024
 MAX_INT = 2**62
+# A copy's counters (nacks, additional deliveries): the columns are int4,
+# and every holder adds one at each NACK or re-queue. A copy at the int4
+# maximum made its holder's timers statement fail at its next re-queue, and
+# with it every re-queue of that node, ten times a second until the job
+# expired (found by a read-only review). No job gets near 2**30 otherwise.
+MAX_COUNTER = 2**30
 MAX_DSN = 4096
 MAX_ADDRESS = 300  # HOST:PORT (a DNS name is at most 253 bytes)
 
@@ -201,8 +207,8 @@ class JobCopy:
         _need(key is None or (isinstance(key, str) and key != "" and "\x00" not in key
                               and len(key.encode("utf-8")) <= MAX_KEY_BYTES), "bad job key")
         return cls(_job(r[0]), _queue(r[1]), r[2], _int(r[3]), _int(r[4], 1, 65535),
-                   _num(r[5]), _num(r[6]), _num(r[7], 0.0, 2.0**40), _int(r[8], 0, 2**31 - 1),
-                   _int(r[9], 0, 2**31 - 1), tuple(_node(n) for n in _list(r[10], 1000)),
+                   _num(r[5]), _num(r[6]), _num(r[7], 0.0, 2.0**40), _int(r[8], 0, MAX_COUNTER),
+                   _int(r[9], 0, MAX_COUNTER), tuple(_node(n) for n in _list(r[10], 1000)),
                    _int(priority, 0, MAX_PRIORITY), key)
 
 

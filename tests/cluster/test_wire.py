@@ -202,6 +202,9 @@ LIMIT = 2**62
                          ("q", -1.0, 0.0, 1.7e9), ("q", 1.0, -5.0, 1.7e9),
                          ("q", 1.0, 0.0, float("inf")), ("", 1.0, 0.0, 1.7e9),
                          ("a\x00b", 1.0, 0.0, 1.7e9), ("x" * 513, 1.0, 0.0, 1.7e9)]],
+    # counters at the int4 maximum (the holder's next re-queue overflowed)
+    m.msgpack.packb({"k": "repljob", "j": [[JOB, "q", b"b", 1, 1, 1.0, 0.0, 1.7e9, 2**31 - 1, 0, []]]}),
+    m.msgpack.packb({"k": "repljob", "j": [[JOB, "q", b"b", 1, 1, 1.0, 0.0, 1.7e9, 0, 2**31 - 1, []]]}),
     m.msgpack.packb({"k": "needjobs", "q": "", "n": 1}),
     m.msgpack.packb({"k": "pause", "q": "q\x00", "p": "in"}),
     m.msgpack.ExtType(1, b"x") and m.msgpack.packb({"k": m.msgpack.ExtType(1, b"x")}),
