@@ -28,6 +28,8 @@ Rules (Disque's):
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from dataclasses import dataclass, field
 
 from pgq.backoff import doubling
@@ -62,6 +64,17 @@ class AckCollector:
         self.myself = myself
         self.pending: dict[str, PendingAck] = {}
         self._back: dict[str, float] = {}  # peer -> until when peer_back ignores it
+        # (next try, tie, job id) of every entry, so that sends() touches the
+        # due ones only: it walked every pending ACK ten times a second, and
+        # ACKs wait for a dead holder until their TTL (millions of them after
+        # hours of traffic: the walk starved the node's event loop; found by
+        # a read-only review). Items of entries that ended or were
+        # rescheduled since stay until they come up, and are skipped.
+        self._due: list[tuple[float, int, str]] = []
+        self._tie = itertools.count()
+
+    def _schedule(self, entry: PendingAck) -> None:
+        heapq.heappush(self._due, (entry.next_try, next(self._tie), entry.job_id))
 
     def add(self, job_id: str, holders: set[str] | None, now: float,
             everyone: set[str] | None = None) -> None:
@@ -72,21 +85,26 @@ class AckCollector:
         targets.discard(self.myself)
         entry = self.pending.get(job_id)
         if entry is None:
-            self.pending[job_id] = PendingAck(job_id, targets, dummy, next_try=now)
+            entry = self.pending[job_id] = PendingAck(job_id, targets, dummy, next_try=now)
+            self._schedule(entry)
         else:
             new = targets - entry.holders
             if new:
                 entry.holders |= new
                 entry.next_try = now
+                self._schedule(entry)
 
     def sends(self, now: float, reachable: set[str]) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
         """SETACKs due now, grouped by peer: (job id, holders we know)."""
         out: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-        for entry in self.pending.values():
-            if now < entry.next_try:
-                continue
+        while self._due and self._due[0][0] <= now:
+            when, _tie, job_id = heapq.heappop(self._due)
+            entry = self.pending.get(job_id)
+            if entry is None or entry.next_try != when:
+                continue  # ended, or rescheduled since
             entry.next_try = now + doubling(FIRST_RETRY, entry.attempt, MAX_RETRY)
             entry.attempt += 1
+            self._schedule(entry)
             known = () if entry.dummy else tuple(sorted(entry.holders | {self.myself}))
             for peer in entry.holders - entry.confirmed:
                 if peer in reachable:
@@ -127,8 +145,9 @@ class AckCollector:
             return
         self._back[node_id] = now + FIRST_RETRY * 2**4
         for entry in self.pending.values():
-            if node_id in entry.holders and node_id not in entry.confirmed:
-                entry.next_try = min(entry.next_try, now)
+            if node_id in entry.holders and node_id not in entry.confirmed and entry.next_try > now:
+                entry.next_try = now
+                self._schedule(entry)
 
     def on_deljob(self, peer: str, job_id: str) -> bool:
         """A DELJOB from ``peer``: its GC of the job is over. A GC this node

@@ -62,6 +62,27 @@ def test_an_ack_is_collected_once_every_holder_confirmed():
     assert outcome is not None and outcome.deljob_to == ("a", "b") and acks.pending == {}
 
 
+def test_acks_are_sent_when_due_whatever_else_waits_and_each_once():
+    """sends() takes the due collections off a schedule (it walked every
+    pending ACK ten times a second, and ACKs wait for a dead holder until
+    their TTL): widened, brought forward by a holder back, or ended, a
+    collection is still sent once when due, and never after it ended."""
+    acks = AckCollector("me")
+    for i in range(1000):  # waiting on a dead holder, backed off
+        acks.add(f"old{i}", {"dead"}, now=0.0)
+    assert len(acks.sends(0.0, {"a"})) == 0  # unreachable: nothing to send, each backs off
+    acks.add("J", {"a"}, now=5.0)
+    acks.add("J", {"a", "b"}, now=5.0)  # widened at once: still one send
+    acks.add("K", {"a"}, now=5.0)
+    assert acks.got_ack("a", "K", True) is not None  # ended before it was due
+    assert acks.sends(5.0, {"a", "b"}) == {"a": [("J", ("a", "b", "me"))], "b": [("J", ("a", "b", "me"))]}
+    assert acks.sends(5.5, {"a", "b", "dead"}) == {}  # J backs off 1 s, the old ones 2 s
+    acks.peer_back("dead", now=5.5)  # the dead holder is back: its ACKs go now
+    sent = acks.sends(5.5, {"a", "b", "dead"})
+    assert sorted(sent) == ["dead"] and len(sent["dead"]) == 1000
+    assert acks.sends(5.5, {"a", "b", "dead"}) == {}
+
+
 def test_a_dummy_ack_ends_as_soon_as_a_holder_takes_it_over():
     acks = AckCollector("me")
     acks.add("J", None, 0.0, everyone={"a", "b"})
