@@ -510,6 +510,13 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
             yield PeerWrite(sql.WITHDRAW_COPIES,
                             tuple((peer, dsn, {"ids": copies["ids"], "myself": peer})
                                   for peer, dsn, copies in writes), bound)
+            # A copy the withdrawal missed is told SETACK when it announces
+            # itself (see WITHDRAWN_HERE; a review of the new IDs found it).
+            withdrawn = [(call.queue, job_id) for call, job_id, _body, _t in rows if job_id in kept]
+            yield Query(sql.WITHDRAWN_HERE, {"ids": [i for _q, i in withdrawn],
+                                             "queues": [q for q, _i in withdrawn],
+                                             "expires": [kept[i][1] for _q, i in withdrawn]},
+                        Result.NONE)
             return False
     yield Commit()
     _set_outcomes(calls, taken, outcomes, paused)

@@ -285,6 +285,19 @@ DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
   AND pgq.meta_value('node_id') = %(myself)s
 """
 
+# The withdrawn IDs, on this node: tombstones until the jobs' expiry, that
+# no GC drives (nodes NULL, not dummy). A copy the withdrawal missed (its
+# peer committed it late) lists this node among its holders, and its
+# WILLQUEUE is answered SETACK (cluster WILLQUEUE_STATE reads pgq.acks),
+# where it would have queued a second delivery of a job the node's way
+# stores under new IDs (pgq.commands._renew_ids).
+WITHDRAWN_HERE = """
+INSERT INTO pgq.acks (id, queue, expires_at, dummy)
+SELECT w.id, w.queue, to_timestamp(w.expires), false
+FROM unnest(%(ids)s::text[], %(queues)s::text[], %(expires)s::float8[]) AS w(id, queue, expires)
+ON CONFLICT (id) DO NOTHING
+"""
+
 # ADDJOB of a replicated job on a node served by a node process. The job is
 # stored here first (durably, before anything is announced) and an outbox
 # event asks the node process for copies:

@@ -411,8 +411,18 @@ def test_an_add_whose_direct_copies_were_withdrawn_goes_through_the_node_under_n
     [outcome] = s.do("n1", lambda session: commands.add_replicated_batch(session, [call]),
                      "the add")
     [job] = outcome
-    assert job != first and s.holders(first) == {}
+    assert job != first and copies(s, first) == set()
     assert copies(s, job) == {"n1", "n2"} and next(iter(call.ids.values())) == [job]
+    # A copy under the old ID that the withdrawal missed (its peer committed
+    # it late) lists n1 among its holders: n1 keeps a tombstone of the
+    # withdrawn ID, so the copy's WILLQUEUE is answered SETACK instead of
+    # queuing the job a second time, under an ID no ACK of the new one reaches.
+    wall = s.node("n2").clock.wall()
+    s.sql("n2", "CREATE TEMP TABLE late AS SELECT * FROM pgq.jobs WHERE id = %s", (job,))
+    s.sql("n2", "UPDATE late SET id = %s, cluster_requeue_at = to_timestamp(%s)", (first, wall + 1.0))
+    s.sql("n2", "INSERT INTO pgq.jobs SELECT * FROM late")
+    s.until(lambda: s.holders(first).get("n2") != "active", 5.0, "the late copy's timer")
+    assert s.holders(first).get("n2") in (None, "acked")  # told SETACK, not queued
 
 
 def test_replication_progress_keeps_a_holder_that_imported_the_job_meanwhile(sim_databases):
