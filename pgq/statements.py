@@ -543,7 +543,8 @@ WITH wanted AS (
 # without asking again (0.3 statements per job in the steady-state bench),
 # and so do the callers of a combined claim left without a job (0.4 NEXT_DUE
 # per job there, when only claims that took nothing probed). A claim that
-# filled its COUNT skips the probe.
+# filled its COUNT skips the probe, and the probe skips the leases the
+# claim took (the statement's snapshot still shows them due: "now").
 # A queue paused for output gives nothing, so its due jobs are no reason to
 # wake: the claim's probe reads the queues it wanted (paused-out ones are not),
 # where a due job of a paused one made a blocked GET claim every millisecond.
@@ -563,6 +564,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
            CROSS JOIN LATERAL (
                SELECT j.requeue_at FROM pgq.jobs j
                WHERE j.queue = q.name AND j.state = 'active' AND j.requeue_at IS NOT NULL
+                 AND j.ctid NOT IN (SELECT ctid FROM picked)
                ORDER BY j.requeue_at LIMIT 1) AS d)
        END{source}"""
 

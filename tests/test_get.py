@@ -239,7 +239,7 @@ def test_a_due_job_in_a_queue_paused_for_output_does_not_make_a_get_spin(dsn, cl
     assert len(queries) < 40, len(queries)  # as an idle queue's (above); ~1000 before
 
 
-def test_a_combined_claim_that_runs_dry_tells_the_callers_it_left_when_a_job_is_due(client):
+def test_a_combined_claim_that_runs_dry_tells_the_callers_it_left_when_a_job_is_due(client, db):
     """Callers of one combined claim left without a job wait at once: the
     claim that came up short says when the next job is due (a lease here),
     so their first wait needs no NEXT_DUE of its own (0.4 statements per
@@ -259,6 +259,16 @@ def test_a_combined_claim_that_runs_dry_tells_the_callers_it_left_when_a_job_is_
     client.add_job("dry", b"b")
     full = client._run(lambda session: commands.claim_batch(session, calls[:2]))
     assert [len(jobs) for jobs in full] == [1, 1]
+    # A lease that ran out is taken by the claim: not what the others wait
+    # for (the statement's snapshot still shows it due, which said "now").
+    client.ack_job(*(j.id for jobs in full for j in jobs))
+    expired = client.add_job("dry", b"expired", retry=30)
+    assert [j.id for j in client.get_job("dry")] == [expired]
+    db.execute("UPDATE pgq.jobs SET requeue_at = now() - interval '1 second' WHERE id = %s",
+               (expired,))
+    taken, waiting, _third = client._run(lambda session: commands.claim_batch(session, calls))
+    assert [j.id for j in taken] == [expired]
+    assert isinstance(waiting, commands.Due) and 25 < waiting.seconds <= 30.3  # the first lease
 
 
 def test_a_job_stands_for_its_id(client):
