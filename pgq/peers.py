@@ -34,7 +34,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import psycopg
@@ -75,6 +75,23 @@ def _kwargs(turbo: bool, application_name: str) -> dict[str, Any]:
 
 def _rows(cursor: Any) -> list[Any]:
     return cursor.fetchall() if cursor.description is not None else []
+
+
+P = TypeVar("P")
+
+
+def _take_idle(pools: dict[str, P], used: dict[str, float], now: float) -> list[P]:
+    """Take out the pools no write used for IDLE_POOL seconds, and forget
+    their use: the caller closes them. All at once, with nothing awaited in
+    between (the async caller) or under the lock (the sync one): taken one
+    by one with a close awaited after each, two concurrent writes (a
+    client's replicated batches in flight) took the same idle pools, and the
+    second one's ``del`` raised KeyError in the middle of their adds (an
+    ADDJOB through the RESP port failed so in a full bench run)."""
+    idle = [dsn for dsn, at in used.items() if now - at > IDLE_POOL]
+    for dsn in idle:
+        del used[dsn]
+    return [pools.pop(dsn) for dsn in idle if dsn in pools]
 
 
 class PeerPools:
@@ -138,12 +155,8 @@ class PeerPools:
 
     def _prune(self) -> None:
         """Close the pools no write used for IDLE_POOL seconds."""
-        now = time.monotonic()
         with self._lock:
-            idle = [dsn for dsn, used in self._used.items() if now - used > IDLE_POOL]
-            pools = [self._pools.pop(dsn) for dsn in idle if dsn in self._pools]
-            for dsn in idle:
-                del self._used[dsn]
+            pools = _take_idle(self._pools, self._used, time.monotonic())
         for pool in pools:
             pool.close(timeout=1.0)
 
@@ -203,19 +216,8 @@ class AsyncPeerPools:
         return results
 
     async def _prune(self) -> None:
-        """Close the pools no write used for IDLE_POOL seconds: all taken at
-        once, with no await in between, as :meth:`PeerPools._prune` does
-        under its lock. One by one, with a close awaited after each, two
-        concurrent writes (a client's replicated batches in flight) took the
-        same idle pools, and the second one's ``del`` raised KeyError in the
-        middle of their adds (an ADDJOB through the RESP port failed so in a
-        full bench run, once the peers' pools had idled between rows)."""
-        now = time.monotonic()
-        idle = [dsn for dsn, used in self._used.items() if now - used > IDLE_POOL]
-        pools = [self._pools.pop(dsn) for dsn in idle if dsn in self._pools]
-        for dsn in idle:
-            del self._used[dsn]
-        for pool in pools:
+        """Close the pools no write used for IDLE_POOL seconds (see _take_idle)."""
+        for pool in _take_idle(self._pools, self._used, time.monotonic()):
             await pool.close(timeout=1.0)
 
     async def close(self) -> None:
