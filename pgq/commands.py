@@ -980,8 +980,7 @@ class Due:
 def _claim(session: Session, queues: list[str], count: int) -> Command[tuple[list[Claimed], Due | None]]:
     """One claim from the queues' floors (see pgq.floors); returns the
     claimed jobs (and, if it took fewer than ``count``, when a job is due
-    next) and moves
-    the floors on. If the queue epoch moved since the last claim (a job may
+    next) and moves the floors on. If the queue epoch moved since the last claim (a job may
     be queued behind a floor) and the claim came up short, it claims again
     at once from the front."""
     floors = session.floors
