@@ -35,7 +35,7 @@ from .errors import (
     TooLateError,
 )
 from .floors import FROM_THE_FRONT
-from .ids import is_at_least_once_id, new_job_ids, ttl_seconds_from_id
+from .ids import is_at_least_once_id, millis_from_id, new_job_ids, ttl_seconds_from_id
 from .job import Job
 from .protocol import (
     Begin,
@@ -118,6 +118,11 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
     transaction, is queued at once and copied in the background (see
     ``wait_replicated``). A leaving node keeps no copy: it replicates new
     jobs to W other nodes.
+
+    ``memo`` (the call's, see :class:`AddCall`) keeps the IDs made at the
+    first attempt on each node: run again after a lost connection, the add
+    stores none of the jobs the attempt before stored, whether they are
+    still here or already done with (:func:`_kept_before`).
     """
     view = yield from cluster_view(session)
     wanted, minimum = _copies(params, view)
@@ -144,6 +149,10 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
             "travel in one bus frame): store big payloads elsewhere and queue a reference")
     retried = memo is not None and session.node_id in memo
     ids = _ids(session, params, len(bodies), memo)
+    if retried:
+        stored, done = yield from _kept_before(session, ids)
+        if stored or done:
+            return (yield from _add_rest(session, queue, ids, bodies, params, stored, done))
     if replicated and not view.leaving and replicated_batchable(AddCall(queue, bodies, params)):
         taken = [_Taken(0, ids, wanted, minimum)]
         targets = _direct_targets(session, view, taken)
@@ -171,7 +180,7 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         return [existing]
     existing = None
     if len(bodies) >= COPY_THRESHOLD:
-        leaving = yield from _copy_jobs(session, queue, ids, bodies, params, retried)
+        leaving = yield from _copy_jobs(session, queue, ids, bodies, params)
     else:
         leaving, existing = yield from _insert_jobs(session, queue, ids, bodies, params)
     if existing:
@@ -182,6 +191,51 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         yield from cluster_view(session, fresh=True)
         return (yield from add_jobs(session, queue, bodies, params))
     return ids
+
+
+# How far before its IDs' time a retried add looks for its jobs' end (see
+# sql.RETRIED_ADD): the round trip that measures the clocks' difference, and
+# a client clock stepped between the attempts.
+RETRY_SLACK = 60.0
+
+
+def _kept_before(session: Session, ids: list[str]) -> Command[tuple[set[str], set[str]]]:
+    """An add run again after a lost connection: which of its jobs the
+    attempt before stored, as (still here, done with since)."""
+    yield Begin()
+    yield Query(sql.RETRY_PLAN, None, Result.NONE)
+    stored, done = yield Query(sql.RETRIED_ADD, {
+        "ids": ids, "first": millis_from_id(ids[0]) / 1000, "client_now": session.wall(),
+        "slack": RETRY_SLACK}, Result.ROW)
+    yield Commit()
+    return set(stored), set(done)
+
+
+def _add_rest(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
+              params: JobParams, stored: set[str], done: set[str]) -> Command[list[str]]:
+    """An add run again whose attempt before stored jobs: those are not
+    stored again (one consumed meanwhile would be delivered a second time,
+    after its ACK returned); the rest go in now (a large replicated add
+    stores chunk by chunk, each in its own transaction), and a synchronous
+    add waits for the copies its stored jobs still lack."""
+    kept = stored | done
+    rest = [(job_id, body) for job_id, body in zip(ids, bodies, strict=True) if job_id not in kept]
+    added = [job_id for job_id in ids if job_id in kept]
+    if rest:
+        added += yield from add_jobs(session, queue, [body for _i, body in rest], params,
+                                     {session.node_id: [job_id for job_id, _b in rest]})
+    if stored and session.owned and not params.asynchronous:
+        rows = yield Query(sql.REPLICATION_DONE, {"ids": sorted(stored)}, Result.ROWS)
+        waiting = [row[0] for row in rows if not (row[1] or row[2])]
+        if waiting:
+            if session.can_listen:
+                yield ListenReplication()
+            failed, stuck = yield from _copies_or_withdraw(
+                session, waiting, _replication_timeout(session, params))
+            if failed:
+                raise _withdrawn(ids, failed, timeout=_replication_timeout(session, params),
+                                 stuck=stuck)
+    return added
 
 
 def _copies(params: JobParams, view: ClusterView) -> tuple[int, int]:
@@ -285,6 +339,13 @@ def batchable(call: AddCall) -> bool:
             and len(call.bodies) < COPY_THRESHOLD)
 
 
+def _run_again(session: Session, call: AddCall) -> bool:
+    """Has this call been tried on this node before (a batch run again after
+    its connection broke, or one that stored nothing)? Such a call goes its
+    own way, which finds what the attempt before stored (REROUTE)."""
+    return session.node_id in call.ids
+
+
 def _new_ids(session: Session, params: JobParams, count: int) -> list[str]:
     return new_job_ids(session.node_id, params.ttl, params.retry, count,
                        millis=int(session.wall() * 1000), random_bytes=session.random_bytes)
@@ -324,7 +385,7 @@ def add_batch(session: Session, calls: Sequence[AddCall]) -> Command[list[Any]]:
     here: list[_Taken] = []
     copied: list[_Taken] = []
     for index, call in enumerate(calls):
-        if not batchable(call):
+        if not batchable(call) or _run_again(session, call):
             continue
         wanted, minimum = _copies(call.params, view)
         if wanted == 1:
@@ -636,7 +697,8 @@ def add_replicated_batch(session: Session, calls: Sequence[AddCall]) -> Command[
     taken: list[_Taken] = []
     for index, call in enumerate(calls):
         wanted, minimum = _copies(call.params, view)
-        if (replicated_batchable(call) and _copyable(call, wanted, view)
+        if (replicated_batchable(call) and not _run_again(session, call)
+                and _copyable(call, wanted, view)
                 and _replication_timeout(session, call.params) == timeout):
             taken.append(_Taken(index, _ids(session, call.params, len(call.bodies), call.ids),
                                 wanted, minimum))
@@ -823,16 +885,12 @@ def _raise_if_refused(queue: str, paused: bool, full: bool, maxlen: int | None) 
 
 
 def _copy_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
-               params: JobParams, retried: bool = False) -> Command[bool]:
+               params: JobParams) -> Command[bool]:
     """The bulk path: check, COPY and notify in one transaction; True (and
     nothing stored) if the node turned out to be leaving. COPY has no ON
-    CONFLICT: a retry (``retried``: these IDs were tried here before) whose
-    first attempt committed stores nothing again (unless, in the moment
-    between, every one of its jobs was consumed and acknowledged)."""
+    CONFLICT: a retry whose first attempt committed never comes here
+    (:func:`_kept_before`)."""
     yield Begin()
-    if retried and (yield Query(sql.ANY_JOB_STORED, {"ids": ids[:1]}, Result.VALUE)):
-        yield Commit()
-        return False
     if params.maxlen is not None:
         yield Query(sql.LOCK_QUEUE_FOR_MAXLEN, {"queue": queue}, Result.NONE)
     paused, length, leaving = yield Query(sql.ADD_CHECK, {"queue": queue}, Result.ROW)

@@ -46,6 +46,7 @@ __all__ = [
     "ttl_minutes_field",
     "is_at_least_once_id",
     "ttl_seconds_from_id",
+    "millis_from_id",
 ]
 
 JOB_ID_LENGTH = 40
@@ -83,6 +84,7 @@ _COUNTER_LIMIT = 1 << 24
 STANDARD_BASE64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
 SORTABLE_BASE64 = "+/0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _SORTABLE_BASE64 = bytes.maketrans(STANDARD_BASE64.encode(), SORTABLE_BASE64.encode())
+_STANDARD_BASE64 = bytes.maketrans(SORTABLE_BASE64.encode(), STANDARD_BASE64.encode())
 
 
 def _sortable_base64(data: bytes) -> str:
@@ -213,3 +215,9 @@ def is_at_least_once_id(job_id: str) -> bool:
 def ttl_seconds_from_id(job_id: str) -> int:
     """The job's TTL in seconds as encoded in its ID (minute precision)."""
     return int(job_id[36:40], 16) * 60
+
+
+def millis_from_id(job_id: str) -> int:
+    """The creation time (ms, the creator's clock) a job ID encodes: its
+    first 6 bytes, the 8 characters after the node prefix."""
+    return int.from_bytes(base64.b64decode(job_id[11:19].encode().translate(_STANDARD_BASE64)), "big")

@@ -409,11 +409,36 @@ SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('i
        EXISTS (SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true')
 """
 
-# The per-call constant columns come first, then id and body (pgq.copydata).
-# A bulk add run again after a lost connection: did the first attempt
-# commit? (COPY has no ON CONFLICT.) One primary-key probe.
-ANY_JOB_STORED = "SELECT EXISTS (SELECT 1 FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]))"
+# An add run again after a lost connection (pgq.commands._kept_before):
+# which of its IDs the attempt before stored, in one snapshot: still here
+# (stored), or done with since (acknowledged, deleted, expired, dead:
+# pgq.history, or an ACK tombstone). A delete commits with its history row,
+# so an ID in neither was never stored. The INSERTs' ON CONFLICT alone let
+# a retry store again a job consumed in between: delivered after its ACK
+# returned (an at-most-once job delivered twice).
+# pgq.history has no index on id (every ack would pay for one): it is read
+# from the first attempt on, by its BRIN index on finished_at, a few seconds
+# of rows whatever the table's size. The first attempt is the IDs' time on
+# the client's clock, moved onto this database's by their difference now,
+# less ``slack`` seconds (the round trip, a clock stepped meanwhile): a job
+# is finished after its row committed, so never before that. RETRY_PLAN
+# makes that plan certain under pgq's session options (no bitmap scans,
+# generic plans), for this transaction only.
+RETRY_PLAN = """
+SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_seqscan', 'off', true),
+       set_config('plan_cache_mode', 'force_custom_plan', true)
+"""
+RETRIED_ADD = """
+SELECT ARRAY(SELECT id FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])) AS stored,
+       ARRAY(SELECT id FROM pgq.acks WHERE id = ANY (%(ids)s::text[])
+             UNION
+             SELECT id FROM pgq.history
+             WHERE finished_at >= to_timestamp(%(first)s) + (pgq.now() - to_timestamp(%(client_now)s))
+                                  - %(slack)s * interval '1 second'
+               AND id = ANY (%(ids)s::text[])) AS done
+"""
 
+# The per-call constant columns come first, then id and body (pgq.copydata).
 COPY_JOBS = """
 COPY pgq.jobs (queue, state, repl, retry, delay, expires_at, requeue_at, queued_at, enqueues,
                priority, id, body)

@@ -205,10 +205,40 @@ def test_an_add_run_again_after_a_lost_connection_adds_nothing_twice(client):
     first = client._run(client.add_command(one))
     assert client._run(client.add_command(one)) == first and client.qlen("again") == 1
     batched = call("again-batch", [b"y", b"z"])
-    first = client._run(lambda s: commands.add_batch(s, [batched]))
-    assert client._run(lambda s: commands.add_batch(s, [batched])) == first
+    [first] = client._run(lambda s: commands.add_batch(s, [batched]))
+    # run again, a batch leaves the call to its caller's own way
+    assert client._run(lambda s: commands.add_batch(s, [batched])) == [commands.REROUTE]
+    assert client._run(client.add_command(batched)) == first
     assert client.qlen("again-batch") == 2
     bulk = call("again-bulk", [b"b"] * commands.COPY_THRESHOLD)
     first = client._run(client.add_command(bulk))
     assert client._run(client.add_command(bulk)) == first  # no UniqueViolation from COPY
     assert client.qlen("again-bulk") == commands.COPY_THRESHOLD
+
+
+@pytest.mark.parametrize("retry, count", [(30, 1), (0, 2), (30, "copy")])
+def test_an_add_run_again_after_its_jobs_were_consumed_stores_nothing(client, retry, count):
+    """The first attempt committed, its reply was lost with the connection,
+    and a consumer took and acknowledged the jobs before the client ran the
+    add again: the second run finds them done with (pgq.history) and stores
+    nothing. ON CONFLICT alone stored them again, and they were delivered
+    after their ACK returned (an at-most-once job twice): the restart test
+    caught one under CI."""
+    from pgq import arguments, commands
+
+    n = commands.COPY_THRESHOLD if count == "copy" else count
+    queue = f"consumed-{retry}-{count}"
+    call = commands.AddCall(queue, [b"j%d" % i for i in range(n)], arguments.job_params(
+        replicate=None, delay=0, retry=retry, ttl=None, maxlen=None, asynchronous=False,
+        timeout=None))
+    first = client._run(client.add_command(call))
+    taken = client.get_job(queue, count=n, nohang=True)
+    assert sorted(j.id for j in taken) == sorted(first)
+    client.ack_job(*first[: n // 2 or 1])
+    assert client._run(client.add_command(call)) == first
+    # the half left unacknowledged is still held by its consumer, not queued again
+    assert client.qlen(queue) == 0
+    assert client.get_job(queue, nohang=True) == []
+    client.ack_job(*first)
+    assert client._run(client.add_command(call)) == first
+    assert client.qlen(queue) == 0 and client.get_job(queue, nohang=True) == []

@@ -384,8 +384,16 @@ def test_a_direct_add_run_again_over_a_row_its_first_attempt_left_is_not_confirm
     s.do("n1", first_attempt, "the first attempt")
     [job] = next(iter(call.ids.values()))
     assert s.holders(job) == {"n1": "wait-repl"}
-    outcome = s.do("n1", lambda session: commands.add_replicated_batch(session, [call]),
-                   "the add run again")[0]
+    # Run again, the batch leaves the call to its own way (as a client does
+    # on REROUTE), which finds the row and waits on its state.
+    assert s.do("n1", lambda session: commands.add_replicated_batch(session, [call]),
+                "the batch run again") == [commands.REROUTE]
+
+    try:
+        outcome = s.do("n1", lambda session: commands.add_jobs(
+            session, call.queue, call.bodies, call.params, call.ids), "the add run again")
+    except NoReplError as exc:
+        outcome = exc
     if isinstance(outcome, list):  # confirmed: then W databases hold it
         assert copies(s, job) == {"n1", "n2", "n3"}
     else:
@@ -402,15 +410,16 @@ def test_an_add_whose_direct_copies_were_withdrawn_goes_through_the_node_under_n
     s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
             "the peers' databases advertised")
     s.partition("n3")  # the direct attempt fails there
-    call = commands.AddCall("q", [b"x"], params())  # W=3, 2 copies suffice after the grace
-    def first_ids(session):  # a command (a generator) that only makes the call's IDs
-        return commands._ids(session, call.params, 1, call.ids)
-        yield
+    class Memo(dict):  # the call's IDs, and the first ones it was given
+        def __setitem__(self, node, ids):
+            super().__setitem__(node, ids)
+            self.first = list(ids)
 
-    [first] = s.do("n1", first_ids, "the IDs of the first attempt")
+    call = commands.AddCall("q", [b"x"], params(), Memo())  # W=3, 2 suffice after the grace
     [outcome] = s.do("n1", lambda session: commands.add_replicated_batch(session, [call]),
                      "the add")
     [job] = outcome
+    [first] = call.ids.first
     assert job != first and copies(s, first) == set()
     assert copies(s, job) == {"n1", "n2"} and next(iter(call.ids.values())) == [job]
     # A copy under the old ID that the withdrawal missed (its peer committed
@@ -775,3 +784,27 @@ def test_a_holder_back_from_a_crash_does_not_queue_a_job_acked_while_it_was_down
     s.holds(lambda: "n3" not in s.queued_on(job), 3.0, "n3 never queues the acked job",
             every=0.0005)
     s.until(collected(s, job), 20.0, "the ACK collected on every holder")
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_a_replicated_add_run_again_after_its_job_was_acknowledged_stores_nothing(
+        sim_databases, direct):
+    """The add's reply was lost with its connection; meanwhile its job was
+    consumed and acknowledged everywhere. Run again with the same IDs, it
+    stored the job a second time (ON CONFLICT found no row), and it was
+    delivered after its ACK returned. The origin's history says it is done
+    (found on one node by the restart test)."""
+    s = cluster(sim_databases, direct=direct)
+    if direct:
+        s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+                "the peers' databases advertised")
+    call = commands.AddCall("q", [b"x"], params(replicate=3))
+    [first] = s.do("n1", lambda session: commands.add_replicated_batch(session, [call]), "add")
+    [job] = first
+    [taken] = s.get("n1")
+    assert taken.id == job and s.ack("n1", job) == 1
+    s.until(lambda: s.holders(job) == {}, 10.0, "the ACK reached every holder")
+    again = s.do("n1", lambda session: commands.add_jobs(
+        session, call.queue, call.bodies, call.params, call.ids), "the add run again")
+    assert again == [job]
+    s.holds(lambda: s.holders(job) == {}, 3.0, "no copy of the acknowledged job")
