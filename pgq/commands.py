@@ -153,6 +153,8 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         stored, done = yield from _kept_before(session, ids)
         if stored or done:
             return (yield from _add_rest(session, queue, ids, bodies, params, stored, done))
+        if replicated:
+            yield from _forsake_ids(session, queue, ids, params)
     if replicated and not view.leaving and replicated_batchable(AddCall(queue, bodies, params)):
         taken = [_Taken(0, ids, wanted, minimum)]
         targets = _direct_targets(session, view, taken)
@@ -209,6 +211,23 @@ def _kept_before(session: Session, ids: list[str]) -> Command[tuple[set[str], se
         "slack": RETRY_SLACK}, Result.ROW)
     yield Commit()
     return set(stored), set(done)
+
+
+def _forsake_ids(session: Session, queue: str, ids: list[str], params: JobParams) -> Command[None]:
+    """A replicated add run again that found nothing of its attempt before:
+    that attempt may have written direct copies into peers and lost its own
+    commit with the connection. Such copies re-queue after their retry, and
+    under the same IDs they are a second delivery of this add's job that
+    its ACK does not reach when this add draws other peers. The add goes on
+    under new IDs (in place: the memo holds the list, and a later run must
+    not find the old ones' tombstones and call them done), and the old IDs
+    leave tombstones here (WITHDRAWN_HERE): such a copy's WILLQUEUE is
+    answered SETACK."""
+    old = list(ids)
+    ids[:] = _new_ids(session, params, len(ids))
+    yield Query(sql.WITHDRAWN_HERE, {"ids": old, "queues": [queue] * len(old),
+                                     "expires": [session.wall() + params.ttl] * len(old)},
+                Result.NONE)
 
 
 def _add_rest(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],

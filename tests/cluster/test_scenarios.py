@@ -808,3 +808,41 @@ def test_a_replicated_add_run_again_after_its_job_was_acknowledged_stores_nothin
         session, call.queue, call.bodies, call.params, call.ids), "the add run again")
     assert again == [job]
     s.holds(lambda: s.holders(job) == {}, 3.0, "no copy of the acknowledged job")
+
+
+def test_an_add_run_again_after_its_direct_commit_was_lost_leaves_no_copy_its_ack_misses(
+        sim_databases):
+    """A direct add's peers committed their copies, then its own commit was
+    lost with the connection. Run again under the same IDs on other peers,
+    its job was acknowledged there, and the first peers' copies (listing
+    other holders) re-queued it after their retry: delivered after its ACK
+    returned. The add goes on under new IDs, and the old ones' tombstones
+    answer those copies SETACK."""
+    s = cluster(sim_databases, nodes=5, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 4, 5.0,
+            "the peers' databases advertised")
+    call = commands.AddCall("q", [b"x"], params(replicate=3, retry=1))
+
+    def first_attempt(session):  # its copies commit; its own commit is lost
+        attempt = commands.add_replicated_batch(session, [call])
+        request = next(attempt)
+        while not isinstance(request, protocol.Commit):
+            request = attempt.send((yield request))
+        attempt.close()
+        yield protocol.Rollback()
+
+    s.do("n1", first_attempt, "the first attempt")
+    [old] = next(iter(call.ids.values()))
+    written = copies(s, old)
+    assert len(written) == 2 and "n1" not in written
+    view = s.node("n1").cluster_view
+    for name in written:  # the add run again draws the other peers
+        view.failing[s.node(name).node_id] = s.node("n1").clock.monotonic() + 60.0
+    [job] = s.do("n1", lambda session: commands.add_jobs(
+        session, call.queue, call.bodies, call.params, call.ids), "the add run again")
+    [taken] = s.get("n1")
+    assert taken.id == job and s.ack("n1", job) == 1
+    s.until(lambda: s.holders(job) == {} and copies(s, old) == set(), 20.0,
+            "the ACK collected, the first attempt's copies told SETACK")
+    s.holds(lambda: s.queued_on(old) == [] and s.queued_on(job) == [], 5.0,
+            "neither ID queued again")
