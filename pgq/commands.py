@@ -149,12 +149,13 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
             "travel in one bus frame): store big payloads elsewhere and queue a reference")
     retried = memo is not None and session.node_id in memo
     ids = _ids(session, params, len(bodies), memo)
-    if retried:
+    if memo is not None and retried:
         stored, done = yield from _kept_before(session, ids)
         if stored or done:
-            return (yield from _add_rest(session, queue, ids, bodies, params, stored, done))
+            return (yield from _add_rest(session, queue, ids, bodies, params, (stored, done),
+                                         (wanted, minimum) if replicated else None))
         if replicated:
-            yield from _forsake_ids(session, queue, ids, params)
+            yield from _forsake_ids(session, queue, ids, params, memo)
     if replicated and not view.leaving and replicated_batchable(AddCall(queue, bodies, params)):
         taken = [_Taken(0, ids, wanted, minimum)]
         targets = _direct_targets(session, view, taken)
@@ -197,13 +198,21 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
 
 # How far before its IDs' time a retried add looks for its jobs' end (see
 # sql.RETRIED_ADD): the round trip that measures the clocks' difference, and
-# a client clock stepped between the attempts.
-RETRY_SLACK = 60.0
+# a client clock slewed or stepped a little between the attempts.
+RETRY_SLACK = 10.0
+# The memo's key (beside each node's IDs) of IDs a replicated add gave up
+# on this node whose tombstones may not be written yet (_forsake_ids).
+_FORSAKEN = "forsaken:"
 
 
 def _kept_before(session: Session, ids: list[str]) -> Command[tuple[set[str], set[str]]]:
     """An add run again after a lost connection: which of its jobs the
-    attempt before stored, as (still here, done with since)."""
+    attempt before stored, as (still here, done with since).
+
+    In a cluster the answer can miss a job done with: one acknowledged on
+    another node loses its copy here to SETACK (no history row), and its
+    tombstone to the DELJOB that ends the ACK's collection; a FASTACK
+    elsewhere deletes it at once. Such a job is stored again."""
     yield Begin()
     yield Query(sql.RETRY_PLAN, None, Result.NONE)
     stored, done = yield Query(sql.RETRIED_ADD, {
@@ -213,48 +222,78 @@ def _kept_before(session: Session, ids: list[str]) -> Command[tuple[set[str], se
     return set(stored), set(done)
 
 
-def _forsake_ids(session: Session, queue: str, ids: list[str], params: JobParams) -> Command[None]:
+def _forsake_ids(session: Session, queue: str, ids: list[str], params: JobParams,
+                 memo: dict[str, list[str]]) -> Command[None]:
     """A replicated add run again that found nothing of its attempt before:
     that attempt may have written direct copies into peers and lost its own
     commit with the connection. Such copies re-queue after their retry, and
     under the same IDs they are a second delivery of this add's job that
     its ACK does not reach when this add draws other peers. The add goes on
-    under new IDs (in place: the memo holds the list, and a later run must
-    not find the old ones' tombstones and call them done), and the old IDs
-    leave tombstones here (WITHDRAWN_HERE): such a copy's WILLQUEUE is
-    answered SETACK."""
-    old = list(ids)
+    under new IDs, and the old IDs leave tombstones here (WITHDRAWN_HERE):
+    such a copy's WILLQUEUE is answered SETACK.
+
+    The IDs are renewed in place (the memo holds the list) before the
+    tombstones are written: a later run must never find its own IDs
+    tombstoned and call them done. The IDs given up stay in the memo until
+    their tombstones committed, so a connection lost meanwhile leaves none
+    of them without one."""
+    forsaken = memo.setdefault(_FORSAKEN + session.node_id, [])
+    forsaken.extend(ids)
     ids[:] = _new_ids(session, params, len(ids))
-    yield Query(sql.WITHDRAWN_HERE, {"ids": old, "queues": [queue] * len(old),
-                                     "expires": [session.wall() + params.ttl] * len(old)},
-                Result.NONE)
+    yield Query(sql.WITHDRAWN_HERE, {
+        "ids": forsaken, "queues": [queue] * len(forsaken),
+        "expires": [session.wall() + params.ttl + RETRY_SLACK] * len(forsaken)}, Result.NONE)
+    del forsaken[:]
 
 
 def _add_rest(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
-              params: JobParams, stored: set[str], done: set[str]) -> Command[list[str]]:
-    """An add run again whose attempt before stored jobs: those are not
-    stored again (one consumed meanwhile would be delivered a second time,
-    after its ACK returned); the rest go in now (a large replicated add
-    stores chunk by chunk, each in its own transaction), and a synchronous
-    add waits for the copies its stored jobs still lack."""
-    kept = stored | done
-    rest = [(job_id, body) for job_id, body in zip(ids, bodies, strict=True) if job_id not in kept]
-    added = [job_id for job_id in ids if job_id in kept]
+              params: JobParams, kept: tuple[set[str], set[str]],
+              copies: tuple[int, int] | None) -> Command[list[str]]:
+    """An add run again whose attempt before stored jobs (``kept``: still
+    here, done with): those are not stored again (one consumed meanwhile
+    would be delivered a second time, after its ACK returned). The others go
+    in now under their IDs, the chunks a large replicated add did not get
+    to (it stores chunk by chunk, each in its own transaction), with the W
+    and minimum of ``copies`` (None: kept here only). A synchronous add then
+    waits once for the copies its jobs still lack; NOREPL names the jobs
+    withdrawn, and every other job of the call as added (a client with
+    several nodes then adds none of them again elsewhere)."""
+    stored, done = kept
+    rest = [n for n, job_id in enumerate(ids) if job_id not in stored and job_id not in done]
+    result = list(ids)
     if rest:
-        added += yield from add_jobs(session, queue, [body for _i, body in rest], params,
-                                     {session.node_id: [job_id for job_id, _b in rest]})
+        rest_ids, rest_bodies = [ids[n] for n in rest], [bodies[n] for n in rest]
+        if copies is not None:
+            yield from _add_replicated(session, queue, rest_ids, rest_bodies, params, *copies,
+                                       confirm=False)
+            stored |= set(rest_ids)
+        elif (yield from _store_here(session, queue, rest_ids, rest_bodies, params)):
+            # The node is leaving now: it kept none of them; other nodes do.
+            yield from cluster_view(session, fresh=True)
+            for n, job_id in zip(rest, (yield from add_jobs(session, queue, rest_bodies, params)),
+                                 strict=True):
+                result[n] = job_id
     if stored and session.owned and not params.asynchronous:
         rows = yield Query(sql.REPLICATION_DONE, {"ids": sorted(stored)}, Result.ROWS)
         waiting = [row[0] for row in rows if not (row[1] or row[2])]
         if waiting:
             if session.can_listen:
                 yield ListenReplication()
-            failed, stuck = yield from _copies_or_withdraw(
-                session, waiting, _replication_timeout(session, params))
+            timeout = _replication_timeout(session, params)
+            failed, stuck = yield from _copies_or_withdraw(session, waiting, timeout)
             if failed:
-                raise _withdrawn(ids, failed, timeout=_replication_timeout(session, params),
-                                 stuck=stuck)
-    return added
+                raise _withdrawn(result, failed, timeout, stuck)
+    return result
+
+
+def _store_here(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
+                params: JobParams) -> Command[bool]:
+    """Jobs kept here only, under these IDs (a call without a key); True if
+    the node turned out to be leaving (nothing stored)."""
+    if len(bodies) >= COPY_THRESHOLD:
+        return (yield from _copy_jobs(session, queue, ids, bodies, params))
+    leaving, _existing = yield from _insert_jobs(session, queue, ids, bodies, params)
+    return leaving
 
 
 def _copies(params: JobParams, view: ClusterView) -> tuple[int, int]:
@@ -742,10 +781,12 @@ def add_replicated_batch(session: Session, calls: Sequence[AddCall]) -> Command[
 
 
 def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
-                    params: JobParams, wanted: int, minimum: int) -> Command[str | None]:
-    """Store the jobs here with an outbox event for the node process.
-    Returns the ID of the live job holding the add's key (nothing added:
-    that job's own add waits for its copies), else None."""
+                    params: JobParams, wanted: int, minimum: int,
+                    confirm: bool = True) -> Command[str | None]:
+    """Store the jobs here with an outbox event for the node process, and
+    (``confirm``) wait for the copies of a synchronous add. Returns the ID
+    of the live job holding the add's key (nothing added: that job's own
+    add waits for its copies), else None."""
     sync = session.owned and not params.asynchronous
     if sync and session.can_listen:
         yield ListenReplication()
@@ -769,7 +810,7 @@ def _add_replicated(session: Session, queue: str, ids: list[str], bodies: Sequen
     if locking:
         yield Commit()
     yield from _ring(session, len(ids))
-    if sync:
+    if sync and confirm:
         yield from _wait_for_copies(session, ids, _replication_timeout(session, params))
     return None
 

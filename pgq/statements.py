@@ -417,13 +417,15 @@ SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('i
 # a retry store again a job consumed in between: delivered after its ACK
 # returned (an at-most-once job delivered twice).
 # pgq.history has no index on id (every ack would pay for one): it is read
-# from the first attempt on, by its BRIN index on finished_at, a few seconds
-# of rows whatever the table's size. The first attempt is the IDs' time on
-# the client's clock, moved onto this database's by their difference now,
-# less ``slack`` seconds (the round trip, a clock stepped meanwhile): a job
-# is finished after its row committed, so never before that. RETRY_PLAN
-# makes that plan certain under pgq's session options (no bitmap scans,
-# generic plans), for this transaction only.
+# from the first attempt on, by its BRIN index on finished_at: the rows of
+# the time between the attempts, whatever the table's size. The first
+# attempt is the IDs' time on the client's clock, moved onto this
+# database's by their difference now, less ``slack`` seconds (the round
+# trip, a clock slewed meanwhile): a job is finished after its row
+# committed, so never before that. RETRY_PLAN makes that plan certain under
+# pgq's session options (no bitmap scans, generic plans), for this
+# transaction only. (In a cluster, see pgq.commands._kept_before for what
+# this cannot see.)
 RETRY_PLAN = """
 SELECT set_config('enable_bitmapscan', 'on', true), set_config('enable_seqscan', 'off', true),
        set_config('plan_cache_mode', 'force_custom_plan', true)

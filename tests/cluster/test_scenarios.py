@@ -846,3 +846,67 @@ def test_an_add_run_again_after_its_direct_commit_was_lost_leaves_no_copy_its_ac
             "the ACK collected, the first attempt's copies told SETACK")
     s.holds(lambda: s.queued_on(old) == [] and s.queued_on(job) == [], 5.0,
             "neither ID queued again")
+
+
+def test_a_large_replicated_add_run_again_stores_the_chunks_it_missed_in_order(sim_databases):
+    """A replicated add of more than COPY_THRESHOLD jobs stores them chunk by
+    chunk, each chunk in its own transaction; the connection broke after the
+    first. Run again, it stores only the missing chunk, under its IDs, and
+    answers every ID in body order once each has its copies."""
+    from pgq import statements as sql
+
+    s = cluster(sim_databases)
+    bodies = [b"%d" % i for i in range(commands.COPY_THRESHOLD + 3)]
+    call = commands.AddCall("q", bodies, params(replicate=2))
+
+    def first_attempt(session):  # the first chunk commits, then the connection breaks
+        attempt = commands.add_jobs(session, call.queue, call.bodies, call.params, call.ids)
+        request, chunks = next(attempt), 0
+        while True:
+            if isinstance(request, protocol.Query) and request.sql == sql.ADD_JOBS_CLUSTER:
+                chunks += 1
+                if chunks == 2:
+                    attempt.close()
+                    return
+            request = attempt.send((yield request))
+
+    s.do("n1", first_attempt, "the first attempt")
+    ids = list(next(iter(call.ids.values())))
+    assert s.sql("n1", "SELECT count(*) FROM pgq.jobs")[0][0] == commands.COPY_THRESHOLD
+    again = s.do("n1", lambda session: commands.add_jobs(
+        session, call.queue, call.bodies, call.params, call.ids), "the add run again")
+    assert again == ids
+    assert s.sql("n1", "SELECT count(*) FROM pgq.jobs WHERE state = 'queued'")[0][0] == len(ids)
+    assert len(copies(s, ids[-1])) == 2 and len(copies(s, ids[0])) == 2
+
+
+def test_ids_given_up_keep_their_tombstones_due_until_written(sim_databases):
+    """A replicated add run again that finds nothing gives up its IDs and
+    tombstones them. When the connection breaks while it writes them, the
+    next run writes them too (with its own): none of the IDs a peer may
+    hold a copy of is left without one, and the IDs the add goes on with
+    never get one (a later run would call them done)."""
+    from pgq import statements as sql
+
+    s = cluster(sim_databases)
+    call = commands.AddCall("q", [b"x"], params(replicate=2))
+
+    def cut_at_tombstones(session):  # a run again that breaks as it writes them
+        attempt = commands.add_jobs(session, call.queue, call.bodies, call.params, call.ids)
+        request = next(attempt)
+        while not (isinstance(request, protocol.Query) and request.sql == sql.WITHDRAWN_HERE):
+            request = attempt.send((yield request))
+        attempt.close()
+
+    def first_ids(session):  # the IDs of a first attempt that stored nothing
+        return commands._ids(session, call.params, 1, call.ids)
+        yield
+
+    [first] = s.do("n1", first_ids, "the first attempt's IDs")
+    s.do("n1", cut_at_tombstones, "a run again, cut")
+    [second] = next(iter(v for k, v in call.ids.items() if ":" not in k))
+    [job] = s.do("n1", lambda session: commands.add_jobs(
+        session, call.queue, call.bodies, call.params, call.ids), "the add run again")
+    tombstones = {row[0] for row in s.sql("n1", "SELECT id FROM pgq.acks")}
+    assert {first, second} <= tombstones and job not in tombstones | {first, second}
+    assert copies(s, job) and s.queued_on(job) == ["n1"]
