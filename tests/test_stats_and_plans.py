@@ -258,16 +258,21 @@ def test_a_fresh_node_with_a_priority_backlog_claims_fast(dsn):
         for prio in range(1, 6):
             client.add_jobs("fresh-p", [b"x"] * 10_000, priority=prio)
         client.add_jobs("fresh-p", [b"x"] * 10_000)
-        started = time.perf_counter()
+        claiming = 0.0
         seen = []
         for _ in range(200):
+            started = time.perf_counter()
             job = client.get_job("fresh-p", nohang=True, withcounters=True)[0]
+            claiming += time.perf_counter() - started
             seen.append(client.show(job.id)["priority"])
             client.ack_job(job.id)
-        per_pair = (time.perf_counter() - started) / 200
+        per_claim = claiming / 200
     assert seen == [5] * 200
-    # As above: a sort of 50k rows per claim costs tens of ms alone.
-    assert per_pair < 0.03, f"{per_pair * 1000:.1f} ms per get+show+ack"
+    # A claim takes 0.7 ms here (1-2 ms under the suite's load). Its
+    # generic plan once read jobs_queued_idx and sorted the queue's 50k jobs
+    # (33 ms a claim: SESSION_OPTIONS has enable_sort=off since); a bound
+    # of 10 ms tells the two apart on a loaded machine.
+    assert per_claim < 0.01, f"{per_claim * 1000:.1f} ms per claim"
 
 
 @pytest.mark.parametrize("name", ["DRAIN_OUTBOX_WITH_JOBS", "STORE_COPIES", "STORE_COPY"])
