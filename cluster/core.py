@@ -616,7 +616,7 @@ class NodeCore:
             yield _rows(sql.TRACK_ACK_GC, {"ids": list(decided.drive),
                                            "nodes": [_csv(h) for h in decided.drive.values()]})
         if decided.finished:
-            yield _rows(sql.APPLY_DELJOB, {"ids": decided.finished})
+            yield _rows(sql.APPLY_DELJOB, {"ids": decided.finished, "myself": self.node_id})
 
     def _on_gotacks(self, items: list[tuple[str, m.GotAck]]) -> Step:
         assert self.acks is not None
@@ -638,7 +638,7 @@ class NodeCore:
             for holder in outcome.deljob_to:
                 deljobs.setdefault(holder, []).append(outcome.job_id)
         self._send_deljobs(deljobs)
-        yield _rows(sql.APPLY_DELJOB, {"ids": [o.job_id for o in outcomes]})
+        yield _rows(sql.APPLY_DELJOB, {"ids": [o.job_id for o in outcomes], "myself": self.node_id})
 
     def _send_deljobs(self, deljobs: dict[str, list[str]]) -> None:
         for peer, ids in deljobs.items():
@@ -655,7 +655,7 @@ class NodeCore:
         for job_id in ids:
             self.replicator.forget(job_id)
         if ids:
-            yield _rows(sql.APPLY_DELJOB, {"ids": ids})
+            yield _rows(sql.APPLY_DELJOB, {"ids": ids, "myself": self.node_id})
 
     # ------------------------------------------------------------ one queued copy
 

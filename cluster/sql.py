@@ -336,10 +336,37 @@ WHERE (nodes IS NOT NULL OR dummy) AND expires_at > pgq.now()
 """
 
 # DELJOB (GC done elsewhere, or a FASTACK): forget the job and its tombstone.
-APPLY_DELJOB = """
-WITH jobs AS (DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) RETURNING 1),
-     acks AS (DELETE FROM pgq.acks WHERE id = ANY (%(ids)s::text[]) RETURNING 1)
-SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM acks)
+# Except at the node that made its ID (a client added it here): there a
+# tombstone stays for RETRY_WINDOW (expire_acks drops it). A client that runs
+# the add again after a lost connection must find the job done with
+# (pgq.commands._kept_before), and one done with on another node left no
+# history row here (SETACK deletes a copy unlogged; a FASTACK's DELJOB too).
+# Without it, such a retry stored the job again: delivered after its ACK.
+RETRY_WINDOW = "interval '60 seconds'"
+APPLY_DELJOB = f"""
+WITH made_here AS (
+    SELECT u.id FROM unnest(%(ids)s::text[]) AS u(id)
+    WHERE left(u.id, 11) = 'D-' || left(%(myself)s, 8) || '-'
+), jobs AS (
+    DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) RETURNING id, queue, expires_at
+), acks AS (
+    DELETE FROM pgq.acks
+    WHERE id = ANY (%(ids)s::text[]) AND id NOT IN (SELECT id FROM made_here)
+    RETURNING 1
+), kept AS (  -- as a holder's after SETACK: no holders left to collect from
+    UPDATE pgq.acks
+    SET expires_at = least(expires_at, pgq.now() + {RETRY_WINDOW}), nodes = NULL
+    WHERE id IN (SELECT id FROM made_here)
+    RETURNING 1
+), short AS (
+    INSERT INTO pgq.acks (id, queue, expires_at)
+    SELECT j.id, j.queue, least(j.expires_at, pgq.now() + {RETRY_WINDOW}) FROM jobs j
+    WHERE j.id IN (SELECT id FROM made_here)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM acks),
+       (SELECT count(*) FROM kept) + (SELECT count(*) FROM short) AS kept
 """
 
 # ------------------------------------------------------------ one queued copy

@@ -209,10 +209,11 @@ def _kept_before(session: Session, ids: list[str]) -> Command[tuple[set[str], se
     """An add run again after a lost connection: which of its jobs the
     attempt before stored, as (still here, done with since).
 
-    In a cluster the answer can miss a job done with: one acknowledged on
-    another node loses its copy here to SETACK (no history row), and its
-    tombstone to the DELJOB that ends the ACK's collection; a FASTACK
-    elsewhere deletes it at once. Such a job is stored again."""
+    In a cluster, a job done with on another node loses its copy here
+    unlogged (SETACK, a FASTACK's DELJOB); its tombstone stays here, at the
+    node that made its ID, for a minute after the DELJOB that ends its
+    collection (cluster.sql.RETRY_WINDOW). A retry later than that, or of an
+    at-most-once job federation moved away, stores the job again."""
     yield Begin()
     yield Query(sql.RETRY_PLAN, None, Result.NONE)
     stored, done = yield Query(sql.RETRIED_ADD, {

@@ -154,7 +154,8 @@ def test_a_planted_second_delivery_of_an_at_most_once_job_is_caught(databases, m
 def test_a_planted_loss_is_caught(databases, monkeypatch):
     # the bug: a holder told that another will queue a job deletes its own copy
     def on_willqueue(self, peer, message):
-        yield node_core._rows(node_sql.APPLY_DELJOB, {"ids": list(message.ids)})
+        yield node_core._rows(node_sql.APPLY_DELJOB, {"ids": list(message.ids),
+                                                      "myself": self.node_id})
 
     monkeypatch.setitem(node_core.NodeCore._handlers, node_core.m.WillQueue, on_willqueue)
     found = _first_violation(databases, range(1, 30))
