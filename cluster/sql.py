@@ -159,13 +159,18 @@ def outbox_rows(rows: list[Any]) -> list[tuple[OutboxEvent, ReplicationRow | Non
              ReplicationRow.of(row[width:]) if row[width] is not None else None) for row in rows]
 
 
+def _made_here(job_id: str) -> str:
+    """A job whose ID this node made (a client added it here): the ID's node prefix."""
+    return f"left(split_part({job_id}, '-', 2), 8) = left(%(myself)s, 8)"
+
+
 # After a restart: every job created here that still lacks copies.
 UNREPLICATED = f"""
 SELECT {_COPY_COLUMNS}, state, repl_waiter,
        greatest(0, extract(epoch FROM expires_at - pgq.now()))::float8,
        coalesce(nodes_confirmed, '{{}}'::text[]), repl_min
 FROM pgq.jobs
-WHERE repl > 1 AND left(split_part(id, '-', 2), 8) = left(%(myself)s, 8)
+WHERE repl > 1 AND {_made_here('id')}
   AND repl > coalesce(cardinality(nodes_confirmed), 1)
   AND expires_at > pgq.now()
 """
@@ -346,7 +351,7 @@ RETRY_WINDOW = "interval '60 seconds'"
 APPLY_DELJOB = f"""
 WITH made_here AS (
     SELECT u.id FROM unnest(%(ids)s::text[]) AS u(id)
-    WHERE left(u.id, 11) = 'D-' || left(%(myself)s, 8) || '-'
+    WHERE {_made_here('u.id')}
 ), jobs AS (
     DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) RETURNING id, queue, expires_at
 ), acks AS (
