@@ -181,11 +181,7 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
                 # withdrawn (its own add failed) or done with: the key is free
                 return (yield from add_jobs(session, queue, bodies, params))
         return [existing]
-    existing = None
-    if len(bodies) >= COPY_THRESHOLD:
-        leaving = yield from _copy_jobs(session, queue, ids, bodies, params)
-    else:
-        leaving, existing = yield from _insert_jobs(session, queue, ids, bodies, params)
+    leaving, existing = yield from _store_here(session, queue, ids, bodies, params)
     if existing:
         return [existing]  # the idempotency key's live job: nothing was added
     if leaving:
@@ -268,7 +264,7 @@ def _add_rest(session: Session, queue: str, ids: list[str], bodies: Sequence[byt
             yield from _add_replicated(session, queue, rest_ids, rest_bodies, params, *copies,
                                        confirm=False)
             stored |= set(rest_ids)
-        elif (yield from _store_here(session, queue, rest_ids, rest_bodies, params)):
+        elif (yield from _store_here(session, queue, rest_ids, rest_bodies, params))[0]:
             # The node is leaving now: it kept none of them; other nodes do.
             yield from cluster_view(session, fresh=True)
             for n, job_id in zip(rest, (yield from add_jobs(session, queue, rest_bodies, params)),
@@ -288,13 +284,13 @@ def _add_rest(session: Session, queue: str, ids: list[str], bodies: Sequence[byt
 
 
 def _store_here(session: Session, queue: str, ids: list[str], bodies: Sequence[bytes],
-                params: JobParams) -> Command[bool]:
-    """Jobs kept here only, under these IDs (a call without a key); True if
-    the node turned out to be leaving (nothing stored)."""
+                params: JobParams) -> Command[tuple[bool, str | None]]:
+    """Jobs kept here only, under these IDs: one INSERT, or COPY for many.
+    Returns (the node turned out to be leaving: nothing stored, the ID of
+    the live job holding the add's key: nothing added)."""
     if len(bodies) >= COPY_THRESHOLD:
-        return (yield from _copy_jobs(session, queue, ids, bodies, params))
-    leaving, _existing = yield from _insert_jobs(session, queue, ids, bodies, params)
-    return leaving
+        return (yield from _copy_jobs(session, queue, ids, bodies, params)), None
+    return (yield from _insert_jobs(session, queue, ids, bodies, params))
 
 
 def _copies(params: JobParams, view: ClusterView) -> tuple[int, int]:
