@@ -816,8 +816,10 @@ def _cancelling() -> bool:
 
 
 def _handler_failed(exc: BaseException) -> _JobFailed:
-    trace = "".join(traceback.format_exception(exc)).rstrip()
-    return _JobFailed(f"{type(exc).__name__}: {exc}", trace)
+    # Safe from the start: the log line too (a lone surrogate in a handler's
+    # error made every UTF-8 log handler fail on it).
+    trace = _safe_text("".join(traceback.format_exception(exc)).rstrip())
+    return _JobFailed(_safe_text(f"{type(exc).__name__}: {exc}"), trace)
 
 
 def _name_of(handler: Handler) -> str:

@@ -387,7 +387,7 @@ def test_the_back_off_stops_doubling_before_a_float_overflows():
     assert backoff_delay(options, 5000) == 300.0  # 2 ** 4999 overflowed a float
 
 
-def test_a_handler_error_that_is_no_storable_text_still_dead_letters_its_job(client):
+def test_a_handler_error_that_is_no_storable_text_still_dead_letters_its_job(client, caplog):
     # A NUL or a lone surrogate in the error: storing it failed inside the
     # worker, which crashed, and the job came back to crash the next one.
     job_id = client.add_job("nul", b"x", retry=30)
@@ -402,6 +402,10 @@ def test_a_handler_error_that_is_no_storable_text_still_dead_letters_its_job(cli
     [letter] = client.dead_letters("nul")
     assert letter["id"] == job_id and letter["reason"].startswith("ValueError: bad\\x00byte and \\ud800")
     assert client.wait_result(job_id, timeout=0)[1].startswith("ValueError: bad\\x00byte")
+    # and the worker's log line is UTF-8 too (a lone surrogate made every
+    # UTF-8 log handler fail on it)
+    [logged] = [r.getMessage() for r in caplog.records if "failed (ValueError" in r.getMessage()]
+    assert logged.encode("utf-8") and "\\ud800" in logged
 
 
 def test_by_default_a_failing_job_is_dead_lettered_after_5_deliveries_with_its_traceback(
