@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1", reason="the bench runs its own servers")
+@pytest.mark.serial  # it measures: alone, as a benchmark runs
 def test_bench_smoke_run_reports_every_contender(tmp_path):
     done = subprocess.run([sys.executable, "-m", "bench", "--smoke", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -68,6 +68,7 @@ def test_generic_claim_plan_is_the_index_plan(big_table, statement):
     assert above and set(above) <= {"LockRows", "Limit"}, above  # no Sort between
 
 
+@pytest.mark.serial  # timed
 def test_claim_is_fast_on_a_100k_table(client, big_table):
     import time
 
@@ -225,6 +226,7 @@ def _scans(plan, kinds):
             yield from _scans(value, kinds)
 
 
+@pytest.mark.serial  # timed
 def test_a_fresh_node_with_a_backlog_claims_fast(dsn):
     """The generic plans are made on the empty table (the first calls), then
     50k jobs arrive: get+ack must stay fast (it ran at 46-54/s before)."""
@@ -246,6 +248,7 @@ def test_a_fresh_node_with_a_backlog_claims_fast(dsn):
     assert per_pair < 0.02, f"{per_pair * 1000:.1f} ms per get+ack"
 
 
+@pytest.mark.serial  # timed
 def test_a_fresh_node_with_a_priority_backlog_claims_fast(dsn):
     """The same with 50k jobs above priority 0 in mixed priorities: the
     priority arm must walk jobs_priority_idx in order, not sort the backlog."""

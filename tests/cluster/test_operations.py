@@ -80,6 +80,7 @@ def test_bad_or_unauthenticated_frames_change_nothing(make_cluster):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # it saturates both cores: the tests beside it would pay
 def test_no_false_failure_while_both_cores_are_saturated(make_cluster):
     cluster = make_cluster(3)
     ids = cluster.ids()
