@@ -24,7 +24,10 @@ Why it is shaped so:
 * Errors are typed, never a traceback: bad JSON or arguments are 400 with
   the client's message, an unknown job 404, a paused or full queue 409, no
   replicas or no database 503; the body is ``{"error": kind, "message"}``.
-* A bearer token (``--token-file``) guards every route but ``/health``;
+  A NOREPL also lists the jobs of the call that stayed added (``ids``: a
+  client that tries again must leave them out) and those withdrawn.
+* A bearer token (``--token-file``) guards every route but ``/health`` and
+  ``/openapi.json`` (the API's static description);
   the CLI refuses to listen beyond loopback without one.
 """
 
@@ -121,7 +124,9 @@ def create_app(client: AsyncClient, token: str | None = None, *,
 
     def authorized(request: Request) -> bool:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
+        # Starlette decodes a header's bytes as latin-1: encoding them back
+        # gives the bytes the client sent (a UTF-8 token's, say).
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"),
                                                                   (token or "").encode())
 
     def guarded(handler: Handler, public: bool = False) -> Handler:
@@ -140,6 +145,11 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                 return await handler(request)
             except BadRequest as exc:
                 return error_response(exc.kind, str(exc), exc.status)
+            except errors.NoReplError as exc:
+                # Some jobs of the call may have their copies and stay: say
+                # which, or a client that tries again adds them twice.
+                return error_response(type(exc).__name__, str(exc), status_of(exc),
+                                      ids=list(exc.added), withdrawn=list(exc.removed))
             except errors.PgqError as exc:
                 return error_response(type(exc).__name__, str(exc), status_of(exc))
         return run
@@ -164,6 +174,10 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                 _known(item, _ITEM_FIELDS, "an item of \"jobs\" (options go beside \"jobs\")")
             if "key" in data:
                 raise BadRequest('"key" names one job: give each item of "jobs" its own "key"')
+            if "body" in data or "body_base64" in data:
+                # one job's body beside a list: that job was dropped
+                raise BadRequest('"body" and "body_base64" name one job: with "jobs", put each '
+                                 'body in its item')
             if any("key" in i or "priority" in i for i in items):
                 # per-job keys or priorities: one add each (they still share
                 # commits with concurrent requests through the client). Every
@@ -182,9 +196,11 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                         raise
                     # The items before it are in: say which, or a client
                     # that tries again adds them twice.
+                    more = ({"withdrawn": list(exc.removed)}
+                            if isinstance(exc, errors.NoReplError) else {})
                     return error_response(
                         type(exc).__name__, f"{exc} (items 1-{len(ids)} of {len(each)} were "
-                        "added before it: their IDs are in \"ids\")", status_of(exc), ids=ids)
+                        "added before it: their IDs are in \"ids\")", status_of(exc), ids=ids, **more)
             else:
                 ids = await client.add_jobs(queue, [_body_of(i) for i in items], **options)
         else:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from . import errors
@@ -40,6 +40,12 @@ class BadRequest(Exception):
     """Input the app itself refuses (a body that is not JSON, a missing field): 400."""
 
     status, kind = 400, "bad_request"
+
+
+class ClientGone(BadRequest):
+    """The client left before its request body arrived: nobody reads the answer."""
+
+    status, kind = 499, "client_gone"
 
 
 class RequestTooLarge(BadRequest):
@@ -72,11 +78,15 @@ async def json_body(request: Request) -> dict[str, Any]:
     if declared.isascii() and declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
         raise too_large
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_REQUEST_BYTES:
-            raise too_large
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_REQUEST_BYTES:
+                raise too_large
+            chunks.append(chunk)
+    except ClientDisconnect:
+        # gone before its body arrived: nobody reads an answer (not a 500)
+        raise ClientGone() from None
     raw = b"".join(chunks)
     if not raw:
         return {}

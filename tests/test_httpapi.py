@@ -40,28 +40,54 @@ def call(base, method, path, body=None, token=TOKEN, raw=None, headers=None):
         return exc.code, json.loads(text) if "json" in exc.headers.get("content-type", "") else text
 
 
-@pytest.fixture
-def api(dsn, tmp_path):
-    port = free_port("127.0.0.1")
-    (tmp_path / "token").write_text(TOKEN + "\n")
-    process = subprocess.Popen([sys.executable, "-m", "pgq", "serve", "--http", f"127.0.0.1:{port}",
-                                "--token-file", str(tmp_path / "token"), "--dsn", dsn],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
+class Served:
+    """A `pgq serve --http` process: its base URL, and (once stopped) what it printed."""
 
-    def up():
+    def __init__(self, dsn: str, token_file=None, env=None) -> None:
+        port = free_port("127.0.0.1")
+        secret = ["--token-file", str(token_file)] if token_file else []
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pgq", "serve", "--http", f"127.0.0.1:{port}", *secret,
+             "--dsn", dsn], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        self.base = f"http://127.0.0.1:{port}"
+        self.output = ""
+
+    def up(self) -> bool:
         try:
-            return call(base, "GET", "/health", token=None)[0] == 200
+            return call(self.base, "GET", "/health", token=None)[0] == 200
         except OSError:
-            assert process.poll() is None, process.stdout.read().decode()
+            assert self.process.poll() is None, self.process.stdout.read().decode()
             return False
 
+    def stop(self) -> str:
+        if self.process.poll() is None:
+            self.process.terminate()
+        self.output = self.process.communicate(timeout=20)[0].decode(errors="replace")
+        return self.output
+
+
+@pytest.fixture
+def serve(dsn):
+    """Start servers on this test's database (stopped at the end)."""
+    started: list[Served] = []
+
+    def start(token_file=None, env=None) -> Served:
+        served = Served(dsn, token_file, env)
+        started.append(served)
+        wait_until(served.up, 30, message="the HTTP API to answer")
+        return served
+
     try:
-        wait_until(up, 30, message="the HTTP API to answer")
-        yield base
+        yield start
     finally:
-        process.terminate()
-        process.wait(20)
+        for served in started:
+            served.stop()
+
+
+@pytest.fixture
+def api(serve, tmp_path):
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    return serve(tmp_path / "token").base
 
 
 def test_add_lease_ack_nack_working_status_and_stats(api):
@@ -150,6 +176,10 @@ def test_odd_input_gets_a_json_4xx_never_a_500(api):
         ("POST", "/v1/queues/q/jobs", {"body": "x", "body_base64": "eA=="}, None, 400, "bad_request"),
         ("POST", "/v1/queues/q/jobs", {"body": "x", "prority": 5}, None, 400, "bad_request"),
         ("POST", "/v1/queues/q/jobs", {"jobs": [{"body": "x", "ttl": 5}]}, None, 400, "bad_request"),
+        # one job's body beside a list of them: that job was dropped
+        ("POST", "/v1/queues/q/jobs", {"body": "x", "jobs": [{"body": "y"}]}, None, 400, "bad_request"),
+        ("POST", "/v1/queues/q/jobs", {"body_base64": "eA==", "jobs": [{"body": "y"}]}, None,
+         400, "bad_request"),
         ("POST", "/v1/lease", {"queues": ["q"], "timeout": ""}, None, 400, "InvalidTypeError"),
         ("POST", "/v1/lease", {"queues": ["q"], "timeout": 301}, None, 400, "InvalidArgumentError"),
         ("POST", "/v1/lease", {"queues": ["q"], "withcounters": "false"}, None, 400, "bad_request"),
@@ -232,6 +262,52 @@ def test_the_token_is_required_and_checked(api):
     assert call(api, "GET", "/v1/queues/q", token=None,
                 headers={"Authorization": f"bearer {TOKEN}"})[0] == 404
     assert call(api, "GET", "/health", token=None)[0] == 200
+
+
+def test_a_token_that_is_not_ascii_works_from_the_environment_too(serve):
+    """The header's bytes are compared with the token's UTF-8 (Starlette
+    gives headers as latin-1: a UTF-8 token never matched), and
+    PGQ_HTTP_TOKEN is stripped as a token file is (a trailing space or
+    newline never matched either)."""
+    import http.client
+    import os
+
+    secret = "pässwort-✓"
+    served = serve(env={**os.environ, "PGQ_HTTP_TOKEN": f" {secret}\n"})
+    host, port = served.base.removeprefix("http://").split(":")
+
+    def status_with(token: bytes) -> int:
+        connection = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            connection.putrequest("GET", "/v1/queues/utf")
+            connection.putheader("Authorization", b"Bearer " + token)
+            connection.endheaders()
+            return connection.getresponse().status
+        finally:
+            connection.close()
+
+    assert status_with(secret.encode()) == 404  # past the token check: no such queue
+    assert status_with(b"wrong") == 401
+    assert status_with(secret.encode("latin-1", "replace")) == 401
+
+
+def test_a_client_gone_before_its_body_arrived_is_no_server_error(serve, tmp_path):
+    """A client that sends half its body and leaves: Starlette raised
+    ClientDisconnect, which became a 500 and a traceback in the log."""
+    import socket
+
+    (tmp_path / "token").write_text(TOKEN)
+    served = serve(tmp_path / "token")
+    host, port = served.base.removeprefix("http://").split(":")
+    for _ in range(3):
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(f"POST /v1/queues/half/jobs HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                         f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+                         "Content-Length: 100000\r\n\r\n{\"body\": \"".encode())
+    assert call(served.base, "POST", "/v1/queues/half/jobs", {"body": "whole"})[0] == 201
+    assert call(served.base, "GET", "/v1/queues/half")[1]["len"] == 1
+    output = served.stop()
+    assert "Traceback" not in output and "Exception in ASGI application" not in output, output
 
 
 @pytest.mark.parametrize("front", ["--http", "--resp"])

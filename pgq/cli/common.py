@@ -295,7 +295,8 @@ def fronts_of(http_listen: str | None, resp_listen: str | None, token_file: str 
     addresses and open ports without a secret are usage errors)."""
     from ..fronts import Fronts
 
-    token = read_token(token_file) if token_file else os.environ.get("PGQ_HTTP_TOKEN") or None
+    # stripped as a token file's content is (a client's header is, too)
+    token = read_token(token_file) if token_file else (os.environ.get("PGQ_HTTP_TOKEN") or "").strip() or None
     board_token = read_token(dashboard_token_file)
     return Fronts(
         http=listen_address("--http", http_listen, token) if http_listen else None,

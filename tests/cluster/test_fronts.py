@@ -5,6 +5,7 @@ with replicated adds, through a raw RESP client, pydisque and an HTTP client."""
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.parse
 import urllib.request
 
@@ -21,8 +22,11 @@ def http(base: str, path: str, body: dict | None = None) -> tuple[int, dict]:
     request = urllib.request.Request(base + path, method="POST" if body is not None else "GET",
                                      data=None if body is None else json.dumps(body).encode(),
                                      headers={"content-type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as reply:
-        return reply.status, json.loads(reply.read() or b"null")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, json.loads(reply.read() or b"null")
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read() or b"null")
 
 
 def answers(port: int) -> bool:
@@ -65,6 +69,11 @@ def test_a_node_serves_resp_and_http_with_replicated_adds(make_cluster):
     assert status == 200 and [j["body"] for j in leased["jobs"]] == ["from http"]
     assert http(base, f"/v1/jobs/{urllib.parse.quote(leased['jobs'][0]['id'], safe='')}/ack", {})[0] == 200
     assert http(f"http://127.0.0.1:{board_port}", "/api/overview")[1]["clustered"] is True
+    # NOREPL names the jobs of the call that stayed added (none here), so a
+    # client that tries again leaves them out
+    status, refused = http(base, "/v1/queues/web/jobs", {"jobs": [{"body": "a"}, {"body": "b"}],
+                                                       "replicate": 4})
+    assert (status, refused["error"], refused["ids"]) == (503, "NoReplError", [])
     # SIGTERM stops the node with its fronts, cleanly (the fronts stop gracefully first)
     cluster[0].process.terminate()
     assert cluster[0].process.wait(20) == 0
