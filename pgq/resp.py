@@ -100,6 +100,10 @@ class Parser:
     def add(self, data: bytes) -> None:
         self._buffer += data
 
+    def buffered(self) -> int:
+        """Bytes received and not yet taken as commands."""
+        return len(self._buffer)
+
     def take(self) -> list[bytes] | None:
         """The next complete command (None: none yet), so that a server
         can change the limits between commands (after AUTH)."""
@@ -701,6 +705,10 @@ class Session:
         the node's command line, so ``CONFIG SET`` says so."""
         sub = args[0].lower() if args else b""
         if sub == b"get" and len(args) == 2:
+            if len(args[1]) > MAX_CONFIG_PATTERN:
+                # fnmatch compiles a pattern to a regex, on the event loop:
+                # 1 MB took 3 s and 160 MiB (every connection waited)
+                raise _Syntax(f"ERR a CONFIG GET pattern is at most {MAX_CONFIG_PATTERN} bytes")
             pattern = _text(args[1]).lower()
             reply: list[Any] = []
             for name, value in self._config().items():
@@ -762,15 +770,26 @@ _ADDJOB_OPTIONS = (b"replicate", b"delay", b"retry", b"ttl", b"maxlen", b"priori
 
 
 _GONE = object()  # the client closed its connection while its command blocked
+MAX_CONFIG_PATTERN = 256  # the longest setting name is 30 bytes
+
+
+# What a blocked command's watcher reads of the commands pipelined behind
+# it, at most: past it, reading stops until the command ends (a closed
+# connection is then seen only after it).
+MAX_PIPELINED = 1 << 20
 
 
 def _may_block(command: list[bytes]) -> bool:
-    """GETJOB without NOHANG and WAITJOB wait for others: the connection is
-    watched meanwhile (see _run_watched)."""
+    """GETJOB without NOHANG, WAITJOB and DEBUG SLEEP wait: the connection
+    is watched meanwhile (see _run_watched). NOHANG counts only among
+    GETJOB's options, before FROM: a queue may be named "nohang"."""
     name = command[0].lower()
-    if name == b"waitjob":
+    if name in (b"waitjob", b"debug"):
         return True
-    return name == b"getjob" and not any(arg.lower() == b"nohang" for arg in command[1:])
+    options = [arg.lower() for arg in command[1:]]
+    if b"from" in options:
+        options = options[:options.index(b"from")]
+    return name == b"getjob" and b"nohang" not in options
 
 
 async def _run_watched(stream: Any, parser: Parser, session: Session,
@@ -780,8 +799,10 @@ async def _run_watched(stream: Any, parser: Parser, session: Session,
     frees (_GONE). It went on blocking for nobody, holding its place among
     the blocked GETs, and took the next job for a closed socket (that job
     then waited for its RETRY). Bytes that arrive meanwhile (commands
-    pipelined behind it) are kept for after it; reading stops there, so a
-    client cannot make the server buffer without bound. A cancellation
+    pipelined behind it) are kept for after it, and reading goes on (a
+    client that sent one and then closed was no longer watched, and its
+    GETJOB took a job for nobody) up to MAX_PIPELINED bytes, so a client
+    cannot make the server buffer without bound. A cancellation
     lands between the command's statements (pgq's own are shielded), in
     practice in its wait: a claim already made is not undone, and its jobs
     are re-queued after their RETRY, as before."""
@@ -793,7 +814,8 @@ async def _run_watched(stream: Any, parser: Parser, session: Session,
         async def watch() -> None:
             nonlocal gone
             try:
-                parser.add(await stream.receive(65536))
+                while parser.buffered() < MAX_PIPELINED:
+                    parser.add(await stream.receive(65536))
             except (anyio.EndOfStream, anyio.BrokenResourceError):
                 gone = True
                 tasks.cancel_scope.cancel()

@@ -293,6 +293,8 @@ def test_config_and_debug_subset(resp):
     assert r.call("DEBUG", "SLEEP", 0) == Status("OK")
     assert r.call("DEBUG", "ERROR", "boom") == Error("boom")
     assert r.call("DEBUG", "SEGFAULT").text.startswith("ERR DEBUG subcommands here")
+    # fnmatch compiles a pattern on the event loop: 1 MB took 3 s
+    assert "at most 256 bytes" in r.call("CONFIG", "GET", "*" * 1_000_000).text
     # one database served by pgq serve is no cluster node: nothing to meet with
     assert "not a cluster node" in r.call("CLUSTER", "MEET", "127.0.0.1", 7711).text
 
@@ -505,3 +507,31 @@ def test_a_client_gone_while_blocked_takes_no_job_and_holds_nothing(resp, dsn):
     consumer = resp()
     got = consumer.call("GETJOB", "NOHANG", "FROM", "gone-resp")
     assert got == [[b"gone-resp", job.encode(), b"for a live consumer"]]
+
+
+@pytest.mark.parametrize("getjob, pipelined", [
+    # a command pipelined behind the blocked one, then the close: the
+    # watcher read the command and stopped watching
+    (("GETJOB", "TIMEOUT", 60_000, "FROM", "gone-after"), ("PING",)),
+    # a queue named like the option: the GETJOB was taken for a NOHANG one
+    # and not watched at all
+    (("GETJOB", "TIMEOUT", 60_000, "FROM", "nohang"), None),
+], ids=["pipelined-then-closed", "a-queue-named-nohang"])
+def test_a_client_gone_while_blocked_is_seen_whatever_it_sent(resp, getjob, pipelined):
+    queue = getjob[-1]
+    observer = resp()
+    leaving = resp()
+    leaving.send(*getjob)
+
+    def blocked_count() -> int:
+        stat = observer.call("QSTAT", queue)
+        return 0 if stat is NULL_ARRAY else dict(zip(stat[::2], stat[1::2], strict=True))[b"blocked"]
+
+    wait_until(lambda: blocked_count() == 1, 20, message="the blocked GETJOB")
+    if pipelined:
+        leaving.send(*pipelined)
+    leaving.close()
+    wait_until(lambda: blocked_count() == 0, 20, message="the closed GETJOB to end")
+    job = observer.call("ADDJOB", queue, "for a live consumer", 0).text
+    assert resp().call("GETJOB", "NOHANG", "FROM", queue) == [[queue.encode(), job.encode(),
+                                                               b"for a live consumer"]]
