@@ -663,8 +663,14 @@ class Session:
 
     def _show_reply(self, info: dict[str, Any]) -> list[Any]:
         reply: list[Any] = []
+        acked = info["state"] == "acked"
         for key in _SHOW_KEYS:
             value = info.get(key)
+            if acked and value is None:
+                # pgq keeps a tombstone, not the job: what it no longer
+                # knows goes out as Disque's types (its clients read an
+                # integer: goware/disque's Fetch failed on a null repl)
+                value = b"" if key == "body" else 0
             if key in ("nodes_delivered", "nodes_confirmed"):
                 value = list(value or [])
             elif key in ("next_requeue_within", "next_awake_within") and value is not None:

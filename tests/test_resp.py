@@ -535,3 +535,23 @@ def test_a_client_gone_while_blocked_is_seen_whatever_it_sent(resp, getjob, pipe
     job = observer.call("ADDJOB", queue, "for a live consumer", 0).text
     assert resp().call("GETJOB", "NOHANG", "FROM", queue) == [[queue.encode(), job.encode(),
                                                                b"for a live consumer"]]
+
+
+def test_an_acknowledged_job_shows_with_disques_types():
+    """pgq keeps a tombstone of an acknowledged job, not the job: SHOW (in a
+    cluster, while its ACK goes round to the other holders) and JSCAN REPLY
+    all sent nulls where Disque sends integers, and Disque's clients failed
+    to read them (goware/disque's Fetch: "unexpected reply: repl")."""
+    from pgq import commands
+    from pgq.resp import Session
+
+    tombstone = commands._ack_dict(("D-00000000-AAAAAAAAAAAAAAAAAAAAAAAA-0001", "q", None, False,
+                                    30.0, ["n2"]))
+    reply = Session._show_reply(None, tombstone)  # type: ignore[arg-type]
+    fields = dict(zip(reply[::2], reply[1::2], strict=True))
+    assert fields["state"] == "acked" and fields["nodes-delivered"] == ["n2"]
+    for key in ("repl", "ttl", "ctime", "delay", "retry", "nacks", "additional-deliveries",
+                "next-requeue-within", "next-awake-within"):
+        assert isinstance(fields[key], int), (key, fields[key])
+    assert fields["body"] == b"" and fields["next-awake-within"] == 30_000
+    assert encode(reply).count(b"$-1") == 0
