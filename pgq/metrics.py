@@ -87,12 +87,19 @@ class _NodeCollector(Collector):
                                    labels=["queue"])
         jobs_in = CounterMetricFamily("pgq_jobs_in", "jobs that entered the queue", labels=["queue"])
         jobs_out = CounterMetricFamily("pgq_jobs_out", "jobs delivered from the queue", labels=["queue"])
+        # Without the database the queue series vanish from the scrape; this
+        # says why, so an alert can fire on it (as postgres_exporter's pg_up).
+        up = GaugeMetricFamily("pgq_database_up", "1 if the queue statistics were read from "
+                               "the database at this scrape, else 0")
         try:
             with psycopg.connect(self.dsn, connect_timeout=3) as conn:
                 rows = conn.execute(
                     "SELECT queue, length, active, jobs_in, jobs_out FROM pgq.queue_stats").fetchall()
+            up.add_metric([], 1)
         except psycopg.Error:
             rows = []
+            up.add_metric([], 0)
+        yield up
         for queue, n, a, i, o in rows:
             length.add_metric([queue], n)
             active.add_metric([queue], a)

@@ -38,6 +38,7 @@ def test_node_metrics_and_json_logs(make_cluster):
                       metric(t, "pgq_queue_length", queue="observed") == 3 and t, 10,
                       message="metrics to show the queue")
     assert metric(text, "pgq_jobs_in_total", queue="observed") == 3
+    assert metric(text, "pgq_database_up") == 1
     assert metric(text, "pgq_cluster_nodes", status="alive") == 1
     assert metric(text, "pgq_bus_messages_total", direction="out", kind="repljob") >= 1
     assert metric(text, "pgq_bus_messages_total", direction="out", kind="advert") >= 1
@@ -82,3 +83,17 @@ def _scrape_if(port: int, wanted: Callable[[str], bool]) -> str | None:
     except OSError:  # socket.timeout is an OSError
         return None
     return text if wanted(text) else None
+
+
+def test_a_scrape_without_the_database_says_so():
+    """The queue series vanish when the database cannot be read; a gauge
+    says why (an alert on a missing series fires late or never)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pgq.metrics import _NodeCollector
+
+    registry = CollectorRegistry()
+    port = free_port("127.0.0.1")  # nothing listens there
+    registry.register(_NodeCollector(f"postgresql://pgq@127.0.0.1:{port}/nothing", None))
+    text = generate_latest(registry).decode()
+    assert metric(text, "pgq_database_up") == 0 and metric(text, "pgq_queue_length") is None
