@@ -71,23 +71,47 @@ def _zone(tz: str) -> ZoneInfo:
                                    "'UTC' or 'Europe/Paris')") from None
 
 
+# cron's shortcuts, which cronsim does not read itself
+_ALIASES = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *",
+            "@weekly": "0 0 * * 0", "@daily": "0 0 * * *", "@midnight": "0 0 * * *",
+            "@hourly": "0 * * * *"}
+
+
 def _ticks(cron: str, tz: str, start: dt.datetime, reverse: bool) -> Iterator[dt.datetime]:
     from cronsim import CronSim, CronSimError
 
+    expression = _ALIASES.get(cron.strip().lower(), cron)
+    if len(expression.split()) != 5:
+        # cronsim also reads six fields (seconds first), without its DST
+        # correction: "0 30 2 * * *" in Europe/Paris fired twice one autumn
+        # night and never one spring night. pgq's schedules are minutes.
+        raise InvalidArgumentError(f"invalid cron expression {cron!r}: give five fields "
+                                   "(minute hour day-of-month month day-of-week) or @daily, "
+                                   "@hourly, @weekly, @monthly, @yearly")
     try:
-        return iter(CronSim(cron, start.astimezone(_zone(tz)), reverse=reverse))
+        return iter(CronSim(expression, start.astimezone(_zone(tz)), reverse=reverse))
     except CronSimError as exc:
         raise InvalidArgumentError(f"invalid cron expression {cron!r}: {exc}") from None
 
 
+def _first(cron: str, tz: str, start: dt.datetime, reverse: bool) -> dt.datetime:
+    try:
+        return next(_ticks(cron, tz, start, reverse))
+    except StopIteration:
+        # cronsim searches 50 years, then gives up: "0 0 */31 * 1#5" (the
+        # 1st of a month that is its 5th Monday) raised StopIteration, which
+        # killed every worker whose scheduler loaded the row
+        raise InvalidArgumentError(f"cron expression {cron!r} never fires") from None
+
+
 def latest_tick(cron: str, tz: str, now: dt.datetime) -> dt.datetime:
     """The latest tick at or before ``now``."""
-    return next(_ticks(cron, tz, now.replace(microsecond=0) + dt.timedelta(seconds=1), True))
+    return _first(cron, tz, now.replace(microsecond=0) + dt.timedelta(seconds=1), True)
 
 
 def next_tick(cron: str, tz: str, now: dt.datetime) -> dt.datetime:
     """The first tick after ``now``."""
-    return next(_ticks(cron, tz, now, False))
+    return _first(cron, tz, now, False)
 
 
 def due_tick(cron: str, tz: str, last_tick: dt.datetime | None, now: dt.datetime,

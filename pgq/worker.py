@@ -267,6 +267,12 @@ class Worker:
             schedule_name = name or f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', queue)}"
             data = args.body_bytes(body, args.HARD_MAX_BODY_SIZE)  # bytes(5) was 5 NULs
             schedule = Schedule(schedule_name, cron, queue, data, tz, dict(options))
+            if any(s.name == schedule_name for s in self.schedules):
+                # Saved by name: the second replaced the first (one
+                # function with two schedules kept only one of them).
+                raise InvalidArgumentError(
+                    f"a schedule named {schedule_name!r} is registered already: give each "
+                    "schedule of one function its own name= (they are saved by name)")
             known = self.tasks.get(queue)
             if known is not None and known.handler is not fn:
                 # A queue has one handler: the second schedule's jobs would

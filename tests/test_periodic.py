@@ -77,6 +77,12 @@ def test_a_tick_seen_on_time_fires_whatever_catch_up_says():
 @pytest.mark.parametrize("cron,tz,message", [
     ("61 * * * *", "UTC", "invalid cron expression"),
     ("* * *", "UTC", "invalid cron expression"),
+    # six fields (seconds first): cronsim reads them without its DST
+    # correction, so "0 30 2 * * *" in Paris fired twice one autumn night
+    ("0 30 2 * * *", "Europe/Paris", "give five fields"),
+    # never fires: cronsim gave up after 50 years with StopIteration, which
+    # killed every worker whose scheduler loaded the row
+    ("0 0 */31 * 1#5", "UTC", "never fires"),
     ("* * * * *", "Mars/Olympus", "unknown time zone"),
     ("* * * * *", "America", "unknown time zone"),  # a directory: IsADirectoryError
     ("* * * * *", "x" * 300, "unknown time zone"),  # a name too long: OSError
@@ -126,7 +132,8 @@ def test_one_job_per_tick_however_many_schedulers_run(client, dsn):
     assert [t for _, t, _ in schedulers[2].fire_due(at("2026-11-25T09:00"))] == [at("2026-11-25T09:00")]
     assert schedulers[2].next_in == 60  # 09:05 is further: capped (schedules may change)
     with psycopg.connect(dsn, autocommit=True) as conn:  # a row broken by hand stops nothing
-        conn.execute("INSERT INTO pgq.periodic (name, cron, queue) VALUES ('broken', 'nope', 'q')")
+        conn.execute("INSERT INTO pgq.periodic (name, cron, queue) VALUES ('broken', 'nope', 'q'), "
+                     "('never', '0 0 */31 * 1#5', 'q')")
     assert [t for _, t, _ in schedulers[3].fire_due(at("2026-11-25T09:05"))] == [at("2026-11-25T09:05")]
     assert 0 < schedulers[0].seconds_to_next(at("2026-11-25T09:01")) <= 240
 
@@ -179,6 +186,22 @@ def test_two_periodic_functions_may_not_share_a_queue(client):
 
     worker.periodic("30 * * * *", queue="maint", name="hourly-too")(hourly)  # one function, two schedules
     assert [s.name for s in worker.schedules] == [f"{__name__}.{hourly.__qualname__}", "hourly-too"]
+    # Saved by name: a second schedule of one function without its own name
+    # replaced the first one in the database.
+    with pytest.raises(InvalidArgumentError, match="registered already"):
+        worker.periodic("45 * * * *", queue="maint")(hourly)
+    assert len(worker.schedules) == 2
+
+
+def test_crons_shortcuts_work_as_documented():
+    """@daily and friends were documented and refused (cronsim reads none)."""
+    now = at("2026-11-25T08:52")
+    assert periodic.next_tick("@daily", "UTC", now) == at("2026-11-26T00:00")
+    assert periodic.next_tick("@hourly", "UTC", now) == at("2026-11-25T09:00")
+    assert periodic.next_tick("@weekly", "UTC", now) == at("2026-11-29T00:00")  # a Sunday
+    assert periodic.next_tick("@monthly", "UTC", now) == at("2026-12-01T00:00")
+    assert periodic.next_tick("@yearly", "UTC", now) == at("2027-01-01T00:00")
+    assert periodic.Schedule("s", "@midnight", "q").cron == "@midnight"  # kept as written
 
 
 def test_a_workers_periodic_task_is_scheduled_and_served(client, dsn):
