@@ -331,6 +331,7 @@ class Worker:
         if not self.tasks:
             raise InvalidArgumentError("nothing to do: register a handler with @worker.task(queue)")
         self._stopping = anyio.Event()
+        self._grace_over = anyio.Event()  # a second signal: NACK the running jobs now
         self._ready: collections.deque[Job] = collections.deque()  # claimed, not started
         self._idle: collections.deque[anyio.Event] = collections.deque()  # parked runners
         self._waking = 0  # runners woken that have not run yet (at most one)
@@ -398,11 +399,19 @@ class Worker:
                 await self._stopping.wait()
 
     async def _signals(self) -> None:
+        # The receiver stays until the run ends: leaving it at the first
+        # signal put the default handlers back, so a second SIGTERM (or
+        # Ctrl-C) killed the worker during its grace, before its NACKs and
+        # its last ACKs. A second signal ends the grace at once instead.
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
             async for signum in received:
-                log.info("worker: %s received, shutting down", signal.Signals(signum).name)
-                self._stopping.set()  # type: ignore[union-attr]
-                return
+                name = signal.Signals(signum).name
+                if not self._stopping.is_set():  # type: ignore[union-attr]
+                    log.info("worker: %s received, shutting down", name)
+                    self._stopping.set()  # type: ignore[union-attr]
+                else:
+                    log.info("worker: %s received again: the running jobs are NACKed now", name)
+                    self._grace_over.set()
 
     async def _watch_stop_flag(self) -> None:
         # stop() may be called from any thread: a threading.Event, polled
@@ -436,6 +445,8 @@ class Worker:
                 # yielding first ran them before it and the two took turns.
                 await anyio.lowlevel.checkpoint()
             free = min(self._free(), self.batch)
+            if free <= 0:  # a handler timed out during the checkpoint: its slot is still taken
+                continue
             try:
                 started = time.perf_counter()
                 got = await self.client.get_job(*queues, count=free, timeout=self.poll_timeout,
@@ -447,6 +458,14 @@ class Worker:
                 await anyio.sleep(1.0)
             for job in got:
                 self.stats.claimed += 1
+                if job.id in self._in_flight:
+                    # Its lease lapsed while it ran here (a WORKING too late,
+                    # a handler that blocked the loop): the run under way
+                    # goes on and settles it. A second run overwrote its
+                    # records, freed a slot too many, and ended unwatched.
+                    log.warning("worker: job %s was delivered again while it runs here: the "
+                                "run under way settles it", job.id)
+                    continue
                 self._in_flight[job.id] = job
                 self._ready.append(job)
             if got:
@@ -492,7 +511,8 @@ class Worker:
     async def _drain(self, jobs: anyio.abc.TaskGroup) -> None:
         """Shutdown: in-flight jobs get `grace` seconds; the rest are NACKed."""
         with anyio.move_on_after(self.grace):
-            while self._in_flight:  # noqa: ASYNC110 (a shutdown-only poll of the jobs' ends)
+            # a shutdown-only poll of the jobs' ends
+            while self._in_flight and not self._grace_over.is_set():  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         if self._in_flight:
             left = dict(self._in_flight)
@@ -769,19 +789,23 @@ class Worker:
         again meanwhile, as at-least-once allows), where the error used to
         end the worker and drop the IDs."""
         self._acks_ready = anyio.Event()
-        ids, self._acks = self._acks, []
-        if not ids:
-            return True
-        started = time.perf_counter()
-        try:
-            with anyio.CancelScope(shield=True):
-                await self.client.ack_job(*ids)
-        except (PgqError, psycopg.Error) as exc:
-            log.warning("worker: could not acknowledge %d job(s), trying again: %s", len(ids), exc)
-            self._acks[:0] = ids
-            self._acks_ready.set()
-            return False
-        self._observe("ack", time.perf_counter() - started)
+        # A job run again while its ACK waited is in the list twice; and an
+        # ACK is at most MAX_IDS IDs: a backlog past that (ACKs failing for
+        # a while) was refused whole at every try, for ever.
+        ids, self._acks = list(dict.fromkeys(self._acks)), []
+        while ids:
+            chunk = ids[:args.MAX_IDS]
+            started = time.perf_counter()
+            try:
+                with anyio.CancelScope(shield=True):
+                    await self.client.ack_job(*chunk)
+            except (PgqError, psycopg.Error) as exc:
+                log.warning("worker: could not acknowledge %d job(s), trying again: %s", len(ids), exc)
+                self._acks[:0] = ids
+                self._acks_ready.set()
+                return False
+            self._observe("ack", time.perf_counter() - started)
+            del ids[:len(chunk)]
         return True
 
     # ------------------------------------------------------------ metrics

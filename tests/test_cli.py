@@ -188,6 +188,29 @@ def test_sigterm_past_the_grace_nacks_in_flight_jobs(dsn, client, tmp_path):
     assert counters == [0, 1, 1]
 
 
+def test_a_second_sigterm_ends_the_grace_and_still_nacks(dsn, client, tmp_path):
+    """The first signal's handler was removed once it had run: a second
+    SIGTERM (or Ctrl-C) killed the worker during its grace, before it
+    NACKed its running jobs (they waited out their 120 s lease)."""
+    client.add_jobs("slow", [b"30"] * 3, retry=120)
+    worker = start_worker(dsn, tmp_path, grace=60)
+    wait_for_starts(tmp_path, 2)
+    worker.send_signal(signal.SIGTERM)
+    seen = []
+    while not any("shutting down" in line for line in seen):  # the first one is handled
+        line = worker.stdout.readline()
+        assert line, "".join(seen)
+        seen.append(line)
+    started = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    out, _ = worker.communicate(timeout=30)
+    out = "".join(seen) + out
+    # well within the 60 s grace: the second signal ended it
+    assert worker.returncode == 0 and time.monotonic() - started < 20, out
+    assert "2 interrupted" in out
+    assert client.qlen("slow") == 3  # back in the queue at once
+
+
 def test_text_output_leaves_out_what_does_not_apply(capsys):
     from pgq.cli.common import emit
 
