@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import inspect
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
@@ -226,8 +226,10 @@ class Tasks:
             result = await result
         return result
 
-    def worker(self, **options: Any) -> Any:
-        """A :class:`pgq.Worker` serving every task's queue (options as Worker's)."""
+    def worker(self, queues: Sequence[str] = (), **options: Any) -> Any:
+        """A :class:`pgq.Worker` serving every task's queue, and ``queues``
+        besides (those that calls sent elsewhere with ``using(queue=...)``;
+        no worker reads them otherwise); other options as Worker's."""
         from .worker import Worker
 
         if options.get("transactional"):
@@ -245,7 +247,10 @@ class Tasks:
         options.setdefault("keep_results", self.keep_results)
         options.setdefault("trace_context", self._trace_context)
         options.setdefault("encode_result", self._encode_result)
-        return Worker(self.client, queues=self.queues(), handler=handler, **options)
+        if isinstance(queues, str):
+            queues = [queues]
+        served = list(dict.fromkeys([*self.queues(), *(queue_name(q) for q in queues)]))
+        return Worker(self.client, queues=served, handler=handler, **options)
 
     def _trace_context(self, job: Job) -> dict[str, str] | None:
         carrier = self.serializer.loads(job.body).get("trace")

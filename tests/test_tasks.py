@@ -48,6 +48,19 @@ def test_deferred_calls_run_with_their_arguments(client):
     assert calls[-1] == ("mail", "direct", "Welcome")
 
 
+def test_calls_sent_to_another_queue_are_served_by_a_worker_told_so(client):
+    """using(queue=...) sends a call elsewhere: app.worker() read only the
+    tasks' own queues (the job waited out its TTL unread), and
+    app.worker(queues=...) was a TypeError."""
+    calls = []
+    app, send_email, _charge = make_app(client, calls)
+    send_email.using(queue="urgent-mail").defer(to="now@example.com")
+    worker = app.worker(queues=["urgent-mail"], concurrency=1)
+    assert run_jobs(worker).succeeded == 1
+    assert calls == [("mail", "now@example.com", "Welcome")]
+    assert client.qlen("urgent-mail") == 0
+
+
 def test_a_wrong_call_fails_in_the_caller_and_adds_nothing(client):
     app, send_email, _ = make_app(client, [])
     with pytest.raises(InvalidArgumentError, match="missing a required argument: 'to'"):
