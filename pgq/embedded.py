@@ -83,6 +83,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from . import ports
 from .errors import EmbeddedServerError
 from .pgbinaries import find_server_binaries
 
@@ -387,17 +388,20 @@ def _write_instance(home: Path, instance: Instance) -> None:
 
 
 def _free_port(preferred: int | None, host: str = "127.0.0.1") -> int:
-    for port in ([preferred] if preferred else []) + [0]:
+    if preferred:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             # PostgreSQL binds with SO_REUSEADDR, so must the probe: a port
             # with connections in TIME_WAIT after a stop is free for it.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
-                sock.bind((host, port))
+                sock.bind((host, preferred))
+                return preferred
             except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    raise EmbeddedServerError(f"no free TCP port on {host}")
+                pass
+    try:  # not one an outgoing connection may take before the postmaster binds it
+        return ports.free_port(host, reuse_address=True)
+    except OSError:
+        raise EmbeddedServerError(f"no free TCP port on {host}") from None
 
 
 # ---------------------------------------------------------------- settings

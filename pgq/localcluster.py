@@ -20,7 +20,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,15 +31,15 @@ from pathlib import Path
 
 import psycopg
 
-from . import embedded
+from . import embedded, ports
 
 __all__ = ["LocalNode", "LocalCluster", "StartRetried"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port for a node's bus (see pgq.ports: never one an outgoing
+    connection may take before the node binds it)."""
+    return ports.free_port(host)
 
 
 @dataclass

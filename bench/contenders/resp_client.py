@@ -28,6 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pgq import ports
+
 from .common import percentiles
 
 HOST = "127.0.0.1"
@@ -229,9 +231,7 @@ def closed_loop(port: int, connections: int, seconds: float,
 # ------------------------------------------------------------ the server
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
+    return ports.free_port(HOST)
 
 
 def answers_ping(port: int) -> bool:

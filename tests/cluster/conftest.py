@@ -14,7 +14,6 @@ import itertools
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import psycopg
 import pytest
 
 import pgq
-from pgq import embedded
+from pgq import embedded, ports
 
 from ..conftest import wait_until
 
@@ -39,9 +38,7 @@ pytestmark = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",
 
 
 def free_port(host: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return ports.free_port(host)
 
 
 @dataclass

@@ -1,0 +1,62 @@
+"""Free TCP ports for the servers pgq starts on this machine (embedded
+PostgreSQL, local clusters' node buses, fronts in tests and benchmarks).
+
+Invariant: a port handed out is outside the kernel's ephemeral range
+(``net.ipv4.ip_local_port_range``, 32768-60999 by default). A port probed
+with ``bind(0)`` comes from that range, and between the probe and the
+server's own bind, any outgoing connection on the machine (a client to
+PostgreSQL, say) may take it as its source port: the server then fails
+with "Address already in use". A busy test run (two workers, clusters of
+five) made that happen. Below the range no connection takes a port
+without asking for it, so only another server probing at the same moment
+could, and a random choice among some twenty thousand makes that rare.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+
+__all__ = ["free_port"]
+
+_DEFAULT_EPHEMERAL = (32768, 60999)
+_LOWEST = 10000  # below: well-known and registered services
+_random = random.SystemRandom()
+
+
+def _ephemeral() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
+            low, high = (int(part) for part in handle.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return _DEFAULT_EPHEMERAL
+
+
+def _candidates() -> range | None:
+    low, high = _ephemeral()
+    if low - _LOWEST >= 1000:
+        return range(_LOWEST, low)
+    if 65535 - high >= 1000:
+        return range(high + 1, 65536)
+    return None  # the range covers (almost) every port: no choice but bind(0)
+
+
+def free_port(host: str = "127.0.0.1", reuse_address: bool = False) -> int:
+    """A port that nothing listens on at ``host`` now, outside the ephemeral
+    range when the range leaves room. ``reuse_address``: probe as a server
+    that binds with SO_REUSEADDR does (PostgreSQL: a port with connections
+    in TIME_WAIT is free for it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    candidates = _candidates()
+    tries = [_random.choice(candidates) for _ in range(100)] if candidates else []
+    for port in [*tries, 0]:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            if reuse_address:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise OSError(f"no free TCP port on {host}")

@@ -1,0 +1,30 @@
+"""pgq.ports: ports for the servers pgq starts are never ones an outgoing
+connection may take between the probe and the server's bind."""
+
+from __future__ import annotations
+
+import socket
+
+from pgq import ports
+
+
+def test_a_free_port_is_outside_the_ephemeral_range_and_bindable():
+    low, high = ports._ephemeral()
+    for _ in range(50):
+        port = ports.free_port("127.0.0.1")
+        # bind(0) gave a port of the ephemeral range: a bench's client
+        # connection took one as its source port before a node's bus bound
+        # it ("Address already in use", a red CI)
+        assert not low <= port <= high, (port, low, high)
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_in_use_is_never_handed_out(monkeypatch):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", ports.free_port()))
+        taken.listen()
+        used = taken.getsockname()[1]
+        # every candidate is that port: the probe must move on (to bind(0))
+        monkeypatch.setattr(ports, "_candidates", lambda: range(used, used + 1))
+        assert ports.free_port() != used
