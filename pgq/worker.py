@@ -516,11 +516,22 @@ class Worker:
                 await anyio.sleep(0.05)
         if self._in_flight:
             left = dict(self._in_flight)
-            log.info("worker: %d job(s) still running after %g s: NACKed", len(left), self.grace)
+            # A NACK never queues an at-most-once job again (it was
+            # delivered): it stayed active until its TTL and vanished, with
+            # a log line saying NACKed. Those go to the dead letters.
+            once = [i for i, job in left.items() if job.retry == 0]
+            again = [i for i in left if i not in set(once)]
+            log.info("worker: %d job(s) still running after %g s: %d NACKed, %d at-most-once "
+                     "dead-lettered", len(left), self.grace, len(again), len(once))
             jobs.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 try:
-                    await self.client.nack_job(*left)
+                    if again:
+                        await self.client.nack_job(*again)
+                    if once:
+                        await self.client.dead_letter(
+                            *once, reason=f"interrupted: still running {self.grace:g} s after the "
+                                          "worker was told to stop (at-most-once: not delivered again)")
                 except (PgqError, psycopg.Error) as exc:  # they come back after their retry
                     log.warning("worker: could not NACK the interrupted jobs: %s", exc)
             for job in left.values():
@@ -739,9 +750,13 @@ class Worker:
         if over or (job.retry == 0 and policy):
             # the dead letter keeps the traceback, for whoever looks at it later
             full = _safe_text(f"{reason}\n{trace}" if trace else reason)
-            if self.keep_results is not None:
+            if not await self.client.dead_letter(job.id, reason=full):
+                # Gone already: another delivery of it succeeded and was
+                # acknowledged (its lease had lapsed). Its result stands:
+                # this error overwrote it, and the job counted as dead.
+                return "failed"
+            if self.keep_results is not None:  # (Tasks.result also reads the dead letters)
                 await self._keep(job, None, full)
-            await self.client.dead_letter(job.id, reason=full)
             return "dead"
         if job.retry == 0:
             await self.client.fast_ack(job.id)  # at-most-once: never delivered again

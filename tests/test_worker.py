@@ -408,6 +408,51 @@ def test_a_handler_error_that_is_no_storable_text_still_dead_letters_its_job(cli
     assert logged.encode("utf-8") and "\\ud800" in logged
 
 
+def test_a_failure_of_a_job_done_with_elsewhere_stores_no_error_and_no_dead_letter(client):
+    """Another delivery of the job (its lease lapsed) succeeded and was
+    acknowledged; this one then failed its last allowed delivery. The error
+    was kept as the job's result over the success, and it counted as dead
+    though nothing was dead-lettered."""
+    job_id = client.add_job("twice", b"x", retry=30)
+
+    def handler(job):
+        client.ack_job(job.id)  # the other delivery, done with meanwhile
+        raise ValueError("too late")
+
+    worker = pgq.Worker(client, queues=["twice"], handler=handler, max_deliveries=1,
+                        keep_results=60)
+    stats = run_until(worker, lambda: worker.stats.failed + worker.stats.dead == 1)
+    assert (stats.failed, stats.dead) == (1, 0)
+    assert client.dead_letters("twice") == []
+    assert client.wait_result(job_id, timeout=0.1) is None  # nothing stored over it
+
+
+def test_an_at_most_once_job_interrupted_at_shutdown_is_dead_lettered_not_lost(client):
+    """A NACK never queues a delivered at-most-once job again: interrupted
+    after the grace, it stayed active until its TTL and vanished, while the
+    log said NACKed. It goes to the dead letters; an at-least-once job
+    beside it is NACKed (queued again at once)."""
+    once = client.add_job("cut", b"once", retry=0)
+    again = client.add_job("cut", b"again", retry=60)
+    started = threading.Event()
+    release = threading.Event()
+
+    def handler(job):
+        started.set()
+        release.wait(30)
+
+    worker = pgq.Worker(client, queues=["cut"], handler=handler, concurrency=2, grace=0.2)
+    try:
+        stats = run_until(worker, lambda: worker.stats.claimed == 2 and started.is_set())
+    finally:
+        release.set()  # the abandoned handler threads end
+    assert stats.interrupted == 2
+    assert [d["id"] for d in client.dead_letters("cut")] == [once]
+    assert "interrupted" in client.dead_letters("cut")[0]["reason"]
+    [queued] = client.get_job("cut", nohang=True)
+    assert queued.id == again
+
+
 def test_by_default_a_failing_job_is_dead_lettered_after_5_deliveries_with_its_traceback(
         client, caplog):
     import logging
