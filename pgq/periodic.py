@@ -245,9 +245,13 @@ class Scheduler:
     def _fire(self, conn: psycopg.Connection[Any], schedule: Schedule,
               tick: dt.datetime) -> str | None:
         """Claim ``tick`` and add its job, in one transaction: the job's ID,
-        or None if another scheduler claimed it first."""
+        or None if another scheduler claimed it first (or the schedule
+        changed since it was read: the next look reads it again)."""
         with conn.transaction():
-            row = conn.execute(sql.CLAIM_TICK, {"name": schedule.name, "tick": tick}).fetchone()
+            row = conn.execute(sql.CLAIM_TICK, {
+                "name": schedule.name, "tick": tick, "cron": schedule.cron, "tz": schedule.tz,
+                "queue": schedule.queue, "body": schedule.body,
+                "options": json.dumps(schedule.options)}).fetchone()
             if row is None:
                 return None
             job_id: str = self.client.add_job(schedule.queue, schedule.body, conn=conn,

@@ -1107,8 +1107,13 @@ REMOVE_SCHEDULE = "DELETE FROM pgq.periodic WHERE name = %(name)s"
 
 # The tick's job is added in the same transaction, by whoever moves
 # last_tick: under the row's lock, one of many schedulers wins a tick.
+# Only as the scheduler read it: a schedule changed since (another queue,
+# another cron) had its tick claimed and its job added with the settings
+# read before; the next look reads it again.
 CLAIM_TICK = """
 UPDATE pgq.periodic SET last_tick = %(tick)s
 WHERE name = %(name)s AND (last_tick IS NULL OR last_tick < %(tick)s)
+  AND cron = %(cron)s AND tz = %(tz)s AND queue = %(queue)s AND body = %(body)s
+  AND options = %(options)s::jsonb
 RETURNING queue, body, options
 """

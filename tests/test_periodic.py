@@ -172,6 +172,22 @@ def test_a_changed_schedule_starts_at_its_next_tick(client, dsn):
     assert [t for _, t, _ in scheduler.fire_due(at("2026-11-25T12:10:30"))] == [at("2026-11-25T12:00")]
 
 
+def test_a_tick_claimed_after_its_schedule_changed_adds_nothing_stale(client, dsn):
+    """A scheduler that read a schedule, then claimed its tick after the
+    schedule changed (here its queue), added the job with what it had read:
+    into the old queue. The claim now holds only for the schedule it read."""
+    start = at("2026-11-25T08:52")
+    old = periodic.Schedule("changing", "*/5 * * * *", "old-queue")
+    scheduler = periodic.Scheduler(client)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        periodic.save(conn, old, start)
+        periodic.save(conn, periodic.Schedule("changing", "*/5 * * * *", "new-queue"), start)
+        assert scheduler._fire(conn, old, at("2026-11-25T08:55")) is None
+    assert client.qlen("old-queue") == 0
+    assert [t for _, t, _ in scheduler.fire_due(at("2026-11-25T08:55"))] == [at("2026-11-25T08:55")]
+    assert client.qlen("new-queue") == 1
+
+
 def test_two_periodic_functions_may_not_share_a_queue(client):
     worker = pgq.Worker(client, concurrency=1)
 
