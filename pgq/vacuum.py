@@ -13,7 +13,8 @@ jobs/s over ten rounds here). So pgq vacuums its own tables:
 * :class:`Vacuumer` then runs ``VACUUM`` on them in a background thread, on
   a connection of its own, so no caller waits for it;
 * one vacuum at a time per process (a flag) and per database (a session
-  advisory lock): many clients never vacuum the same table together;
+  advisory lock): many clients never vacuum the same table together; a
+  process that finds the lock taken leaves those tables for ``BACKOFF_MIN``;
 * a VACUUM that could not remove at least half of the dead rows (another
   session holds an old snapshot: the xmin horizon) makes the next one of
   that table wait, twice as long each time up to ``BACKOFF_MAX``, so a
@@ -89,7 +90,11 @@ class Vacuumer:
                                  application_name="pgq-vacuum", connect_timeout=10) as conn:
                 locked = conn.execute("SELECT pg_try_advisory_lock(%s)", (VACUUM_LOCK,)).fetchone()
                 if not locked or not locked[0]:
-                    return  # another client vacuums this database right now
+                    # Another client vacuums this database right now: look
+                    # again in BACKOFF_MIN, not at the next sweep (each
+                    # process opened a connection a second while it ran).
+                    self._wait_for_other(dsn, tables)
+                    return
                 for table in tables:
                     before = self._dead_rows(conn, table)
                     conn.execute(sql.SQL("VACUUM (SKIP_LOCKED) pgq.{}").format(sql.Identifier(table)))
@@ -118,6 +123,12 @@ class Vacuumer:
     def _dead_rows(conn: psycopg.Connection, table: str) -> int:
         row = conn.execute(DEAD_ROWS, (table,)).fetchone()
         return int(row[0]) if row and row[0] is not None else 0
+
+    def _wait_for_other(self, dsn: str, tables: Sequence[str]) -> None:
+        until = time.monotonic() + BACKOFF_MIN
+        for table in tables:
+            wait = self._backoff.get((dsn, table), (0.0, 0.0))[1]
+            self._backoff[(dsn, table)] = (max(until, self._backoff.get((dsn, table), (0.0, 0.0))[0]), wait)
 
     def _judge(self, dsn: str, table: str, before: int, after: int,
                now: float | None = None) -> None:

@@ -86,6 +86,26 @@ def test_a_vacuum_that_removes_little_backs_off_and_one_that_cleans_resets():
 
 # ------------------------------------------------------------- with a database
 
+
+def test_a_vacuum_that_finds_another_one_running_waits_before_it_looks_again(dsn):
+    """The sweep names a bloated table every second while another process
+    vacuums it: each process opened a connection a second, only to find the
+    advisory lock taken."""
+    import time
+
+    import psycopg
+
+    from pgq.vacuum import VACUUM_LOCK
+
+    vacuumer = Vacuumer(SESSION_OPTIONS)
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (VACUUM_LOCK,))  # "vacuuming"
+        vacuumer._busy.acquire()  # as request() does before it starts _run
+        vacuumer._run(dsn, ["jobs"])
+        now = time.monotonic()
+        assert vacuumer.due(dsn, ["jobs", "acks"], now) == ["acks"]
+        assert vacuumer.due(dsn, ["jobs"], now + BACKOFF_MIN) == ["jobs"]
+
 HISTORY = "SELECT count(*) FROM pgq.history"
 
 

@@ -183,6 +183,7 @@ def test_odd_input_gets_a_json_4xx_never_a_500(api):
         ("POST", "/v1/lease", {"queues": ["q"], "timeout": ""}, None, 400, "InvalidTypeError"),
         ("POST", "/v1/lease", {"queues": ["q"], "timeout": 301}, None, 400, "InvalidArgumentError"),
         ("POST", "/v1/lease", {"queues": ["q"], "withcounters": "false"}, None, 400, "bad_request"),
+        ("POST", "/v1/lease", {"queues": [f"q{i}" for i in range(10_001)]}, None, 400, "bad_request"),
         ("POST", "/v1/jobs/D-00000000-++++++++++++++++++++++++-0001/wait", {"timeout": None}, None,
          400, "InvalidTypeError"),
         ("GET", "/v1/nothing", None, None, 404, "not_found"),
