@@ -70,7 +70,6 @@ import pwd
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -388,16 +387,10 @@ def _write_instance(home: Path, instance: Instance) -> None:
 
 
 def _free_port(preferred: int | None, host: str = "127.0.0.1") -> int:
-    if preferred:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            # PostgreSQL binds with SO_REUSEADDR, so must the probe: a port
-            # with connections in TIME_WAIT after a stop is free for it.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, preferred))
-                return preferred
-            except OSError:
-                pass
+    # PostgreSQL binds with SO_REUSEADDR, so must the probe: a port with
+    # connections in TIME_WAIT after a stop is free for it.
+    if preferred and ports.bindable(host, preferred, reuse_address=True) is not None:
+        return preferred
     try:  # not one an outgoing connection may take before the postmaster binds it
         return ports.free_port(host, reuse_address=True)
     except OSError:

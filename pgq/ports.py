@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 import socket
 
-__all__ = ["free_port"]
+__all__ = ["free_port", "bindable"]
 
 _DEFAULT_EPHEMERAL = (32768, 60999)
 _LOWEST = 10000  # below: well-known and registered services
@@ -47,16 +47,24 @@ def free_port(host: str = "127.0.0.1", reuse_address: bool = False) -> int:
     range when the range leaves room. ``reuse_address``: probe as a server
     that binds with SO_REUSEADDR does (PostgreSQL: a port with connections
     in TIME_WAIT is free for it)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     candidates = _candidates()
     tries = [_random.choice(candidates) for _ in range(100)] if candidates else []
     for port in [*tries, 0]:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            if reuse_address:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
+        bound = bindable(host, port, reuse_address)
+        if bound is not None:
+            return bound
     raise OSError(f"no free TCP port on {host}")
+
+
+def bindable(host: str, port: int, reuse_address: bool = False) -> int | None:
+    """The port a server could bind at ``host`` now (``port``, or the one
+    the kernel picks for 0), or None if it is taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        if reuse_address:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return None
+        return int(sock.getsockname()[1])

@@ -127,8 +127,8 @@ class Vacuumer:
     def _wait_for_other(self, dsn: str, tables: Sequence[str]) -> None:
         until = time.monotonic() + BACKOFF_MIN
         for table in tables:
-            wait = self._backoff.get((dsn, table), (0.0, 0.0))[1]
-            self._backoff[(dsn, table)] = (max(until, self._backoff.get((dsn, table), (0.0, 0.0))[0]), wait)
+            after, wait = self._backoff.get((dsn, table), (0.0, 0.0))
+            self._backoff[(dsn, table)] = (max(until, after), wait)
 
     def _judge(self, dsn: str, table: str, before: int, after: int,
                now: float | None = None) -> None:

@@ -520,7 +520,7 @@ class Worker:
             # delivered): it stayed active until its TTL and vanished, with
             # a log line saying NACKed. Those go to the dead letters.
             once = [i for i, job in left.items() if job.retry == 0]
-            again = [i for i in left if i not in set(once)]
+            again = [i for i, job in left.items() if job.retry != 0]
             log.info("worker: %d job(s) still running after %g s: %d NACKed, %d at-most-once "
                      "dead-lettered", len(left), self.grace, len(again), len(once))
             jobs.cancel_scope.cancel()
@@ -749,7 +749,8 @@ class Worker:
         """Dead-letter, FASTACK or NACK a failed job; its outcome's name."""
         if over or (job.retry == 0 and policy):
             # the dead letter keeps the traceback, for whoever looks at it later
-            full = _safe_text(f"{reason}\n{trace}" if trace else reason)
+            # (both storable text already: _handler_failed made them so)
+            full = f"{reason}\n{trace}" if trace else reason
             if not await self.client.dead_letter(job.id, reason=full):
                 # Gone already: another delivery of it succeeded and was
                 # acknowledged (its lease had lapsed). Its result stands:
