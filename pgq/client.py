@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from . import commands, tracing
+from . import commands, sharedpool, tracing
 from .backoff import doubling
 from .combine import Shared, SyncCombiner
 from .connecting import first_connection
@@ -98,6 +99,23 @@ class _Combiners:
 _SHARED: Shared[Any] = Shared(_Combiners)
 
 
+def _new_pool(key: sharedpool.PoolKey, max_size: int) -> ConnectionPool:
+    """A pool of connections to ``key.dsn`` with its session settings."""
+    pool = ConnectionPool(
+        key.dsn, min_size=1, max_size=max_size, open=False,
+        kwargs={"autocommit": True,
+                "prepare_threshold": 5 if key.prepare else None,
+                "application_name": key.application_name,
+                "options": SESSION_OPTIONS + (TURBO_OPTIONS if key.turbo else "")},
+        timeout=key.timeout, name=f"pgq-{next(_POOL_NUMBERS)}", num_workers=1,
+    )
+    pool.open(wait=False)
+    return pool
+
+
+_POOL_NUMBERS = itertools.count(1)
+
+
 class Client(ClientCore):
     """A blocking client of one pgq node.
 
@@ -122,7 +140,7 @@ class Client(ClientCore):
         self._node_id = node_id
         self._switching = threading.Lock()
         self._closed = False
-        self._pool = self._open_pool()
+        self._pool: ConnectionPool | None = self._open_pool()
         # Other nodes' databases, where synchronous replicated adds write
         # their copies themselves (pgq.peers; opened when first needed).
         self._peers = PeerPools(turbo=self.options.turbo,
@@ -132,19 +150,13 @@ class Client(ClientCore):
         self._listener = SyncSharedListener(self._connect_listener)
 
     def _open_pool(self) -> ConnectionPool:
-        pool = ConnectionPool(
-            self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
-            kwargs={"autocommit": True,
-                    "prepare_threshold": 5 if self.options.prepare else None,
-                    "application_name": self.options.application_name,
-                    "options": SESSION_OPTIONS + (TURBO_OPTIONS if self.options.turbo else "")},
-            timeout=self.pool_timeout,
-            name=f"pgq-{id(self):x}", num_workers=1,
-        )
-        pool.open(wait=False)
-        return pool
+        """This client's share of the process's pool for its database
+        (pgq.sharedpool: clients of one database share their connections)."""
+        key = sharedpool.PoolKey(self._dsn, self.options.prepare, self.options.turbo,
+                                 self.options.application_name, self.pool_timeout)
+        return sharedpool.acquire(key, self.options.pool_size, _new_pool)
 
-    def _fail_over(self, failed: ConnectionPool) -> bool:
+    def _fail_over(self, failed: ConnectionPool | None) -> bool:
         """Switch to the next DSN (once per failure, whatever the threads)."""
         with self._switching:
             if self._pool is not failed:
@@ -156,7 +168,8 @@ class Client(ClientCore):
             log.warning("pgq: node database unreachable, failing over to %s:%s",
                         self._host, self._port)
             self._pool = self._open_pool()
-        failed.close(timeout=1.0)
+        if failed is not None:
+            sharedpool.release(failed, self.options.pool_size)
         return True
 
     # ------------------------------------------------------------ plumbing
@@ -205,7 +218,7 @@ class Client(ClientCore):
                 if lease is not None:  # a call that waited long is not out of time for that
                     deadline = max(deadline, lease.resumed + self.options.reconnect_timeout)
                 if time.monotonic() >= deadline:
-                    raise self.unavailable(cause, pool.get_stats()) from cause
+                    raise self.unavailable(cause, pool.get_stats(), pool.max_size) from cause
                 if isinstance(exc, PoolTimeout) and self._fail_over(pool):
                     if work is not self._read_node:  # a new node: its id and schema
                         version, self._node_id = self._run_on_pool(self._read_node)
@@ -268,9 +281,12 @@ class Client(ClientCore):
 
     def close(self) -> None:
         """Close the client's connections (the embedded server keeps running)."""
-        self._closed = True
+        with self._switching:
+            self._closed = True
+            pool, self._pool = self._pool, None
         self._listener.close()
-        self._pool.close()
+        if pool is not None:
+            sharedpool.release(pool, self.options.pool_size)
         self._peers.close()
 
     def __enter__(self) -> Client:

@@ -45,7 +45,9 @@ CommandFactory = Callable[[Session], Command[T]]
 class ClientOptions:
     """Options of :class:`pgq.Client` / :class:`pgq.AsyncClient` (all keyword-only).
 
-    * ``pool_size``: most connections the client opens. A blocked
+    * ``pool_size``: most connections the client opens. The blocking
+      clients of one database in a process (same settings) share one pool
+      of up to the sum of their ``pool_size`` (pgq.sharedpool). A blocked
       ``get_job`` waits on the client's one LISTEN connection and holds none
       of these meanwhile (one of an :class:`pgq.AsyncClient` not opened
       with ``async with`` LISTENs on, and holds, one of them).
@@ -252,13 +254,17 @@ class ClientCore:
         self._last_sweep = now
         return True
 
-    def unavailable(self, cause: BaseException, pool_stats: Mapping[str, int]) -> DatabaseUnavailableError:
-        """The error for a call that found no usable connection in time."""
-        busy = pool_stats.get("pool_size", 0) >= self.options.pool_size and \
-            pool_stats.get("pool_available", 0) == 0
+    def unavailable(self, cause: BaseException, pool_stats: Mapping[str, int],
+                    max_size: int | None = None) -> DatabaseUnavailableError:
+        """The error for a call that found no usable connection in time
+        (``max_size``: of the pool it waited on, when other clients share it)."""
+        size = self.options.pool_size if max_size is None else max_size
+        busy = pool_stats.get("pool_size", 0) >= size and pool_stats.get("pool_available", 0) == 0
         if busy:
+            whose = "of this client" if size == self.options.pool_size else \
+                "this process's clients of that database share"
             return DatabaseUnavailableError(
-                f"all {self.options.pool_size} connections of this client stayed busy for "
+                f"all {size} connections {whose} stayed busy for "
                 f"{self.options.reconnect_timeout:g} s: raise Client(pool_size=...) or run "
                 "fewer calls at once (a blocked get_job of an AsyncClient not opened with "
                 "`async with` holds one)"

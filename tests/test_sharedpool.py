@@ -1,0 +1,96 @@
+"""The blocking clients of one database in a process share one pool (pgq.sharedpool)."""
+
+from __future__ import annotations
+
+import threading
+
+import psycopg
+import pytest
+
+import pgq
+from pgq import sharedpool
+
+from .conftest import wait_until
+
+
+def _backends(dsn: str, application_name: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s", [application_name]).fetchone()[0]  # type: ignore[index]
+
+
+def test_clients_of_one_database_share_a_pool_sized_by_all_of_them(dsn):
+    with pgq.Client(dsn, pool_size=3) as one, pgq.Client(dsn, pool_size=4) as two:
+        assert one._pool is two._pool
+        assert one._pool is not None and one._pool.max_size == 7
+        one.add_job("shared", b"a")
+        assert two.get_job("shared", nohang=True)[0].body == b"a"
+        pool = one._pool
+    assert pool.closed  # the last member closed it
+    assert not any(e.pool is pool for e in sharedpool._pools.values())
+
+
+def test_a_closed_client_leaves_the_pool_to_the_others(dsn):
+    app = "pgq-sharedpool-test"
+    first = pgq.Client(dsn, application_name=app)
+    second = pgq.Client(dsn, application_name=app)
+    try:
+        pool = first._pool
+        first.close()
+        assert pool is not None and not pool.closed and pool.max_size == 10
+        with pytest.raises(pgq.errors.DatabaseUnavailableError, match="closed"):
+            first.add_job("left", b"x")
+        second.add_job("left", b"x")  # the other member goes on, on the same pool
+        assert second.qlen("left") == 1
+        assert _backends(dsn, app) >= 1
+    finally:
+        second.close()
+    assert pool.closed
+
+
+def test_clients_with_other_settings_keep_their_own_pools(dsn):
+    with pgq.Client(dsn) as plain, pgq.Client(dsn, turbo=True) as turbo, \
+            pgq.Client(dsn, application_name="other") as named, \
+            pgq.Client(dsn, prepare=False) as unprepared:
+        pools = {id(c._pool) for c in (plain, turbo, named, unprepared)}
+        assert len(pools) == 4
+
+
+def test_threads_with_a_client_each_use_few_connections(dsn):
+    # Ten threads, each with its own Client, adding at once: the pool they
+    # share opens connections as its flushes need them, not one per client
+    # (a pool per client kept ten open).
+    app = "pgq-sharedpool-threads"
+    clients = [pgq.Client(dsn, application_name=app) for _ in range(10)]
+    try:
+        barrier = threading.Barrier(10)
+
+        def add(client: pgq.Client) -> None:
+            barrier.wait()
+            for _ in range(50):
+                client.add_job("threads", b"x")
+
+        threads = [threading.Thread(target=add, args=(c,)) for c in clients]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert clients[0].qlen("threads") == 500
+        assert len({id(c._pool) for c in clients}) == 1
+        assert _backends(dsn, app) < 10
+    finally:
+        for client in clients:
+            client.close()
+    # The last client closed the pool; the server sees the backends go.
+    wait_until(lambda: _backends(dsn, app) == 0, 10, message="the pool's connections closed")
+
+
+def test_an_exhausted_shared_pool_says_whose_connections_are_busy(dsn):
+    with pgq.Client(dsn, pool_size=1, reconnect_timeout=0.5) as one, \
+            pgq.Client(dsn, pool_size=1, reconnect_timeout=0.5) as two:
+        assert one._pool is two._pool
+        with one._pool.connection(), two._pool.connection():
+            with pytest.raises(pgq.errors.DatabaseUnavailableError,
+                               match="all 2 connections this process's clients"):
+                one.qlen("held")
