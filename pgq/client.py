@@ -107,13 +107,15 @@ def _new_pool(key: sharedpool.PoolKey, max_size: int) -> ConnectionPool:
                 "prepare_threshold": 5 if key.prepare else None,
                 "application_name": key.application_name,
                 "options": SESSION_OPTIONS + (TURBO_OPTIONS if key.turbo else "")},
-        timeout=key.timeout, name=f"pgq-{next(_POOL_NUMBERS)}", num_workers=1,
+        timeout=key.timeout, max_idle=sharedpool.MAX_IDLE,
+        name=f"pgq-{next(_POOL_NUMBERS)}", num_workers=1,
     )
     pool.open(wait=False)
     return pool
 
 
 _POOL_NUMBERS = itertools.count(1)
+_SOLO_OWNERS = itertools.count(1)  # clients with several DSNs: a pool of their own each
 
 
 class Client(ClientCore):
@@ -153,7 +155,8 @@ class Client(ClientCore):
         """This client's share of the process's pool for its database
         (pgq.sharedpool: clients of one database share their connections)."""
         key = sharedpool.PoolKey(self._dsn, self.options.prepare, self.options.turbo,
-                                 self.options.application_name, self.pool_timeout)
+                                 self.options.application_name, self.pool_timeout,
+                                 owner=next(_SOLO_OWNERS) if len(self._dsns) > 1 else 0)
         return sharedpool.acquire(key, self.options.pool_size, _new_pool)
 
     def _fail_over(self, failed: ConnectionPool | None) -> bool:
@@ -284,10 +287,12 @@ class Client(ClientCore):
         with self._switching:
             self._closed = True
             pool, self._pool = self._pool, None
-        self._listener.close()
-        if pool is not None:
-            sharedpool.release(pool, self.options.pool_size)
-        self._peers.close()
+        try:
+            self._listener.close()
+        finally:
+            if pool is not None:  # else the pool's other members would never close it
+                sharedpool.release(pool, self.options.pool_size)
+            self._peers.close()
 
     def __enter__(self) -> Client:
         return self

@@ -46,8 +46,10 @@ class ClientOptions:
     """Options of :class:`pgq.Client` / :class:`pgq.AsyncClient` (all keyword-only).
 
     * ``pool_size``: most connections the client opens. The blocking
-      clients of one database in a process (same settings) share one pool
-      of up to the sum of their ``pool_size`` (pgq.sharedpool). A blocked
+      clients of one database in a process (same settings, one DSN each)
+      share one pool of up to the sum of their ``pool_size``
+      (pgq.sharedpool): together they open no more, and one busy client
+      may use the others' share. A blocked
       ``get_job`` waits on the client's one LISTEN connection and holds none
       of these meanwhile (one of an :class:`pgq.AsyncClient` not opened
       with ``async with`` LISTENs on, and holds, one of them).

@@ -57,6 +57,34 @@ def test_clients_with_other_settings_keep_their_own_pools(dsn):
         assert len(pools) == 4
 
 
+def test_a_client_with_several_dsns_keeps_its_own_pool(dsn):
+    # It fails over when its pool stays busy: another client's load must not
+    # move it to another node.
+    with pgq.Client([dsn, dsn]) as one, pgq.Client([dsn, dsn]) as two, pgq.Client(dsn) as plain:
+        assert len({id(c._pool) for c in (one, two, plain)}) == 3
+
+
+def test_a_forked_child_starts_with_no_shared_pool(dsn):
+    import os
+
+    with pgq.Client(dsn) as parent:
+        assert sharedpool._pools
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: a pool of its own, on a fresh registry
+            try:
+                fresh = not sharedpool._pools
+                with pgq.Client(dsn) as child:
+                    ok = fresh and child._pool is not parent._pool and child.qlen("forked") == 0
+                os.write(write, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        assert os.read(read, 1) == b"1"
+        os.waitpid(pid, 0)
+        assert parent.qlen("forked") == 0  # the parent's pool still works
+
+
 def test_threads_with_a_client_each_use_few_connections(dsn):
     # Ten threads, each with its own Client, adding at once: the pool they
     # share opens connections as its flushes need them, not one per client
