@@ -136,8 +136,10 @@ def test_job_history_view(client, db):
 def test_counters_survive_many_sessions_and_compaction(dsn, client, db):
     import pgq
 
-    for _ in range(4):  # sessions that come and go leave per-pid counter rows
-        with pgq.Client(dsn) as other:
+    # Sessions that come and go leave per-pid counter rows. (Each client its
+    # own application name: clients alike share one pool, and its sessions.)
+    for i in range(4):
+        with pgq.Client(dsn, application_name=f"churn-{i}") as other:
             ids = other.add_jobs("churn", [b"x"] * 30)
             other.get_job("churn", count=10)
             other.ack_job(*ids[:5])
