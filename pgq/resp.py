@@ -237,6 +237,15 @@ def _text(arg: bytes) -> str:
         raise _Syntax("ERR invalid UTF-8 in a name") from None
 
 
+def _job_id(arg: bytes) -> str:
+    """A job ID argument: not UTF-8 is not an ID (Disque's BADID, as for any
+    malformed one), where a name gets a syntax error."""
+    try:
+        return arg.decode()
+    except UnicodeDecodeError:
+        raise _Syntax("BADID Invalid Job ID format.") from None
+
+
 def _int(arg: bytes, what: str, error: str | None = None) -> int:
     """A signed 64-bit integer, as Disque's (an int of hundreds of digits
     overflowed later, in a division by 1000)."""
@@ -513,7 +522,7 @@ class Session:
     async def _ids(self, args: list[bytes], call: Callable[..., Awaitable[int]]) -> Any:
         if not args:
             return 0
-        return await call(*[_text(a) for a in args])
+        return await call(*[_job_id(a) for a in args])
 
     async def ackjob(self, args: list[bytes]) -> Any:
         return await self._ids(args, self.client.ack_job)
@@ -536,13 +545,13 @@ class Session:
     async def working(self, args: list[bytes]) -> Any:
         if len(args) != 1:
             raise _Syntax("ERR wrong number of arguments for 'working' command")
-        retry = await self.client.working(_text(args[0]))
+        retry = await self.client.working(_job_id(args[0]))
         return int(retry)
 
     async def show(self, args: list[bytes]) -> Any:
         if len(args) != 1:
             raise _Syntax("ERR wrong number of arguments for 'show' command")
-        info = await self.client.show(_text(args[0]))
+        info = await self.client.show(_job_id(args[0]))
         if info is None or self._collected(info):
             return None
         return self._show_reply(info)
@@ -565,7 +574,7 @@ class Session:
         timeout_ms = _int(args[2], "TIMEOUT") if len(args) == 3 else 0
         if timeout_ms < 0:
             raise _Syntax("ERR timeout is negative")
-        done = await self.client.wait_job(_text(args[0]), timeout_ms / 1000 if timeout_ms else None)
+        done = await self.client.wait_job(_job_id(args[0]), timeout_ms / 1000 if timeout_ms else None)
         return int(done)
 
     # -------------------------------------------------------------- queues

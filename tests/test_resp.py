@@ -195,6 +195,9 @@ def test_errors_have_disques_prefixes(resp):
         == Error("BADID Invalid Job ID format.")
     assert r.call("WORKING", "D-00000000-++++++++++++++++++++++++-0001") \
         == Error("NOJOB Job not known in the context of this node.")
+    # An ID that is not even UTF-8 is a bad ID too (it was a syntax error).
+    for command in ("SHOW", "ACKJOB", "FASTACK", "NACK", "WORKING", "DELJOB", "WAITJOB"):
+        assert r.call(command, b"D-\xff\xfe") == Error("BADID Invalid Job ID format."), command
     assert r.call("ADDJOB", "q", "x", -1) == Error("ERR timeout is negative")
     # Integers beyond 64 bits: an error reply, not an OverflowError inside.
     assert r.call("ADDJOB", "q", "x", "9" * 400) == Error("ERR timeout is not an integer or out of range")
