@@ -525,6 +525,14 @@ class Worker:
                      "dead-lettered", len(left), self.grace, len(again), len(once))
             jobs.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
+                # No WORKING for them from now on, and none still in flight:
+                # one landing after the NACK put the job back out of the
+                # queue for a whole retry (as _failed waits for it too).
+                for job_id in left:
+                    self._leases.discard(job_id)
+                for job_id in left:
+                    if (extending := self._extending.get(job_id)) is not None:
+                        await extending.wait()
                 try:
                     if again:
                         await self.client.nack_job(*again)
