@@ -82,13 +82,22 @@ def check_free(fronts: Fronts) -> None:
             raise PgqError(f"cannot listen on {host}:{port} for {role}: {why}") from None
 
 
+# How long a graceful stop lets HTTP requests finish before it cancels them.
+# A blocking lease or wait may last up to httpapi.MAX_WAIT (300 s), and held
+# the stop of `pgq serve` or of a node that long. Cancelled, it answers
+# nothing (its client retries elsewhere); a job its claim had taken
+# already comes back after its retry, as after a client that left.
+HTTP_STOP_GRACE = 10
+
+
 def _uvicorn(app: Any, address: Address) -> Any:
     import uvicorn
 
     host, port = address
     # log_config=None: uvicorn's loggers go through ours (text or JSON lines)
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                         log_config=None))
+                                         log_config=None,
+                                         timeout_graceful_shutdown=HTTP_STOP_GRACE))
 
 
 async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | None = None) -> None:
@@ -176,7 +185,7 @@ class FrontsThread:
         self._ready.wait(10.0)
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = HTTP_STOP_GRACE + 5.0) -> None:
         stopping, token = self._stopping, self._token
         if stopping is not None and self.thread.is_alive():
             try:

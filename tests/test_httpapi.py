@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import subprocess
 import sys
 import urllib.error
@@ -343,6 +344,40 @@ def test_a_lease_whose_client_left_ends_and_takes_no_job(api):
     assert status == 201
     status, leased = call(api, "POST", "/v1/lease", {"queues": ["left"]})
     assert [j["id"] for j in leased["jobs"]] == added["ids"]
+
+
+def test_a_blocked_lease_does_not_hold_the_servers_stop(serve, tmp_path):
+    """A graceful stop lets requests finish for fronts.HTTP_STOP_GRACE (10 s),
+    then cancels them: a lease blocked for 300 s held `pgq serve` that long."""
+    import socket
+
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    served = serve(tmp_path / "token")
+    port = urllib.parse.urlsplit(served.base).port
+    body = json.dumps({"queues": ["held"], "timeout": 300}).encode()
+    waiting = socket.create_connection(("127.0.0.1", port), timeout=60)
+    waiting.sendall(b"POST /v1/lease HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(body), body))
+
+    def blocked() -> int:
+        status, stats = call(served.base, "GET", "/v1/queues/held")
+        return int(stats["blocked"]) if status == 200 else 0
+
+    wait_until(lambda: blocked() == 1, 20, message="the lease to block")
+    try:
+        # The grace is 10 s; 25 s leaves room for a slow machine. Before, the
+        # stop waited for the lease's 300 s.
+        served.process.terminate()
+        returncode = served.process.wait(timeout=25)
+    finally:
+        if served.process.poll() is None:
+            served.process.kill()
+        waiting.close()
+    output = served.stop()
+    # uvicorn stops gracefully, then ends by the signal it caught
+    assert returncode in (0, -signal.SIGTERM) and "Traceback" not in output, output
 
 
 def test_items_added_before_a_refusal_are_named(api):
