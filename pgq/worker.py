@@ -239,6 +239,7 @@ class Worker:
         self.trace_context = trace_context
         self.metrics = metrics
         self._stop = threading.Event()
+        self._running = False
         self._stopping: anyio.Event | None = None
         self._threads = HandlerThreads()  # where `def` handlers run (pgq.handlerthreads)
         self._async_pool: AsyncConnectionPool | None = None  # transactional handlers'
@@ -327,9 +328,22 @@ class Worker:
 
     async def run_async(self, install_signal_handlers: bool = False,
                         until_empty: bool = False) -> WorkerStats:
-        self._until_empty = until_empty
         if not self.tasks:
             raise InvalidArgumentError("nothing to do: register a handler with @worker.task(queue)")
+        if self._running:
+            raise InvalidArgumentError("this Worker is running already: one run at a time "
+                                       "(make another Worker to serve in parallel)")
+        self._running = True
+        try:
+            return await self._run(install_signal_handlers, until_empty)
+        finally:
+            self._running = False
+            # A stop ends one run: the next run() serves again (it returned at
+            # once, without a word, when the flag stayed set).
+            self._stop.clear()
+
+    async def _run(self, install_signal_handlers: bool, until_empty: bool) -> WorkerStats:
+        self._until_empty = until_empty
         self._stopping = anyio.Event()
         self._grace_over = anyio.Event()  # a second signal: NACK the running jobs now
         self._ready: collections.deque[Job] = collections.deque()  # claimed, not started

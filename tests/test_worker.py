@@ -91,6 +91,32 @@ def test_decorator_and_async_handlers(dsn, client):
     assert client.jscan(queue="async-q")[1] == []  # all acked
 
 
+def test_a_worker_runs_again_after_it_stopped_and_refuses_two_runs_at_once(dsn, client):
+    worker = pgq.Worker(client, concurrency=2)
+    seen: list[bytes] = []
+    worker.task("again-q")(lambda job: seen.append(job.body))
+    client.add_job("again-q", b"first")
+    worker.run(install_signal_handlers=False, until_empty=True)
+    client.add_job("again-q", b"second")
+    run_until(worker, lambda: seen == [b"first", b"second"])  # ends with stop()
+    client.add_job("again-q", b"third")
+    # The stop ended that run only: this one serves (it returned at once).
+    worker.run(install_signal_handlers=False, until_empty=True)
+    assert seen == [b"first", b"second", b"third"]
+
+    async def twice() -> None:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(worker.run_async)
+            with anyio.fail_after(20):
+                while not worker._running:  # noqa: ASYNC110 (a test's wait for a flag)
+                    await anyio.sleep(0.01)
+            with pytest.raises(pgq.errors.InvalidArgumentError, match="running already"):
+                await worker.run_async()
+            worker.stop()
+
+    anyio.run(twice)
+
+
 def test_lease_extension_keeps_a_long_job_from_redelivery(dsn, client):
     job_id = client.add_job("long", b"x", retry=1, ttl=60)
     deliveries = []
