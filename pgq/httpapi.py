@@ -51,7 +51,7 @@ from starlette.routing import Route
 from . import errors
 from .aio import AsyncClient
 from .arguments import MAX_COUNT, MAX_PRIORITY, MAX_REPLICATE, seconds
-from .httpjson import BadRequest, error_response, json_body, status_of
+from .httpjson import BadRequest, Busy, error_response, json_body, status_of
 from .job import Job
 from .jsonable import body_fields, jsonable
 
@@ -145,7 +145,10 @@ def create_app(client: AsyncClient, token: str | None = None, *,
             try:
                 return await handler(request)
             except BadRequest as exc:
-                return error_response(exc.kind, str(exc), exc.status)
+                response = error_response(exc.kind, str(exc), exc.status)
+                if isinstance(exc, Busy):
+                    response.headers["Retry-After"] = str(exc.retry_after)
+                return response
             except errors.NoReplError as exc:
                 # Some jobs of the call may have their copies and stay: say
                 # which, or a client that tries again adds them twice.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anyio
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
@@ -54,11 +55,28 @@ class RequestTooLarge(BadRequest):
     status, kind = 413, "too_large"
 
 
+class Busy(BadRequest):
+    """Other large request bodies are being read or parsed: 503, try again."""
+
+    status, kind = 503, "busy"
+    retry_after = 1  # seconds, sent as Retry-After
+
+
 # The largest request body read: it is refused as it arrives, never held
 # whole (it was read whole, then parsed, then its jobs checked against the
 # client's body limit, so a client could make the server hold gigabytes).
 # A batch of jobs over this goes in several requests.
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+# What the bodies being read and parsed at once may add up to. Parsing JSON
+# takes 17-22 times a body's size in memory (a 64 MiB batch of jobs about
+# 1.3 GiB, measured): unbounded, a few large requests at once could take
+# the server's memory and the node with it. A body that would go past it is
+# refused as it arrives (503 and Retry-After: its client sends it again);
+# one body alone always fits, and the first SMALL_BODY bytes of each are
+# not counted (the usual requests never wait on a large one).
+MAX_BODIES_IN_FLIGHT = MAX_REQUEST_BYTES
+SMALL_BODY = 1024 * 1024
+_in_flight = 0  # bytes of the bodies being read or parsed (one event loop per front)
 
 
 def error_response(kind: str, message: str, status: int, **more: Any) -> JSONResponse:
@@ -72,6 +90,22 @@ def status_of(exc: errors.PgqError) -> int:
 
 
 async def json_body(request: Request) -> dict[str, Any]:
+    """The request's body as a JSON object, read within the size limits."""
+    global _in_flight
+    counted = [0]  # this body's bytes counted in _in_flight
+    try:
+        raw = await _read_body(request, counted)
+        if len(raw) <= SMALL_BODY:
+            return _parse(raw)
+        # A large body parses in a thread: a 64 MiB one took the event loop,
+        # and every other request with it, for about a second.
+        return await anyio.to_thread.run_sync(_parse, raw)
+    finally:
+        _in_flight -= counted[0]
+
+
+async def _read_body(request: Request, counted: list[int]) -> bytes:
+    global _in_flight
     too_large = RequestTooLarge(f"the request body is over {MAX_REQUEST_BYTES // 2**20} MiB: "
                                 "add the jobs in several requests")
     declared = request.headers.get("content-length", "")
@@ -84,10 +118,20 @@ async def json_body(request: Request) -> dict[str, Any]:
             if size > MAX_REQUEST_BYTES:
                 raise too_large
             chunks.append(chunk)
+            more = max(0, size - SMALL_BODY) - counted[0]  # a body's first MiB is free
+            if more:
+                if _in_flight + more > MAX_BODIES_IN_FLIGHT:
+                    raise Busy("the server is reading other large requests: send this one "
+                               "again in a moment, or in smaller requests")
+                _in_flight += more
+                counted[0] += more
     except ClientDisconnect:
         # gone before its body arrived: nobody reads an answer (not a 500)
         raise ClientGone() from None
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
     if not raw:
         return {}
     try:

@@ -233,6 +233,59 @@ def test_a_request_body_over_the_limit_is_refused_as_it_arrives(api):
     assert call(api, "GET", "/v1/queues/big")[0] == 404  # nothing added
 
 
+def test_large_bodies_read_at_once_share_a_budget_and_small_ones_pass(api):
+    """JSON parsing takes about twenty times a body in memory: the bodies
+    read at once add up to at most MAX_BODIES_IN_FLIGHT (past it, 503 with
+    Retry-After), their first MiB not counted."""
+    import socket
+
+    from pgq.httpjson import MAX_BODIES_IN_FLIGHT
+
+    host, port = api.removeprefix("http://").split(":")
+
+    def head(length: int) -> bytes:
+        return (f"POST /v1/queues/budget/jobs HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {length}\r\n\r\n").encode()
+
+    def reply_of(sock: socket.socket) -> bytes:
+        reply = b""
+        while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < int(
+                reply.lower().partition(b"content-length: ")[2].partition(b"\r\n")[0] or 0):
+            data = sock.recv(65536)
+            if not data:
+                break
+            reply += data
+        return reply
+
+    # One body of 3/4 of the budget, its last bytes held back: it is counted.
+    body = b'{"body": "' + b"x" * (MAX_BODIES_IN_FLIGHT * 3 // 4) + b'"}'
+    first = socket.create_connection((host, int(port)), timeout=60)
+    try:
+        first.sendall(head(len(body)) + body[:-10])
+
+        def refused() -> bytes | None:
+            other = b'{"body": "' + b"y" * (MAX_BODIES_IN_FLIGHT // 2) + b'"}'
+            with socket.create_connection((host, int(port)), timeout=60) as sock:
+                sock.sendall(head(len(other)) + other)
+                reply = reply_of(sock)
+            return reply if reply.startswith(b"HTTP/1.1 503") else None
+
+        # (sendall returns before the server read it all: wait for that)
+        busy = wait_until(refused, 30, message="a second large body to be refused")
+        assert b"retry-after: 1" in busy.lower() and b'"busy"' in busy
+        # A small request goes through meanwhile.
+        assert call(api, "POST", "/v1/queues/budget/jobs", {"body": "small"})[0] == 201
+        first.sendall(body[-10:])
+        assert not reply_of(first).startswith(b"HTTP/1.1 503")  # read whole: answered
+    finally:
+        first.close()
+    # The budget is free again.
+    status, _ = call(api, "POST", "/v1/queues/budget/jobs",
+                     {"body": "z" * (MAX_BODIES_IN_FLIGHT // 2)})
+    assert status != 503
+
+
 def test_a_web_page_of_another_origin_is_refused(api):
     # Browsers name the page in Origin; a form or fetch() to this API from
     # any site would otherwise add or acknowledge jobs (with no token, on
