@@ -186,8 +186,15 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         return [existing]  # the idempotency key's live job: nothing was added
     if leaving:
         # The node was marked leaving after our view was read: it keeps no
-        # new copy (nothing was stored); the add goes to other nodes.
-        yield from cluster_view(session, fresh=True)
+        # new copy (nothing was stored); the add goes to other nodes, through
+        # its node process. Without one, nothing can hand it on (the call
+        # came back here for ever).
+        view = yield from cluster_view(session, fresh=True)
+        if not view.active:
+            raise LeavingError(
+                "this database is marked leaving and no node process serves it to hand new "
+                "jobs on: add through another node, or clear the mark (`pgq cluster leaving "
+                "no`)")
         return (yield from add_jobs(session, queue, bodies, params))
     return ids
 

@@ -223,6 +223,10 @@ CLUSTER_STATE = """
 SELECT node_id AS id, active, leaving, reachable_nodes, bus_host, bus_port FROM pgq.cluster_state
 """
 
+# Whether a node process ever served this database (the cluster commands
+# that write for it to read refuse a plain database).
+IS_MEMBER = "SELECT member FROM pgq.cluster_state"
+
 NODES = """
 SELECT id, name, host, port, myself, status, leaving, priority FROM pgq.cluster_nodes
 ORDER BY NOT myself, id

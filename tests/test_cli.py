@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
+from pgq import errors as pgq_errors
 from pgq.cli import main as cli_main
 
 PGQ = [sys.executable, "-m", "pgq.cli"]
@@ -119,6 +120,26 @@ def test_exit_codes_for_bad_input_and_nothing_found(dsn):
     # (it retried for 5 s before); 4 s leaves the interpreter's start-up room on a loaded machine
     assert unreachable.stderr.count("\n") == 1 and "Connection refused" in unreachable.stderr
     assert took < 4.0, took
+
+
+def test_cluster_commands_refuse_a_database_no_node_serves(dsn, client, db):
+    # `cluster leaving yes` wrote the mark into a plain database and said it
+    # did; every add there then recursed until a RecursionError.
+    for args in (("cluster", "leaving", "yes"), ("cluster", "leave", "--timeout", "0"),
+                 ("cluster", "meet", "127.0.0.1:7711"), ("cluster", "forget", "a" * 40)):
+        done = pgq(*args, dsn=dsn, check=False)
+        assert done.returncode == 1 and "not a cluster node" in done.stderr, (args, done.stderr)
+    assert db.execute("SELECT count(*) FROM pgq.meta WHERE key = 'leaving'").fetchone()[0] == 0
+    assert db.execute("SELECT count(*) FROM pgq.outbox").fetchone()[0] == 0
+    # Marked all the same (by hand, or a node process gone for good): an add
+    # says so, with what to do.
+    from pgq import contracts
+
+    db.execute(contracts.SET_LEAVING, {"leaving": True})
+    db.commit()
+    with pytest.raises(pgq_errors.LeavingError, match="leaving no"):
+        client.add_job("marked", b"x", replicate=1)
+    assert client.qlen("marked") == 0
 
 
 def test_dead_letters_commands(dsn, client):

@@ -50,6 +50,21 @@ def _tell_node(dsn: str, kind: str, arg: str | None = None, queue: str | None = 
         conn.execute(contracts.TELL_NODE, {"kind": kind, "queue": queue, "arg": arg})
 
 
+def _require_node(dsn: str) -> str:
+    """``dsn``, refused unless a node process ever served that database:
+    the commands that leave word for the node process would do nothing on
+    a plain one but say they did (and a plain database marked leaving kept
+    every add from being stored)."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
+        row = conn.execute(contracts.IS_MEMBER).fetchone()
+    if not row or not row[0]:
+        fail(PgqError("this database is not a cluster node (no node process ever served it): "
+                      "start one with `pgq node start`, or give a node's --data or --dsn"))
+    return dsn
+
+
 def _set_leaving(dsn: str, leaving: bool) -> str:
     """The flag in the node's database, then the word to its process;
     returns the node's id."""
@@ -285,7 +300,7 @@ def cluster_meet(address: str, data: str | None, dsn: str | None, as_json: bool)
 
     try:
         parse_address(address)
-        _tell_node(node_dsn(data, dsn), contracts.OUTBOX_MEET, address)
+        _tell_node(_require_node(node_dsn(data, dsn)), contracts.OUTBOX_MEET, address)
         report({"meeting": address}, as_json, f"meeting {address}")
     except PgqError as exc:
         fail(exc)
@@ -323,7 +338,7 @@ def cluster_forget(node_id: str, data: str | None, dsn: str | None, as_json: boo
 
     if not is_node_id(node_id):
         fail(PgqError(f"{node_id!r} is not a 40-hex node id (see `pgq cluster nodes`)"))
-    target = node_dsn(data, dsn)
+    target = _require_node(node_dsn(data, dsn))
     with psycopg.connect(target, autocommit=True) as conn:
         myself = conn.execute(contracts.NODE_ID).fetchone()
     if myself is not None and myself[0] == node_id.lower():
@@ -340,7 +355,7 @@ def cluster_forget(node_id: str, data: str | None, dsn: str | None, as_json: boo
 @handles_errors
 def cluster_leaving(flag: str, data: str | None, dsn: str | None, as_json: bool) -> None:
     """Mark the node as leaving (it takes no new copies and drains) or not."""
-    _set_leaving(node_dsn(data, dsn), flag == "yes")
+    _set_leaving(_require_node(node_dsn(data, dsn)), flag == "yes")
     report({"leaving": flag == "yes"}, as_json, f"leaving: {flag}")
 
 
@@ -355,7 +370,7 @@ def cluster_leave(data: str | None, dsn: str | None, timeout: float, as_json: bo
 
     import psycopg
 
-    target = node_dsn(data, dsn)
+    target = _require_node(node_dsn(data, dsn))
     myself = _set_leaving(target, True)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
