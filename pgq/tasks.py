@@ -128,7 +128,10 @@ class Task(Generic[P, R]):
         # None keeps the task's queue; any other value must be a queue name
         # ("" fell back to the task's queue without a word).
         chosen = self.options.queue if queue is None else queue_name(queue)
-        options = replace(self.options, queue=chosen, add={**self.options.add, **add}, conn=conn)
+        # A later using() without conn keeps the one given before: dropping
+        # it committed the job outside the caller's transaction.
+        options = replace(self.options, queue=chosen, add={**self.options.add, **add},
+                          conn=self.options.conn if conn is None else conn)
         return Task(self.app, self.fn, self.name, options)
 
     def body(self, kwargs: Mapping[str, Any]) -> bytes:
@@ -141,7 +144,16 @@ class Task(Generic[P, R]):
         carrier = tracing.inject()
         if carrier:  # the worker's span links to the one that deferred the call
             call["trace"] = carrier
-        return self.app.serializer.dumps(call)
+        try:
+            return self.app.serializer.dumps(call)
+        except InvalidTypeError:
+            raise
+        except RecursionError:  # nested about a thousand deep
+            raise InvalidTypeError(f"{self.name}: the arguments nest too deeply to serialize") \
+                from None
+        except Exception as exc:  # a serializer of the user's: say whose call it was
+            raise InvalidTypeError(f"{self.name}: the arguments cannot be serialized: "
+                                   f"{type(exc).__name__}: {exc}") from exc
 
     def defer(self, **kwargs: Any) -> str:
         """Queue a call with these keyword arguments; returns the job's ID."""
@@ -163,6 +175,13 @@ class Tasks:
 
     def __init__(self, client: Any, serializer: Serializer | None = None,
                  keep_results: float | None = 86400.0) -> None:
+        from .aio import AsyncClient
+
+        if isinstance(client, AsyncClient):
+            # defer() returned an un-awaited coroutine (nothing added) and
+            # result() failed inside.
+            raise InvalidTypeError("Tasks needs a blocking pgq.Client (an AsyncClient's calls "
+                                   "are coroutines): make one with pgq.Client(dsn)")
         self.client = client
         self.serializer: Serializer = serializer or JsonSerializer()
         self.keep_results = keep_results  # seconds a task's result is kept (None: not kept)

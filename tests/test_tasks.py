@@ -94,11 +94,51 @@ def test_a_defer_inside_the_callers_transaction_commits_with_it(client, dsn):
     app, send_email, _ = make_app(client, calls)
     with psycopg.connect(dsn) as conn:
         send_email.using(conn=conn).defer(to="rolled@example.com")
+        # A using() after the one with conn keeps it (it was dropped, and
+        # this job committed on its own, outside the rolled-back transaction).
+        send_email.using(conn=conn).using(delay=0).defer(to="rolled-too@example.com")
         conn.rollback()
         send_email.using(conn=conn, delay=0).defer(to="kept@example.com")
         conn.commit()
     run_jobs(app.worker())
     assert calls == [("mail", "kept@example.com", "Welcome")]
+
+
+def test_an_async_client_or_unserializable_arguments_are_typed_errors(client, dsn):
+    async def make() -> None:
+        async with pgq.AsyncClient(dsn) as aclient:
+            with pytest.raises(InvalidTypeError, match="blocking pgq.Client"):
+                pgq.Tasks(aclient)
+
+    import anyio
+
+    anyio.run(make)
+
+    class Failing:
+        def dumps(self, call):
+            raise KeyError("no codec")
+
+        def loads(self, body):
+            return {}
+
+    app = pgq.Tasks(client, serializer=Failing())
+
+    @app.task(queue="ser")
+    def task(x: object) -> None: ...
+
+    with pytest.raises(InvalidTypeError, match="cannot be serialized: KeyError"):
+        task.defer(x=1)
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    plain = pgq.Tasks(client)
+
+    @plain.task(queue="ser2")
+    def nested(x: object) -> None: ...
+
+    with pytest.raises(InvalidTypeError, match="nest too deeply"):
+        nested.defer(x=deep)
+    assert client.qlen("ser") == client.qlen("ser2") == 0
 
 
 def test_a_job_naming_an_unknown_task_ends_in_the_dead_letters(client):
