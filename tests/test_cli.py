@@ -142,6 +142,24 @@ def test_cluster_commands_refuse_a_database_no_node_serves(dsn, client, db):
     assert client.qlen("marked") == 0
 
 
+def test_limits_past_the_apis_say_which_option(dsn):
+    for args in (("stats", "--limit", "9" * 20), ("dead-letters", "list", "--limit", "200000")):
+        done = pgq(*args, dsn=dsn, check=False)
+        assert done.returncode == 2 and "'--limit'" in done.stderr, done.stderr
+
+
+def test_stopping_a_node_that_has_not_written_its_pid_names_no_pid(tmp_path):
+    # The lock held, the pid not written yet (a node starting): the advice
+    # was `kill -9 -1`, which kills every process of the user.
+    import fcntl
+
+    (tmp_path / "node.lock").write_text("")
+    with open(tmp_path / "node.lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        done = pgq("node", "stop", "--data", str(tmp_path), "--timeout", "0.2", check=False)
+    assert done.returncode == 1 and "-1" not in done.stderr and "not written its pid" in done.stderr
+
+
 def test_dead_letters_commands(dsn, client):
     job = client.add_job("dl-cli", b"hopeless")
     client.get_job("dl-cli")

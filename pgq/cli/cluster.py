@@ -221,16 +221,25 @@ def node_stop(data: str, timeout: float, postgres: bool, as_json: bool) -> None:
     stopped = []
     pid = directory.running_pid()
     if pid is not None:
-        if pid > 0:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
+        # -1: the lock is held but the pid not written yet (the node is
+        # starting): signalled once it is known. (Printed as is, `kill -9 -1`
+        # would kill every process of the user.)
+        signalled = False
         deadline = time.monotonic() + timeout
-        while directory.running_pid() is not None:  # the lock goes when the process exits
+        while (now := directory.running_pid()) is not None:  # the lock goes when it exits
+            if now > 0:
+                pid = now
+                if not signalled:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+                    signalled = True
             if time.monotonic() >= deadline:
-                fail(PgqError(f"{name} (pid {pid}) did not stop within {timeout:g} s; "
-                              f"`kill -9 {pid}` stops it for sure"))
+                how = f"`kill -9 {pid}` stops it for sure" if pid > 0 else \
+                    "it has not written its pid yet: look for it with `ps`"
+                fail(PgqError(f"{name} ({f'pid {pid}' if pid > 0 else 'starting'}) did not stop "
+                              f"within {timeout:g} s; {how}"))
             time.sleep(0.05)
-        stopped.append(f"node process (pid {pid})")
+        stopped.append(f"node process (pid {pid})" if pid > 0 else "node process")
     if postgres and directory.postgres.exists() and embedded.stop(directory.postgres):
         stopped.append("its PostgreSQL")
     report({"name": name, "stopped": stopped}, as_json, f"stopped {name}: " + " and ".join(stopped),

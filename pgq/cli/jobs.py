@@ -9,6 +9,7 @@ from typing import Any
 import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ..arguments import MAX_COUNT
 from ..errors import PgqError
 from .common import (
     arg_bytes,
@@ -249,7 +250,8 @@ def dead_letters() -> None:
 
 @dead_letters.command("list")
 @click.option("--queue", help="Only this queue.")
-@click.option("--limit", type=click.IntRange(1), default=100, show_default=True, help="Most to show.")
+@click.option("--limit", type=click.IntRange(1, MAX_COUNT), default=100, show_default=True,
+              help="Most to show.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @target_options
 @handles_errors
@@ -265,7 +267,7 @@ def dead_letters_list(queue: str | None, limit: int, as_json: bool, dsn: str | N
 @dead_letters.command("requeue")
 @click.option("--queue", help="Only this queue.")
 @click.option("--id", "ids", multiple=True, help="Only these job IDs (repeatable).")
-@click.option("--limit", type=click.IntRange(1), default=100_000, show_default=True,
+@click.option("--limit", type=click.IntRange(1, MAX_COUNT), default=100_000, show_default=True,
               help="Most to requeue.")
 @json_option
 @target_options

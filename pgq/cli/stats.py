@@ -23,6 +23,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ..arguments import MAX_COUNT
 from .common import console, handles_errors, target_options, to_json, wide_console
 
 QUEUES = """
@@ -122,7 +123,8 @@ def _keys() -> Iterator[Any]:
 @click.option("--interval", type=click.FloatRange(0.1, 3600), default=1.0, show_default=True,
               help="Seconds between refreshes (and over which rates are measured).")
 @click.option("--once", is_flag=True, help="Print one snapshot (rates over --interval) and exit.")
-@click.option("--limit", type=click.IntRange(1), default=30, show_default=True, help="Most queues shown.")
+@click.option("--limit", type=click.IntRange(1, MAX_COUNT), default=30, show_default=True,
+              help="Most queues shown.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one snapshot (rates over --interval) as JSON and exit.")
 @target_options
