@@ -35,7 +35,8 @@ def _params(dsn: str) -> dict[str, Any]:
     try:
         params = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise InvalidArgumentError(f"invalid DSN: {redact(str(exc))}") from None
+        raise InvalidArgumentError(f"invalid DSN: {_quoting_no_password(str(exc), dsn)}") \
+            from None
     for port in str(params.get("port") or "").split(","):
         # isascii: str.isdigit() takes '²' and other scripts' digits, which
         # int() refuses or reads as another number
@@ -83,6 +84,21 @@ def host_and_port(dsn: str) -> tuple[str, int]:
 
 _URL_PASSWORD = re.compile(r"(postgres(?:ql)?://[^:/@?#\s]*:)([^@\s]*)(@)")
 _KV_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+
+
+def _quoting_no_password(message: str, dsn: str) -> str:
+    """libpq's complaint about ``dsn``, redacted, with any piece of text it
+    quotes masked when that piece is part of the DSN's password (libpq
+    quotes the bad token: 'invalid percent-encoded token: "Hunter%zz2"')."""
+    secrets = [m.group(2) for m in _URL_PASSWORD.finditer(dsn)] + \
+              [m.group(2).strip("'") for m in _KV_PASSWORD.finditer(dsn)]
+    secrets = [secret for secret in secrets if secret]
+
+    def mask(quoted: re.Match[str]) -> str:
+        piece = quoted.group(1)
+        leaks = any(piece in secret or secret in piece for secret in secrets)
+        return f'"{MASK}"' if leaks and piece != MASK else quoted.group(0)
+    return re.sub(r'"([^"]*)"', mask, redact(message))
 
 
 def redact(text: str) -> str:

@@ -160,6 +160,18 @@ def test_stopping_a_node_that_has_not_written_its_pid_names_no_pid(tmp_path):
     assert done.returncode == 1 and "-1" not in done.stderr and "not written its pid" in done.stderr
 
 
+def test_a_dsn_libpq_cannot_parse_is_never_echoed_with_its_password():
+    # libpq quotes the bad token, and it may be part of the password.
+    for bad in ("postgresql://app:Hunter%zz2@127.0.0.1:1/app",
+                "postgresql://app:s3cret@[db/app"):
+        done = pgq("qlen", "q", "--dsn", bad, check=False)
+        assert done.returncode == 1 and "invalid DSN" in done.stderr, done.stderr
+        assert "Hunter" not in done.stderr and "s3cret" not in done.stderr, done.stderr
+    from pgq.spark.ingest import _safe
+
+    assert "s3cret" not in _safe("host=db password=s3cret dbname=x")
+
+
 def test_dead_letters_commands(dsn, client):
     job = client.add_job("dl-cli", b"hopeless")
     client.get_job("dl-cli")

@@ -47,8 +47,11 @@ progress_console = Console(stderr=True)
 def fail(message: str | PgqError) -> None:
     """One line on stderr; a pgq error in its shell spelling (the hint names
     the ``pgq`` command, not the API call)."""
+    from ..dsn import redact
+
     text = message.cli_message or str(message) if isinstance(message, PgqError) else message
-    click.echo(f"error: {text}", err=True)
+    # Messages may quote a DSN (libpq's do): never its password.
+    click.echo(f"error: {redact(text)}", err=True)
     sys.exit(1)
 
 

@@ -123,14 +123,16 @@ def _connect(dsn: str) -> psycopg.Connection[Any]:
     try:
         return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
     except psycopg.OperationalError as exc:
-        raise IngestError(f"cannot reach node database {_safe(dsn)}: {exc}".strip()) from exc
+        raise IngestError(f"cannot reach node database {_safe(dsn)}: {_safe(str(exc))}".strip()) \
+            from exc
 
 
 def _safe(dsn: str) -> str:
-    """A DSN without its password, for messages."""
-    import re
+    """A DSN without its password, for messages (URL or key=value form:
+    only the URL's was masked)."""
+    from ..dsn import redact
 
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", dsn)
+    return redact(dsn)
 
 
 def _describe(dsn: str) -> _Node:
