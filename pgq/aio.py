@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import anyio
 import psycopg
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from . import commands, tracing
 from .backoff import doubling
@@ -219,6 +219,12 @@ class AsyncClient(ClientCore):
                 await pool.check()
                 await anyio.sleep(doubling(0.05, attempt, 1.0))
                 attempt += 1
+            except PoolClosed as exc:  # from getconn: nothing was sent
+                if self._pool is not None and self._pool is not pool:
+                    continue  # another call failed over meanwhile: on with the new pool
+                if self._pool is None:
+                    raise DatabaseUnavailableError("this client is closed") from exc
+                raise DatabaseUnavailableError(f"the connection pool was closed: {exc}") from exc
             except psycopg.Error as exc:
                 typed = translate_database_error(exc)
                 if typed is None:

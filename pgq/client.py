@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from . import commands, sharedpool, tracing
 from .backoff import doubling
@@ -230,6 +230,12 @@ class Client(ClientCore):
                 pool.check()
                 time.sleep(doubling(0.05, attempt, 1.0))
                 attempt += 1
+            except PoolClosed as exc:  # from getconn: nothing was sent
+                if self._pool is not None and self._pool is not pool:
+                    continue  # another call failed over meanwhile: on with the new pool
+                if self._pool is None:
+                    raise DatabaseUnavailableError("this client is closed") from exc
+                raise DatabaseUnavailableError(f"the connection pool was closed: {exc}") from exc
             except psycopg.Error as exc:
                 typed = translate_database_error(exc)
                 if typed is None:

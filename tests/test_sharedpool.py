@@ -122,3 +122,28 @@ def test_an_exhausted_shared_pool_says_whose_connections_are_busy(dsn):
             with pytest.raises(pgq.errors.DatabaseUnavailableError,
                                match="all 2 connections this process's clients"):
                 one.qlen("held")
+
+
+def test_a_call_waiting_for_a_connection_goes_on_when_another_fails_over(dsn):
+    # Its pool closed by the failover under it: the call was lost with a
+    # DatabaseUnavailableError (PoolClosed), though nothing had been sent.
+    with pgq.Client([dsn, dsn], pool_size=1) as client:
+        old = client._pool
+        assert old is not None
+        outcome: list[object] = []
+        with old.connection():  # the one connection taken: the next call waits
+            waiter = threading.Thread(target=lambda: outcome.append(_qlen_or_error(client)))
+            waiter.start()
+            wait_until(lambda: old.get_stats().get("requests_waiting", 0) >= 1, 10,
+                       message="a call waiting for a connection")
+            assert client._fail_over(old)  # as a call that timed out would
+        waiter.join(30)
+        assert outcome == [0]
+        assert client._pool is not old
+
+
+def _qlen_or_error(client: pgq.Client) -> object:
+    try:
+        return client.qlen("failover")
+    except pgq.errors.PgqError as exc:
+        return exc
