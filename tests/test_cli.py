@@ -172,6 +172,30 @@ def test_a_dsn_libpq_cannot_parse_is_never_echoed_with_its_password():
     assert "s3cret" not in _safe("host=db password=s3cret dbname=x")
 
 
+def test_a_dsn_that_is_not_utf8_is_one_line_of_error_in_every_command(tmp_path):
+    bad = "host=db\udcff"  # what the shell hands Python for the byte 0xff
+    for args in (("migrate", "--dsn", bad), ("cluster", "nodes", "--dsn", bad),
+                 ("cluster", "leaving", "no", "--dsn", bad),
+                 ("node", "start", "--name", "n", "--bus", "127.0.0.1:1", "--data",
+                  str(tmp_path / "n"), "--dsn", bad)):
+        done = subprocess.run([*PGQ, *args], capture_output=True, timeout=60,
+                              env={**os.environ, "PGQ_DSN": ""})
+        err = done.stderr.decode(errors="replace")
+        assert done.returncode == 1 and "Traceback" not in err and "DSN" in err, (args, err)
+
+
+def test_an_interrupted_add_from_a_file_says_what_a_second_run_would_repeat(capsys):
+    from pgq.cli.jobs import _resume_note
+
+    _resume_note(10000, 0, 0, False)
+    assert "resume from line 10001" in capsys.readouterr().err
+    _resume_note(10000, 5000, 0, False)  # interrupted during a chunk
+    err = capsys.readouterr().err
+    assert "lines 10001-15000" in err and "in part or whole" in err and "line 15001" in err
+    _resume_note(0, 5000, 12, True)  # NOREPL: some of the chunk stayed
+    assert "12 of their jobs stayed" in capsys.readouterr().err
+
+
 def test_dead_letters_commands(dsn, client):
     job = client.add_job("dl-cli", b"hopeless")
     client.get_job("dl-cli")
@@ -297,8 +321,8 @@ def test_bad_input_is_one_line_and_an_exit_status_never_a_traceback(tmp_path):
     (tmp_path / "binary.token").write_bytes(b"\xff\xfe secret")
     cases = [
         # (arguments, exit status, what stderr says); none touches a database
-        (["cluster", "nodes", "--dsn", "bogus"], 1, "error: the database:"),
-        (["migrate", "--dsn", "bogus"], 1, "error: the database:"),
+        (["cluster", "nodes", "--dsn", "bogus"], 1, "error: invalid DSN"),
+        (["migrate", "--dsn", "bogus"], 1, "error: invalid DSN"),
         (["node", "wait", "--data", str(tmp_path), "--timeout", "nan"], 2, "finite number"),
         (["jscan", "--limit", "0"], 2, "--limit"),
         (["serve", "--http", "127.0.0.1:0", "--token-file", str(tmp_path / "binary.token")],

@@ -46,7 +46,7 @@ def _node_target(func: F) -> F:
 def _tell_node(dsn: str, kind: str, arg: str | None = None, queue: str | None = None) -> None:
     import psycopg
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         conn.execute(contracts.TELL_NODE, {"kind": kind, "queue": queue, "arg": arg})
 
 
@@ -70,7 +70,7 @@ def _set_leaving(dsn: str, leaving: bool) -> str:
     returns the node's id."""
     import psycopg
 
-    with psycopg.connect(dsn, autocommit=True) as conn:
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
         conn.execute(contracts.SET_LEAVING, {"leaving": leaving})
         myself = conn.execute(contracts.NODE_ID).fetchone()
     _tell_node(dsn, contracts.OUTBOX_LEAVING, "yes" if leaving else "no")
@@ -123,9 +123,13 @@ def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tu
     With --http, --resp or --dashboard it also serves other programs on its
     database, as `pgq serve` does."""
     from ..cluster.process import run_node
+    from ..dsn import libpq_url
 
     if not data and not dsn:
         raise click.UsageError("give the node a database: --data DIR or --dsn DSN")
+    for given in (dsn, advertise_dsn):
+        if given:
+            libpq_url(given)  # a typed error now (a DSN that is not UTF-8 was a traceback)
     fronts = fronts_of(http_listen, resp_listen, token_file, dashboard_listen, dashboard_token_file)
     if detach:
         if not data:
@@ -324,7 +328,7 @@ def cluster_nodes(data: str | None, dsn: str | None, as_json: bool) -> None:
     import psycopg
     from psycopg.rows import dict_row
 
-    with psycopg.connect(node_dsn(data, dsn), row_factory=dict_row) as conn:
+    with psycopg.connect(node_dsn(data, dsn), row_factory=dict_row, connect_timeout=10) as conn:
         nodes = conn.execute(contracts.NODES).fetchall()
     if as_json:
         click.echo(to_json(nodes))
@@ -348,7 +352,7 @@ def cluster_forget(node_id: str, data: str | None, dsn: str | None, as_json: boo
     if not is_node_id(node_id):
         fail(PgqError(f"{node_id!r} is not a 40-hex node id (see `pgq cluster nodes`)"))
     target = _require_node(node_dsn(data, dsn))
-    with psycopg.connect(target, autocommit=True) as conn:
+    with psycopg.connect(target, autocommit=True, connect_timeout=10) as conn:
         myself = conn.execute(contracts.NODE_ID).fetchone()
     if myself is not None and myself[0] == node_id.lower():
         fail(PgqError(f"{node_id} is this node: forget it from another node, or take it "
@@ -386,7 +390,7 @@ def cluster_leave(data: str | None, dsn: str | None, timeout: float, as_json: bo
     deadline = time.monotonic() + timeout
     held = -1
     interactive = sys.stderr.isatty()
-    with psycopg.connect(target, autocommit=True) as conn, \
+    with psycopg.connect(target, autocommit=True, connect_timeout=10) as conn, \
             Progress(TextColumn("draining"), BarColumn(), MofNCompleteColumn(),
                      transient=True, disable=not interactive, console=progress_console) as progress:
         start = conn.execute(contracts.HELD_BY_NODE, {"myself": myself}).fetchone()[0]  # type: ignore[index]

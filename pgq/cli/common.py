@@ -205,18 +205,23 @@ def _print_table(rows: list[Sequence[Any]], columns: Sequence[str], title: str |
 def node_dsn(data: str | None, dsn: str | None) -> str:
     """The database of the node named by --data (its node.json), --dsn or $PGQ_DSN."""
     from ..cluster.process import read_state
+    from ..dsn import libpq_url
 
     if dsn:
-        return dsn
-    if data:
+        found = dsn
+    elif data:
         state = read_state(Path(data))
         if not state or not state.get("dsn"):
             raise click.UsageError(f"no running node found in {data} (node.json has no DSN yet)")
-        return str(state["dsn"])
-    env = os.environ.get("PGQ_DSN")
-    if env:
-        return env
-    raise click.UsageError("name the node: --data DIR or --dsn DSN")
+        found = str(state["dsn"])
+    elif os.environ.get("PGQ_DSN"):
+        found = os.environ["PGQ_DSN"]
+    else:
+        raise click.UsageError("name the node: --data DIR or --dsn DSN")
+    # Checked here (a typed error), not by libpq in the command: a DSN that
+    # is not UTF-8 was a UnicodeEncodeError traceback there.
+    libpq_url(found)
+    return found
 
 
 def target_options(func: F) -> F:

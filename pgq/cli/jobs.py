@@ -10,7 +10,7 @@ import click
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from ..arguments import MAX_COUNT
-from ..errors import PgqError
+from ..errors import NoReplError, PgqError
 from .common import (
     arg_bytes,
     client_for,
@@ -59,8 +59,11 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
         raise click.UsageError("--key names one job: give exactly one BODY (and no --file)")
     options = dict(replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
                    asynchronous=asynchronous, timeout=timeout, priority=priority)
+    import psycopg
+
     ids: list[str] = []
     lines_done = 0
+    chunk_lines = 0  # lines of the chunk being added (--file)
     try:
         with client_for(dsn, data) as client:
             if key is not None:
@@ -73,19 +76,38 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
                     task = progress.add_task(f"adding to {queue}", total=len(lines))
                     for start in range(0, len(lines), 5000):
                         chunk = lines[start:start + 5000]
+                        chunk_lines = len(chunk)
                         ids += client.add_jobs(queue, chunk, **options)
-                        lines_done = start + len(chunk)
+                        lines_done, chunk_lines = start + len(chunk), 0
                         progress.advance(task, len(chunk))
-    except (PgqError, KeyboardInterrupt):
+    except (PgqError, psycopg.Error, KeyboardInterrupt) as exc:
         # The batches before the failure are committed: their IDs go out
-        # first, or a second run adds them again.
-        if ids:
-            _echo_ids(ids, as_json)
-            resume = f"; resume from line {lines_done + 1} of the file" if path is not None else ""
-            click.echo(f"note: {len(ids)} jobs were added before this (their IDs are on "
-                       f"stdout){resume}", err=True)
+        # first, or a second run adds them again. Of the chunk that failed,
+        # a NOREPL names the jobs that stayed (they will be delivered).
+        kept = list(getattr(exc, "added", ()) or ())
+        if ids or kept:
+            _echo_ids(ids + kept, as_json)
+            click.echo(f"note: {len(ids) + len(kept)} jobs were added before this (their IDs "
+                       "are on stdout)", err=True)
+        if path is not None and (ids or kept or chunk_lines):
+            _resume_note(lines_done, chunk_lines, len(kept), isinstance(exc, NoReplError))
         raise
     _echo_ids(ids, as_json)
+
+
+def _resume_note(lines_done: int, chunk_lines: int, kept: int, norepl: bool) -> None:
+    """Where a second run of `add --file` may start, and what it would repeat."""
+    if not chunk_lines:
+        click.echo(f"note: resume from line {lines_done + 1} of the file", err=True)
+        return
+    first, last = lines_done + 1, lines_done + chunk_lines
+    if norepl:
+        state = f"{kept} of their jobs stayed (their IDs are on stdout), the others were not added"
+    else:
+        state = "they may have been added, in part or whole (their IDs are unknown)"
+    click.echo(f"note: lines {first}-{last} were being added: {state}; lines after {last} were "
+               f"not: resume from line {first} only if repeating those is acceptable, else "
+               f"from line {last + 1}", err=True)
 
 
 def _echo_ids(ids: list[str], as_json: bool) -> None:

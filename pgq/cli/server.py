@@ -19,8 +19,8 @@ def migrate(dsn: str | None, data: str | None, home: str | None, as_json: bool) 
     from .. import embedded
     from ..migrate import migrate as run
 
-    if data and not dsn:
-        dsn = node_dsn(data, None)
+    if data or dsn:
+        dsn = node_dsn(data, dsn)  # checked: a non-UTF-8 DSN was a traceback
     target = dsn or embedded.ensure_running(home).dsn
     revision = run(target)
     report({"revision": revision}, as_json, f"schema pgq at revision {revision}")
