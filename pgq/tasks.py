@@ -56,7 +56,11 @@ __all__ = ["Tasks", "Task", "Serializer", "JsonSerializer", "UnknownTaskError"]
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "asynchronous", "timeout")
+_ADD_OPTIONS = ("replicate", "delay", "retry", "ttl", "maxlen", "asynchronous", "timeout",
+                "priority")
+# using() only: an idempotency key names one call (a second defer while its
+# job lives adds nothing and returns that job's ID).
+_CALL_OPTIONS = (*_ADD_OPTIONS, "key")
 
 
 class UnknownTaskError(InvalidArgumentError):
@@ -120,11 +124,13 @@ class Task(Generic[P, R]):
 
     def using(self, *, conn: object = None, queue: str | None = None, **add: Any) -> Task[P, R]:
         """The same task with options for one call: ``conn`` (add inside the
-        caller's transaction), ``queue``, and add_job's options."""
-        unknown = set(add) - set(_ADD_OPTIONS)
+        caller's transaction), ``queue``, add_job's options (``priority``
+        too), and ``key``: an idempotency key (while the job of a defer with
+        that key lives, another adds nothing and returns its ID)."""
+        unknown = set(add) - set(_CALL_OPTIONS)
         if unknown:
             raise InvalidArgumentError(f"unknown option(s) {sorted(unknown)}: "
-                                       f"choose among conn, queue, {', '.join(_ADD_OPTIONS)}")
+                                       f"choose among conn, queue, {', '.join(_CALL_OPTIONS)}")
         # None keeps the task's queue; any other value must be a queue name
         # ("" fell back to the task's queue without a word).
         chosen = self.options.queue if queue is None else queue_name(queue)
@@ -164,6 +170,8 @@ class Task(Generic[P, R]):
     def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[str]:
         """Queue many calls (one mapping of keyword arguments each) in one
         round trip; their IDs, in order."""
+        if "key" in self.options.add:
+            raise InvalidArgumentError("an idempotency key names one call: defer() it alone")
         bodies = [self.body(kwargs) for kwargs in calls]
         ids: list[str] = self.app.client.add_jobs(self.options.queue, bodies,
                                                   conn=self.options.conn, **self.options.add)

@@ -72,7 +72,7 @@ def test_a_wrong_call_fails_in_the_caller_and_adds_nothing(client):
     with pytest.raises(InvalidTypeError, match="JSON"):  # NaN is no JSON: jsonb refuses it
         send_email.defer(to="a", subject=float("nan"))
     with pytest.raises(InvalidArgumentError, match="unknown option"):
-        send_email.using(priority=3)
+        send_email.using(prority=3)  # a typo
     with pytest.raises(InvalidArgumentError):  # it fell back to the task's queue
         send_email.using(queue="")
     assert client.qlen("mail") == 0
@@ -139,6 +139,18 @@ def test_an_async_client_or_unserializable_arguments_are_typed_errors(client, ds
     with pytest.raises(InvalidTypeError, match="nest too deeply"):
         nested.defer(x=deep)
     assert client.qlen("ser") == client.qlen("ser2") == 0
+
+
+def test_calls_may_carry_a_priority_and_an_idempotency_key(client):
+    calls: list[tuple[object, ...]] = []
+    app, send_email, _ = make_app(client, calls)
+    first = send_email.using(key="welcome-ada").defer(to="ada@example.com")
+    again = send_email.using(key="welcome-ada").defer(to="ada@example.com")  # a retried defer
+    assert again == first and client.qlen("mail") == 1
+    urgent = send_email.using(priority=5).defer(to="boss@example.com")
+    assert [j.id for j in client.get_job("mail", count=2, nohang=True)] == [urgent, first]
+    with pytest.raises(InvalidArgumentError, match="one call"):
+        send_email.using(key="k").defer_many([{"to": "a@example.com"}, {"to": "b@example.com"}])
 
 
 def test_a_job_naming_an_unknown_task_ends_in_the_dead_letters(client):
