@@ -249,11 +249,11 @@ def advertised(option: str | None, dsn: str) -> str:
         return dsn
     if option.strip().lower() == "none":
         return ""
-    from psycopg.conninfo import conninfo_to_dict
+    from pgq.dsn import libpq_url
 
     try:
-        conninfo_to_dict(option)
-    except Exception as exc:
+        libpq_url(option)  # its message never quotes the password
+    except InvalidArgumentError as exc:
         raise InvalidArgumentError(f"--advertise-dsn is not a libpq DSN ({exc}); give a "
                                    "postgresql:// URL or key=value string, or none") from None
     if len(option) > MAX_DSN:

@@ -127,9 +127,9 @@ def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tu
 
     if not data and not dsn:
         raise click.UsageError("give the node a database: --data DIR or --dsn DSN")
-    for given in (dsn, advertise_dsn):
-        if given:
-            libpq_url(given)  # a typed error now (a DSN that is not UTF-8 was a traceback)
+    if dsn:
+        libpq_url(dsn)  # a typed error now (a DSN that is not UTF-8 was a traceback)
+    # (--advertise-dsn, which may be 'none', is checked by run_node before anything starts)
     fronts = fronts_of(http_listen, resp_listen, token_file, dashboard_listen, dashboard_token_file)
     if detach:
         if not data:
