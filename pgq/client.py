@@ -31,7 +31,7 @@ from . import commands, sharedpool, tracing
 from .backoff import doubling
 from .combine import Shared, SyncCombiner
 from .connecting import first_connection
-from .core import SWEEP_PARAMS, ClientCore, CommandFactory, translate_database_error
+from .core import SWEEP_PARAMS, ClientCore, CommandFactory, pool_closed_error, translate_database_error
 from .driver import SyncDriver
 from .errors import DatabaseUnavailableError, NoReplError
 from .job import Job
@@ -231,11 +231,10 @@ class Client(ClientCore):
                 time.sleep(doubling(0.05, attempt, 1.0))
                 attempt += 1
             except PoolClosed as exc:  # from getconn: nothing was sent
-                if self._pool is not None and self._pool is not pool:
+                error = pool_closed_error(pool, self._pool, exc)
+                if error is None:
                     continue  # another call failed over meanwhile: on with the new pool
-                if self._pool is None:
-                    raise DatabaseUnavailableError("this client is closed") from exc
-                raise DatabaseUnavailableError(f"the connection pool was closed: {exc}") from exc
+                raise error from exc
             except psycopg.Error as exc:
                 typed = translate_database_error(exc)
                 if typed is None:

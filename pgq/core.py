@@ -161,6 +161,18 @@ def _floors_of(dsn: str) -> Floors:
     return floors
 
 
+def pool_closed_error(closed: object, current: object,
+                      exc: BaseException) -> DatabaseUnavailableError | None:
+    """A client's call found its pool ``closed`` before sending anything:
+    None when another call failed over meanwhile (retry on ``current``, the
+    client's pool now), else the error to raise."""
+    if current is not None and current is not closed:
+        return None
+    if current is None:
+        return DatabaseUnavailableError("this client is closed")
+    return DatabaseUnavailableError(f"the connection pool was closed: {exc}")
+
+
 class ClientCore:
     """Options, DSN and command construction shared by both clients."""
 

@@ -196,6 +196,19 @@ def test_odd_input_gets_a_json_4xx_never_a_500(api):
     assert call(api, "GET", "/v1/queues/q")[0] == 404  # none of them added anything
 
 
+def _reply_of(sock) -> bytes:
+    """One HTTP response read from a raw socket (its head, and its body by
+    Content-Length), or what came before the server closed."""
+    reply = b""
+    while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < int(
+            reply.lower().partition(b"content-length: ")[2].partition(b"\r\n")[0] or 0):
+        data = sock.recv(65536)
+        if not data:
+            break
+        reply += data
+    return reply
+
+
 def test_a_request_body_over_the_limit_is_refused_as_it_arrives(api):
     # It was read whole, then parsed: a client could make the server hold
     # gigabytes. Raw sockets: urllib cannot read an answer that comes while
@@ -213,14 +226,7 @@ def test_a_request_body_over_the_limit_is_refused_as_it_arrives(api):
             sock.sendall(request)
             for chunk in body_chunks:
                 sock.sendall(chunk)
-            reply = b""
-            while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < int(
-                    reply.lower().partition(b"content-length: ")[2].partition(b"\r\n")[0] or 0):
-                data = sock.recv(65536)
-                if not data:
-                    break
-                reply += data
-            return reply
+            return _reply_of(sock)
 
     # A declared length over the limit: refused before any byte of the body.
     declared = answer((head + f"Content-Length: {MAX_REQUEST_BYTES + 1}\r\n\r\n").encode())
@@ -248,16 +254,6 @@ def test_large_bodies_read_at_once_share_a_budget_and_small_ones_pass(api):
                 f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {length}\r\n\r\n").encode()
 
-    def reply_of(sock: socket.socket) -> bytes:
-        reply = b""
-        while b"\r\n\r\n" not in reply or len(reply.partition(b"\r\n\r\n")[2]) < int(
-                reply.lower().partition(b"content-length: ")[2].partition(b"\r\n")[0] or 0):
-            data = sock.recv(65536)
-            if not data:
-                break
-            reply += data
-        return reply
-
     # One body of 3/4 of the budget, its last bytes held back: it is counted.
     body = b'{"body": "' + b"x" * (MAX_BODIES_IN_FLIGHT * 3 // 4) + b'"}'
     first = socket.create_connection((host, int(port)), timeout=60)
@@ -268,7 +264,7 @@ def test_large_bodies_read_at_once_share_a_budget_and_small_ones_pass(api):
             other = b'{"body": "' + b"y" * (MAX_BODIES_IN_FLIGHT // 2) + b'"}'
             with socket.create_connection((host, int(port)), timeout=60) as sock:
                 sock.sendall(head(len(other)) + other)
-                reply = reply_of(sock)
+                reply = _reply_of(sock)
             return reply if reply.startswith(b"HTTP/1.1 503") else None
 
         # (sendall returns before the server read it all: wait for that)
@@ -277,7 +273,7 @@ def test_large_bodies_read_at_once_share_a_budget_and_small_ones_pass(api):
         # A small request goes through meanwhile.
         assert call(api, "POST", "/v1/queues/budget/jobs", {"body": "small"})[0] == 201
         first.sendall(body[-10:])
-        assert not reply_of(first).startswith(b"HTTP/1.1 503")  # read whole: answered
+        assert not _reply_of(first).startswith(b"HTTP/1.1 503")  # read whole: answered
     finally:
         first.close()
     # The budget is free again.
