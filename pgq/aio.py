@@ -21,7 +21,7 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
-from . import commands, tracing
+from . import cancelsafe, commands, tracing
 from .backoff import doubling
 from .combine import AsyncCombiner
 from .connecting import first_connection_async
@@ -77,9 +77,10 @@ class _Lease:
 
     async def release(self) -> None:
         conn, self.conn = self.conn, None
-        if conn is not None:
-            with anyio.CancelScope(shield=True):  # never lost to the pool
-                await self.pool.putconn(conn)
+        if conn is not None:  # never lost to the pool, whoever cancels the task
+            _, cancelled = await cancelsafe.finish(self.pool.putconn, conn)
+            if cancelled is not None:
+                raise cancelled
 
 
 class AsyncClient(ClientCore):
@@ -134,8 +135,7 @@ class AsyncClient(ClientCore):
             self._node_id = node_id
             pool = await self._open_pool()
             if self._closed:  # closed while this opened: the pool would never be closed
-                with anyio.CancelScope(shield=True):
-                    await pool.close()
+                await cancelsafe.finish(pool.close)
                 raise DatabaseUnavailableError("this AsyncClient is closed")
             self._pool = pool
 
@@ -162,8 +162,9 @@ class AsyncClient(ClientCore):
             log.warning("pgq: node database unreachable, failing over to %s:%s",
                         self._host, self._port)
             self._pool = await self._open_pool()
-        with anyio.CancelScope(shield=True):
-            await failed.close(timeout=1.0)
+        _, cancelled = await cancelsafe.finish(failed.close, 1.0)
+        if cancelled is not None:
+            raise cancelled
         return True
 
     @staticmethod
@@ -266,6 +267,14 @@ class AsyncClient(ClientCore):
         """Close the client's connections (the embedded server keeps running),
         its shared LISTEN connection too."""
         self._closed = True
+        # Whoever cancels the closing task (a framework's shutdown, a
+        # timeout), the pools close: left open, their connections and
+        # worker tasks leaked.
+        _, cancelled = await cancelsafe.finish(self._close)
+        if cancelled is not None:
+            raise cancelled
+
+    async def _close(self) -> None:
         try:
             await self._stop_listening()
         finally:
@@ -415,12 +424,30 @@ class AsyncClient(ClientCore):
                             got = await self._run(request.command(claimed=claimed), ticket=early)
                             if len(got) >= count and listener is not None:
                                 listener.pass_on(queues)  # a full COUNT after a wake: maybe more
+                except asyncio.CancelledError as exc:
+                    await self._give_back(cancelsafe.undelivered(exc))
+                    raise
                 finally:
                     if early is not None:
                         assert listener is not None
                         listener.leave(early)
             tracing.set_ids(span, [j.id for j in got])
             return got
+
+    async def _give_back(self, jobs: object) -> None:
+        """Put back in their queue the jobs a claim took for a caller that
+        asyncio cancelled before it got them (pgq.cancelsafe): left leased,
+        they waited out their retry. As ENQUEUE (no nack counted: no consumer
+        saw them), so a retry-0 job is not put back: at most once, it is
+        lost as with a consumer that died holding it."""
+        if not isinstance(jobs, list) or not jobs:
+            return
+        ids = [job.id for job in jobs if isinstance(job, Job)]
+        try:
+            await cancelsafe.finish(self._run, self.ids_command("enqueue_jobs", tuple(ids)))
+        except Exception as exc:  # the cancellation goes on; the lease brings them back
+            log.warning("pgq: could not put back %d jobs claimed for a cancelled GET "
+                        "(they are queued again when their retry runs out): %s", len(ids), exc)
 
     async def wait_replicated(self, ids: Iterable[str], timeout: float = 5.0) -> None:
         """Wait until jobs added with ``asynchronous=True`` or inside a transaction

@@ -21,8 +21,15 @@ Invariants:
   order; if ``flush`` itself raises, every call of that batch gets that
   error; if the leader's thread is interrupted, the others an ordinary
   error saying their outcome is unknown).
+* A flush runs to its end whatever cancels its leader, anyio's cancel
+  scopes or asyncio's ``Task.cancel()`` alike (:mod:`pgq.cancelsafe`); the
+  leader's cancellation is raised in the leader only, after the flush.
 * A caller interrupted while it waits leaves the queue, and passes on the
-  next flush if it was to make it.
+  next flush if it was to make it. A caller of a delivering combiner
+  (claims) cancelled while its call is in a flush waits for its outcome:
+  anyio's cancellation hands it the jobs first (anyio cancels again at its
+  next checkpoint); asyncio's, which must not be swallowed, is raised
+  carrying them (:func:`pgq.cancelsafe.undelivered`).
 * At most ``parallel`` flushes are in flight at once.
 * Calls are flushed in arrival order.
 * A batch weighs at most ``limit`` (by ``weigh``: an add's body bytes)
@@ -45,6 +52,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from . import cancelsafe
 from .errors import DatabaseUnavailableError
 
 __all__ = ["Outcome", "SyncCombiner", "AsyncCombiner", "Failed", "Shared"]
@@ -232,7 +240,7 @@ class AsyncCombiner(Generic[C]):
         try:
             while not lead and not slot.done and not slot.lead:
                 await self._changed.wait()
-        except BaseException:  # cancelled while waiting
+        except BaseException as exc:  # cancelled while waiting
             if slot in self._queue.waiting:  # not sent yet: leave the queue cleanly
                 self._queue.waiting.remove(slot)
                 if slot.lead:  # it was to make the next flush: pass that on
@@ -241,16 +249,25 @@ class AsyncCombiner(Generic[C]):
                 raise
             if not self._delivers and not slot.done:
                 raise  # its outcome is not worth the wait (a flush may retry for long)
-            # In a flush already (or settled): a claim's jobs go to their
-            # caller (lost, they waited out their lease, and a retry-0 job
+            # In a flush already (or settled): a claim's jobs are not left
+            # to nobody (they waited out their lease, and a retry-0 job
             # never came back). anyio cancels again at the caller's next
-            # checkpoint.
-            with anyio.CancelScope(shield=True):
-                while not slot.done:
-                    await self._changed.wait()
+            # checkpoint, so they go to the caller; asyncio's cancellation
+            # came once and must not be swallowed, so it goes on, carrying
+            # them for the client to put back (pgq.cancelsafe).
+            await cancelsafe.finish(self._outcome_of, slot)
+            if cancelsafe.anyio_cancelled():
+                return _result(slot)
+            if not isinstance(slot.outcome, Failed):
+                cancelsafe.attach(exc, slot.outcome)
+            raise
         if lead or (slot.lead and not slot.done):
             await self._lead(slot, context)
         return _result(slot)
+
+    async def _outcome_of(self, slot: _Slot[C]) -> None:
+        while not slot.done:
+            await self._changed.wait()
 
     def _notify(self) -> None:
         changed, self._changed = self._changed, anyio.Event()
@@ -258,14 +275,29 @@ class AsyncCombiner(Generic[C]):
 
     async def _lead(self, slot: _Slot[C], context: Any) -> None:
         batch = self._queue.take(slot)
+        # Run to its end whatever cancels the leader: the other callers of
+        # its batch get their own outcomes, never the leader's cancellation
+        # (asyncio's went through anyio's shield, and every caller of the
+        # batch got a CancelledError, in tasks nobody had cancelled). The
+        # flush's own task settles the batch and wakes the others itself:
+        # they need not wait for the leader's task to be scheduled again.
+        _, _, cancelled = await cancelsafe.settle(self._flush_batch, context, batch, slot)
+        if cancelled is not None:  # the leader's own call: as a waiting caller's above
+            if self._delivers and not isinstance(slot.outcome, Failed):
+                cancelsafe.attach(cancelled, slot.outcome)
+            raise cancelled
+
+    async def _flush_batch(self, context: Any, batch: list[_Slot[C]], leader: _Slot[C]) -> None:
         try:
-            # Shielded: a caller cancelled mid-flush must not leave the
-            # other callers of its batch without outcomes.
-            with anyio.CancelScope(shield=True):
-                outcomes: Sequence[Outcome] | BaseException = \
-                    await self._flush(context, [s.call for s in batch])
-        except BaseException as exc:
+            outcomes: Sequence[Outcome] | BaseException = \
+                await self._flush(context, [s.call for s in batch])
+        except Exception as exc:  # every call of the batch gets it
             outcomes = exc
+        except BaseException as exc:  # the flush's task was cancelled (the loop's end)
+            outcomes = [exc if s is leader else Failed(DatabaseUnavailableError(
+                "the task that sent this call's batch was cancelled: its outcome is "
+                "unknown (an add may have committed; look it up before adding again)"))
+                for s in batch]
         _settle(batch, outcomes)
         self._queue.finish()
         self._notify()

@@ -41,6 +41,7 @@ import anyio.lowlevel
 import psycopg
 from psycopg.pq import ExecStatus
 
+from . import cancelsafe
 from . import statements as sql
 from .contracts import JOBS_CHANNEL, REPLICATION_CHANNEL_PREFIX
 from .protocol import (
@@ -233,8 +234,11 @@ class AsyncDriver:
     """Runs commands on a :class:`psycopg.AsyncConnection` (mirror of :class:`SyncDriver`).
 
     With ``shield=True`` (pgq's own connections) each request finishes even
-    if the calling task is cancelled meanwhile; the cancellation takes effect
-    between requests, outside pgq's own transactions. A statement cancelled half-way would make psycopg close
+    if the calling task is cancelled meanwhile, by anyio or by asyncio's own
+    ``Task.cancel()`` (:mod:`pgq.cancelsafe`); the cancellation takes effect
+    between requests, outside pgq's own transactions. asyncio's, which must
+    not be swallowed, is raised when the command ends after a claim,
+    carrying the claimed jobs for the client to put back. A statement cancelled half-way would make psycopg close
     the connection and leave our waiter registration behind; statements are
     short, so the delay is milliseconds. Blocking waits are not shielded.
     """
@@ -264,8 +268,25 @@ class AsyncDriver:
         self._listening = False
         self._collecting = False
         self._received: list[psycopg.Notify] = []
+        # asyncio's cancellation of the task, held off by a shielded request
+        # until a cancellation may be taken (pgq.cancelsafe).
+        self._cancelled: BaseException | None = None
 
     async def run(self, command: Command[T]) -> T:
+        try:
+            value, delivered = await self._drive(command)
+        finally:
+            command.close()
+            await self._stop_listening()
+        cancelled = self._cancelled
+        if cancelled is not None:  # asyncio's, held off: it goes on now
+            if delivered:
+                cancelsafe.attach(cancelled, value)  # the client puts the jobs back
+            raise cancelled
+        return value
+
+    async def _drive(self, command: Command[T]) -> tuple[T, bool]:
+        """Run the command; its value, and whether a claim's jobs are in it."""
         reply: Any = None
         delivered = False  # a claim returned: see below
         rolled_back = False  # the last request ended pgq's own transaction by a rollback
@@ -274,9 +295,10 @@ class AsyncDriver:
                 try:
                     request = command.send(reply)
                 except StopIteration as done:
-                    return done.value  # type: ignore[no-any-return]
+                    return done.value, delivered
                 if isinstance(request, Wait) or not self.shield:
                     delivered = False  # a command that waits has handed nothing out
+                    self._stop_if_cancelled()
                     reply = await self._handle(request)
                     continue
                 if not self._transactions and not delivered and not rolled_back:
@@ -292,17 +314,28 @@ class AsyncDriver:
                     # rollback: what follows it undoes what the transaction
                     # left elsewhere (the withdrawal of direct copies from
                     # the peers, found by a read-only review).
+                    self._stop_if_cancelled()
                     await anyio.lowlevel.checkpoint_if_cancelled()
-                with anyio.CancelScope(shield=True):
-                    reply = await self._handle(request)
+                reply = await self._shielded(self._handle, request)
                 delivered = delivered or (isinstance(request, Query) and request.delivers)
                 rolled_back = isinstance(request, Rollback)
         except BaseException as exc:
             await self._abandon_transaction(exc)
             raise
-        finally:
-            command.close()
-            await self._stop_listening()
+
+    async def _shielded(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run to the end whatever cancels the task; asyncio's cancellation
+        (which passes anyio's shields) is kept for the next point where a
+        cancellation may be taken (pgq.cancelsafe)."""
+        value, cancelled = await cancelsafe.finish(fn, *args)
+        if cancelled is not None and self._cancelled is None:
+            self._cancelled = cancelled
+        return value
+
+    def _stop_if_cancelled(self) -> None:
+        if self._cancelled is not None:
+            cancelled, self._cancelled = self._cancelled, None
+            raise cancelled
 
     async def _handle(self, request: Request) -> Any:
         conn = self.conn
@@ -387,9 +420,8 @@ class AsyncDriver:
             with anyio.move_on_after(seconds):
                 await anyio.wait_readable(self.conn.fileno())
                 readable = True
-            if readable:
-                with anyio.CancelScope(shield=True):
-                    await self.conn.execute("SELECT 1")  # reads what arrived, runs the handler
+            if readable:  # reads what arrived, runs the handler
+                await self._shielded(self.conn.execute, "SELECT 1")
         received = [(n.channel, n.payload) for n in self._received]
         self._received.clear()
         return received
@@ -398,8 +430,7 @@ class AsyncDriver:
         while self._transactions:
             transaction = self._transactions.pop()
             with contextlib.suppress(Exception):
-                with anyio.CancelScope(shield=True):
-                    await transaction.__aexit__(type(exc), exc, exc.__traceback__)
+                await self._shielded(transaction.__aexit__, type(exc), exc, exc.__traceback__)
 
     async def _stop_listening(self) -> None:
         if self._ticket is not None and self.listener is not None:
@@ -413,6 +444,9 @@ class AsyncDriver:
         self._listening = False
         if self.conn.closed or self.conn.broken:
             return
-        with contextlib.suppress(psycopg.Error), anyio.CancelScope(shield=True):
-            await self.conn.execute(f"UNLISTEN {CHANNEL}")
-            await self.conn.execute(sql.UNREGISTER_WAITER)
+        with contextlib.suppress(psycopg.Error):
+            await self._shielded(self._unlisten)
+
+    async def _unlisten(self) -> None:
+        await self.conn.execute(f"UNLISTEN {CHANNEL}")
+        await self.conn.execute(sql.UNREGISTER_WAITER)

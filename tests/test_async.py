@@ -148,3 +148,54 @@ def test_a_cancelled_command_runs_what_follows_its_rollback_before_it_stops(dsn)
 
     anyio.run(main)
     assert ran == [2]
+
+
+# asyncio's own cancellation (Task.cancel(): asyncio.wait_for, asyncio.timeout,
+# a TaskGroup, web frameworks) goes through anyio's shields (pgq.cancelsafe).
+
+@pytest.mark.parametrize("path", ["combined claim", "blocked GET"])
+async def test_a_get_cancelled_by_asyncio_after_its_claim_puts_the_job_back(dsn, monkeypatch, path):
+    # The cancellation landed after the claim committed: the job went to
+    # nobody and stayed leased for its whole retry (300 s here).
+    import asyncio
+
+    from pgq import statements
+    from pgq.commands import Claimed
+    from pgq.driver import AsyncDriver
+    from pgq.protocol import Query
+
+    from .test_listener import _blocked_async
+
+    claims = {statements.CLAIM, statements.CLAIM_ONE, statements.CLAIM_RELAXED,
+              statements.CLAIM_ONE_RELAXED}
+    handle = AsyncDriver._handle
+    consumer: list[asyncio.Task] = []
+
+    async def cancelled_after_a_claim(self, request):
+        reply = await handle(self, request)
+        if isinstance(request, Query) and request.sql in claims \
+                and any(Claimed(*row).id is not None for row in reply):
+            consumer[0].cancel()  # asyncio's own, as wait_for's timeout does
+        return reply
+
+    queue = f"native-{path.split()[0]}"
+    async with pgq.AsyncClient(dsn) as client, pgq.AsyncClient(dsn) as producer:
+        async def get() -> list[pgq.Job]:
+            consumer.append(asyncio.current_task())
+            return await client.get_job(queue, timeout=20)
+
+        if path == "combined claim":
+            job_id = await producer.add_job(queue, b"x", retry=300)
+            monkeypatch.setattr(AsyncDriver, "_handle", cancelled_after_a_claim)
+            task = asyncio.create_task(get())
+        else:
+            task = asyncio.create_task(get())
+            await async_wait_until(lambda: _blocked_async(client, 1), 10)
+            monkeypatch.setattr(AsyncDriver, "_handle", cancelled_after_a_claim)
+            job_id = await producer.add_job(queue, b"x", retry=300)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 20)  # not swallowed: the task stops
+        monkeypatch.setattr(AsyncDriver, "_handle", handle)
+        assert (await producer.show(job_id))["state"] == "queued"
+        assert [j.id for j in await producer.get_job(queue, nohang=True)] == [job_id]
+

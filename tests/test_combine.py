@@ -237,11 +237,13 @@ def test_an_async_caller_cancelled_while_its_call_is_sent_still_gets_its_outcome
     # gets them; anyio cancels it again at its next checkpoint. Others
     # (adds, acks) leave at once: their flush may retry for long.
     async def main() -> None:
-        first_gate, second_gate = anyio.Event(), anyio.Event()
+        first_gate, second_gate, second_began = anyio.Event(), anyio.Event(), anyio.Event()
         flushed: list[list[int]] = []
 
         async def flush(_ctx: object, calls: list[int]) -> list[int]:
             flushed.append(list(calls))
+            if len(flushed) == 2:
+                second_began.set()
             await (first_gate if len(flushed) == 1 else second_gate).wait()
             return [c * 10 for c in calls]
 
@@ -266,7 +268,7 @@ def test_an_async_caller_cancelled_while_its_call_is_sent_still_gets_its_outcome
                 tasks.start_soon(doomed)
                 await anyio.wait_all_tasks_blocked()
                 first_gate.set()
-                await anyio.wait_all_tasks_blocked()  # the second flush holds [1, 2]
+                await second_began.wait()  # the second flush holds [1, 2]
                 assert flushed == [[0], [1, 2]]
                 scope.cancel()
                 await anyio.wait_all_tasks_blocked()
@@ -355,3 +357,72 @@ def test_without_a_weight_every_waiting_call_shares_the_flush():
         queue.arrive(_Slot(weight))
     leader = queue.finish()
     assert leader is not None and len(queue.take(leader)) == 2
+
+
+# asyncio's own cancellation (Task.cancel(): asyncio.wait_for, asyncio.timeout,
+# TaskGroup, web frameworks) passes anyio's shields. These cancel natively.
+
+def test_a_leader_cancelled_by_asyncio_keeps_its_cancellation_to_itself():
+    # The flush raised CancelledError half-way, and every caller of its
+    # batch got it: tasks nobody had cancelled.
+    import asyncio
+
+    async def main() -> None:
+        gate = asyncio.Event()
+        flushed: list[tuple[list[int], str]] = []
+
+        async def flush(_ctx: object, calls: list[int]) -> list[int]:
+            await gate.wait()
+            flushed.append((list(calls), "ended"))
+            return [c * 10 for c in calls]
+
+        combiner = AsyncCombiner(flush)
+        leader = asyncio.create_task(combiner.submit(1))
+        await asyncio.sleep(0)  # the leader is in its flush, alone
+        waiting = [asyncio.create_task(combiner.submit(i)) for i in (2, 3)]
+        await asyncio.sleep(0)
+        leader.cancel()
+        await asyncio.sleep(0)
+        assert not leader.done()  # it waits for its flush to end
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await leader
+        assert await asyncio.wait_for(asyncio.gather(*waiting), 10) == [20, 30]
+        assert flushed == [([1], "ended"), ([2, 3], "ended")]
+
+    asyncio.run(main())
+
+
+def test_a_claim_cancelled_by_asyncio_in_its_flush_raises_carrying_its_jobs():
+    # Swallowing asyncio's cancellation to hand the jobs over would leave a
+    # task running that its owner believes stopped; raising it bare lost
+    # the jobs. It is raised, carrying them, for the client to put back.
+    import asyncio
+
+    from pgq import cancelsafe
+
+    async def main() -> None:
+        gate = asyncio.Event()
+
+        async def flush(_ctx: object, calls: list[int]) -> list[list[int]]:
+            await gate.wait()
+            return [[c] for c in calls]
+
+        combiner = AsyncCombiner(flush, delivers=True)
+        first = asyncio.create_task(combiner.submit(0))
+        await asyncio.sleep(0)
+        leader, follower = (asyncio.create_task(combiner.submit(i)) for i in (1, 2))
+        await asyncio.sleep(0)
+        gate.set()
+        gate.clear()
+        assert await first == [0]
+        await asyncio.sleep(0)  # the second flush holds [1, 2]
+        leader.cancel()
+        follower.cancel()
+        gate.set()
+        for task, jobs in ((leader, [1]), (follower, [2])):
+            with pytest.raises(asyncio.CancelledError) as raised:
+                await task
+            assert cancelsafe.undelivered(raised.value) == jobs
+
+    asyncio.run(main())
