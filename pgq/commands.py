@@ -1592,14 +1592,22 @@ def wait_result(session: Session, job_id: str, timeout: float | None,
                 ) -> Command[tuple[bytes | None, str | None] | None]:
     """A job's stored result ``(value, error)``, waiting up to ``timeout``
     seconds (``None``: forever) for a worker to store it; None on timeout.
+    Raises NoJobError once the job is gone from this node with no result
+    kept: none will come here (a wait with no timeout waited for ever).
     Polls (50 ms doubling to the poll interval): results are rare reads."""
     deadline = None if timeout is None else session.clock() + timeout
     polls = 0
     while True:
-        row = yield Query(sql.READ_RESULT, {"id": job_id}, Result.ROW)
-        if row is not None:
-            value, error = row
+        value, error, kept, held = yield Query(sql.READ_RESULT, {"id": job_id}, Result.ROW)
+        if kept:
             return (bytes(value) if value is not None else None, error)
+        if not held:
+            raise NoJobError(
+                f"job {job_id} is not on this node and no result is kept for it: it ended "
+                "without one (its worker keeps none: Worker(keep_results=...)), its result "
+                "expired, it was deleted or expired, it ran on another node (results stay "
+                "on the node whose worker ran the job: ask that one), or it is not "
+                "committed yet")
         if not (yield from _pause(session, deadline, polls)):
             return None
         polls += 1

@@ -1077,8 +1077,14 @@ WITH stored AS (
 SELECT (SELECT count(*) FROM stored), (SELECT count(*) FROM expired)
 """
 
+# One row: the kept result if any, and whether this node still holds the
+# job (a result is stored before the ACK, so in one snapshot a job gone with
+# no result kept will never get one here).
 READ_RESULT = """
-SELECT value, error FROM pgq.results WHERE id = %(id)s AND expires_at > pgq.now()
+SELECT r.value, r.error, r.id IS NOT NULL AS kept,
+       EXISTS (SELECT 1 FROM pgq.jobs j WHERE j.id = %(id)s) AS held
+FROM (SELECT 1) AS one
+LEFT JOIN pgq.results r ON r.id = %(id)s AND r.expires_at > pgq.now()
 """
 
 # ------------------------------------------------------------------ periodic

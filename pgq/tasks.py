@@ -290,8 +290,10 @@ class Tasks:
         """What the task of ``job_id`` returned, waiting up to ``timeout``
         seconds for a worker to finish it. Raises :class:`TaskFailedError`
         (its error and traceback) if the job ended in the dead letters,
-        :class:`TimeoutError` if no result came in time. Results are kept
-        ``keep_results`` seconds on the node whose worker ran the job."""
+        :class:`TimeoutError` if no result came in time, and
+        :class:`~pgq.errors.NoJobError` if none will come (the job is gone
+        with no result kept: see :meth:`pgq.Client.wait_result`). Results are
+        kept ``keep_results`` seconds on the node whose worker ran the job."""
         stored = self.client.wait_result(job_id, timeout)
         if stored is None:
             raise TimeoutError(f"no result for job {job_id} within {timeout:g} s"

@@ -198,3 +198,35 @@ def test_results_are_kept_and_waited_for(client):
     with pytest.raises(TimeoutError):
         app.result(add.defer(a=1, b=1), timeout=0.2)  # nobody runs it
     assert client.wait_result(later)[0] == b'{"result":{"sum":5}}'
+
+
+def test_waiting_for_a_result_that_will_never_come_says_so(client):
+    # With no timeout, result() of a job gone without a result waited for ever.
+    app = pgq.Tasks(client)
+
+    @app.task(queue="unkept", retry=30)
+    def noop() -> int:
+        return 1
+
+    ran = noop.defer()
+    run_jobs(app.worker(keep_results=None))  # runs it, keeps no result
+    assert client.qlen("unkept") == 0
+    # (The timeouts only bound a regression: it waited them out, then TimeoutError.)
+    with pytest.raises(pgq.errors.NoJobError, match="keeps none"):
+        app.result(ran, timeout=10)
+    waiting = noop.defer()
+    outcome: dict[str, BaseException] = {}
+
+    def wait() -> None:
+        try:
+            app.result(waiting, timeout=20)
+        except BaseException as exc:  # the test reads it
+            outcome["error"] = exc
+
+    import threading
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()  # polls while the job is queued
+    assert client.del_job(waiting) == 1
+    waiter.join(30)  # it ended; it waited for ever
+    assert not waiter.is_alive() and isinstance(outcome["error"], pgq.errors.NoJobError)

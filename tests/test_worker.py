@@ -450,7 +450,8 @@ def test_a_failure_of_a_job_done_with_elsewhere_stores_no_error_and_no_dead_lett
     stats = run_until(worker, lambda: worker.stats.failed + worker.stats.dead == 1)
     assert (stats.failed, stats.dead) == (1, 0)
     assert client.dead_letters("twice") == []
-    assert client.wait_result(job_id, timeout=0.1) is None  # nothing stored over it
+    with pytest.raises(pgq.errors.NoJobError):  # nothing stored over it: none will come
+        client.wait_result(job_id, timeout=0.1)
 
 
 def test_an_at_most_once_job_interrupted_at_shutdown_is_dead_lettered_not_lost(client):
@@ -516,7 +517,8 @@ def test_a_worker_keeps_results_when_told(client):
         (b"\x00raw", None), (None, None), (b'[1,"two"]', None)]
     plain = client.add_job("kept", b"data", retry=30)
     pgq.testing.run_jobs(pgq.Worker(client, queues=["kept"], handler=handler))
-    assert client.wait_result(plain, timeout=0) is None  # not kept unless asked
+    with pytest.raises(pgq.errors.NoJobError, match="keeps none"):  # not kept unless asked
+        client.wait_result(plain, timeout=0)
 
 
 def test_a_result_that_cannot_be_encoded_acknowledges_the_job_and_says_why(client):
