@@ -57,8 +57,10 @@ class _Lease:
     ADDJOB."""
 
     def __init__(self, pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any],
-                 current: Callable[[], AsyncConnectionPool | None]) -> None:
+                 current: Callable[[], AsyncConnectionPool | None],
+                 returned: Callable[[], None] = lambda: None) -> None:
         self.pool = pool  # the pool `conn` came from, and goes back to
+        self.returned = returned  # told each time: the node answers (ClientCore.busy_pool)
         self.conn: psycopg.AsyncConnection[Any] | None = conn
         self.current = current
         self.resumed = time.monotonic()  # when it last took a connection
@@ -66,7 +68,9 @@ class _Lease:
     async def lend(self, waiting: Callable[[], Awaitable[object]]) -> psycopg.AsyncConnection[Any]:
         """Run ``waiting()`` with the connection back in the pool; the
         connection to go on with (maybe another one)."""
-        await self.release()
+        cancelled = await self.release()
+        if cancelled is not None:
+            raise cancelled  # nothing claimed yet: the wait had not begun
         await waiting()
         self.resumed = time.monotonic()  # a failure to go on counts from now
         pool = self.current()
@@ -75,12 +79,29 @@ class _Lease:
         self.pool, self.conn = pool, await pool.getconn()
         return self.conn
 
-    async def release(self) -> None:
+    async def release(self) -> BaseException | None:
+        """Give the connection back, whoever cancels the task meanwhile;
+        asyncio's cancellation that arrived is returned, for the caller to
+        raise with what the command returned (raised here, in a finally, it
+        dropped a claim's jobs)."""
         conn, self.conn = self.conn, None
-        if conn is not None:  # never lost to the pool, whoever cancels the task
-            _, cancelled = await cancelsafe.finish(self.pool.putconn, conn)
-            if cancelled is not None:
-                raise cancelled
+        if conn is None:
+            return None
+        _, cancelled = await cancelsafe.finish(self.pool.putconn, conn)
+        self.returned()
+        return cancelled
+
+
+async def _release_then_raise(lease: _Lease, error: BaseException | None = None) -> None:
+    """Give a failed call's connection back; asyncio's cancellation that
+    arrived meanwhile goes on in place of the error (retried, the call ran
+    on uncancelled), with the jobs the error carried (pgq.cancelsafe)."""
+    cancelled = await lease.release()
+    if cancelled is not None:
+        jobs = None if error is None else cancelsafe.undelivered(error)
+        if jobs is not None:
+            cancelsafe.attach(cancelled, jobs)
+        raise cancelled
 
 
 class AsyncClient(ClientCore):
@@ -135,7 +156,9 @@ class AsyncClient(ClientCore):
             self._node_id = node_id
             pool = await self._open_pool()
             if self._closed:  # closed while this opened: the pool would never be closed
-                await cancelsafe.finish(pool.close)
+                _, cancelled = await cancelsafe.finish(pool.close)
+                if cancelled is not None:
+                    raise cancelled
                 raise DatabaseUnavailableError("this AsyncClient is closed")
             self._pool = pool
 
@@ -194,24 +217,36 @@ class AsyncClient(ClientCore):
                 raise DatabaseUnavailableError("this client is closed")
             lease: _Lease | None = None
             try:
-                lease = _Lease(pool, await pool.getconn(), lambda: self._pool)
+                returned = self._returned  # before this call waits in line
+                lease = _Lease(pool, await pool.getconn(), lambda: self._pool, self.returned)
                 try:
-                    return await work(lease.conn, lease)
+                    value = await work(lease.conn, lease)
                 except PoolTimeout:  # no connection to go on with after a lent wait
+                    await _release_then_raise(lease)
                     raise
                 except psycopg.OperationalError as exc:  # PoolClosed too: a failover meanwhile
                     conn = lease.conn
-                    if conn is None or conn.closed or conn.broken:
+                    broken = conn is None or conn.closed or conn.broken
+                    await _release_then_raise(lease)
+                    if broken:
                         raise _Reconnect() from exc
                     raise
-                finally:
-                    await lease.release()
+                except BaseException as exc:
+                    await _release_then_raise(lease, exc)
+                    raise
+                cancelled = await lease.release()
+                if cancelled is not None:  # asyncio's, during the release: on with it
+                    raise cancelsafe.attach(cancelled, value)  # a claim's jobs are put back
+                return value
             except (_Reconnect, PoolTimeout) as exc:
                 cause = exc.__cause__ or exc
                 if lease is not None:  # a call that waited long is not out of time for that
                     deadline = max(deadline, lease.resumed + self.options.reconnect_timeout)
                 if time.monotonic() >= deadline:
                     raise self.unavailable(cause, pool.get_stats()) from cause
+                if isinstance(exc, PoolTimeout) and self.busy_pool(pool.get_stats(), pool.max_size,
+                                                                   returned):
+                    continue  # the node answers: back in line, no failover
                 if isinstance(exc, PoolTimeout) and await self._fail_over(pool):
                     if work is not self._read_node:  # a new node: its id and schema
                         version, self._node_id = await self._run_on_pool(self._read_node)

@@ -255,12 +255,14 @@ class AsyncCombiner(Generic[C]):
             # checkpoint, so they go to the caller; asyncio's cancellation
             # came once and must not be swallowed, so it goes on, carrying
             # them for the client to put back (pgq.cancelsafe).
-            await cancelsafe.finish(self._outcome_of, slot)
-            if cancelsafe.anyio_cancelled():
+            by_anyio = cancelsafe.anyio_cancelled()  # decided now, before the wait
+            _, again = await cancelsafe.finish(self._outcome_of, slot)
+            native = again if by_anyio else exc
+            if native is None:
                 return _result(slot)
             if not isinstance(slot.outcome, Failed):
-                cancelsafe.attach(exc, slot.outcome)
-            raise
+                cancelsafe.attach(native, slot.outcome)
+            raise native from None
         if lead or (slot.lead and not slot.done):
             await self._lead(slot, context)
         return _result(slot)

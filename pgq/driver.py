@@ -274,10 +274,19 @@ class AsyncDriver:
 
     async def run(self, command: Command[T]) -> T:
         try:
-            value, delivered = await self._drive(command)
-        finally:
-            command.close()
-            await self._stop_listening()
+            try:
+                value, delivered = await self._drive(command)
+            finally:
+                command.close()
+                await self._stop_listening()
+        except BaseException as exc:
+            cancelled = self._cancelled
+            if cancelled is not None and cancelled is not exc:
+                # asyncio's, held off, then an error (MAXLEN after the
+                # commit, a broken connection the client would retry): the
+                # cancellation goes on, or the task ran on uncancelled.
+                raise cancelled from exc
+            raise
         cancelled = self._cancelled
         if cancelled is not None:  # asyncio's, held off: it goes on now
             if delivered:
@@ -289,14 +298,18 @@ class AsyncDriver:
         """Run the command; its value, and whether a claim's jobs are in it."""
         reply: Any = None
         delivered = False  # a claim returned: see below
-        rolled_back = False  # the last request ended pgq's own transaction by a rollback
+        rolled_back = False  # pgq's own transaction ended by a rollback, and no other began
         try:
             while True:
                 try:
                     request = command.send(reply)
                 except StopIteration as done:
                     return done.value, delivered
-                if isinstance(request, Wait) or not self.shield:
+                if isinstance(request, Wait) or not self.shield or (
+                        isinstance(request, Listen) and self.listener is not None):
+                    # A wait: cancellable. Joining the shared listener is one
+                    # (it waits for the listener's task to register the
+                    # queues, which a locked pgq.waiters holds for as long).
                     delivered = False  # a command that waits has handed nothing out
                     self._stop_if_cancelled()
                     reply = await self._handle(request)
@@ -310,15 +323,17 @@ class AsyncDriver:
                     # lost). Inside pgq's own transaction it waits for the
                     # end (short): between the direct copies and the commit
                     # of this node's rows it would leave copies behind
-                    # whose origin never committed. Nor right after a
-                    # rollback: what follows it undoes what the transaction
-                    # left elsewhere (the withdrawal of direct copies from
-                    # the peers, found by a read-only review).
+                    # whose origin never committed. Nor after a rollback
+                    # (until another transaction begins): what follows it
+                    # undoes what the transaction left elsewhere (the
+                    # withdrawal of direct copies from the peers, then the
+                    # record of what it missed; found by read-only reviews).
                     self._stop_if_cancelled()
                     await anyio.lowlevel.checkpoint_if_cancelled()
                 reply = await self._shielded(self._handle, request)
                 delivered = delivered or (isinstance(request, Query) and request.delivers)
-                rolled_back = isinstance(request, Rollback)
+                if isinstance(request, (Rollback, Begin)):
+                    rolled_back = isinstance(request, Rollback)
         except BaseException as exc:
             await self._abandon_transaction(exc)
             raise
@@ -444,8 +459,14 @@ class AsyncDriver:
         self._listening = False
         if self.conn.closed or self.conn.broken:
             return
-        with contextlib.suppress(psycopg.Error):
-            await self._shielded(self._unlisten)
+        # Never raises a cancellation here (run() raises it, with what the
+        # command returned): asyncio's is kept like a request's.
+        ok, error, cancelled = await cancelsafe.settle(self._unlisten)
+        if cancelled is not None and self._cancelled is None:
+            self._cancelled = cancelled
+        if not ok and not isinstance(error, psycopg.Error):
+            assert isinstance(error, BaseException)
+            raise error
 
     async def _unlisten(self) -> None:
         await self.conn.execute(f"UNLISTEN {CHANNEL}")

@@ -121,33 +121,46 @@ async def test_client_can_be_created_outside_a_loop_and_opened_lazily(dsn):
         await client.close()
 
 
-def test_a_cancelled_command_runs_what_follows_its_rollback_before_it_stops(dsn):
+@pytest.mark.parametrize("canceller", ["anyio", "asyncio"])
+def test_a_cancelled_command_runs_what_follows_its_rollback_before_it_stops(dsn, canceller):
     """After pgq's own transaction rolls back, what follows undoes what it
     left elsewhere (a direct add withdraws the copies it wrote into the
-    peers' databases). A cancellation that arrived meanwhile was taken just
-    before that, and the copies stayed (found by a read-only review). It is
-    taken at the request after."""
+    peers' databases, then records which it missed). A cancellation that
+    arrived meanwhile was taken just before that, and the copies stayed
+    (found by a read-only review); then between the two steps (another).
+    It is taken when the command ends."""
+    import asyncio
+
     from pgq.driver import AsyncDriver
     from pgq.protocol import Begin, Query, Result, Rollback
 
     ran: list[object] = []
 
-    def command(scope: anyio.CancelScope):
+    def command(cancel):
         yield Begin()
-        scope.cancel()  # inside pgq's own transaction: taken after it
+        cancel()  # inside pgq's own transaction: taken after it
         yield Query("SELECT 1", None, Result.VALUE)
         yield Rollback()
         ran.append((yield Query("SELECT 2", None, Result.VALUE)))  # the clean-up
-        ran.append((yield Query("SELECT 3", None, Result.VALUE)))  # cancelled before this one
+        ran.append((yield Query("SELECT 3", None, Result.VALUE)))  # and its record
+        return "ended"
 
     async def main() -> None:
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-            with anyio.CancelScope() as scope:
-                await AsyncDriver(conn, shield=True).run(command(scope))
-            assert scope.cancelled_caught
+            driver = AsyncDriver(conn, shield=True)
+            if canceller == "anyio":
+                with anyio.CancelScope() as scope:
+                    assert await driver.run(command(scope.cancel)) == "ended"
+                    await anyio.lowlevel.checkpoint()
+                assert scope.cancelled_caught
+            else:
+                task = asyncio.current_task()
+                assert task is not None
+                with pytest.raises(asyncio.CancelledError):
+                    await driver.run(command(task.cancel))  # raised at the end, not swallowed
 
     anyio.run(main)
-    assert ran == [2]
+    assert ran == [2, 3]
 
 
 # asyncio's own cancellation (Task.cancel(): asyncio.wait_for, asyncio.timeout,
@@ -199,3 +212,65 @@ async def test_a_get_cancelled_by_asyncio_after_its_claim_puts_the_job_back(dsn,
         assert (await producer.show(job_id))["state"] == "queued"
         assert [j.id for j in await producer.get_job(queue, nohang=True)] == [job_id]
 
+
+
+async def test_an_error_after_a_held_off_cancellation_does_not_swallow_it(dsn, monkeypatch):
+    # asyncio's cancellation, held off inside pgq's own transaction, was
+    # dropped when the command then failed (MAXLEN, checked after the
+    # commit): the caller got MaxLenError and ran on, uncancelled.
+    import asyncio
+
+    from pgq.driver import AsyncDriver
+
+    handle = AsyncDriver._handle
+    victims: list[asyncio.Task] = []
+
+    async def cancelling_in_a_transaction(self, request):
+        if self._transactions and victims:
+            victims.pop().cancel()  # asyncio's own, as asyncio.timeout's
+        return await handle(self, request)
+
+    async with pgq.AsyncClient(dsn) as client:
+        await client.add_job("full", b"x")
+
+        async def add() -> None:
+            victims.append(asyncio.current_task())
+            await client.add_job("full", b"y", maxlen=1)
+
+        monkeypatch.setattr(AsyncDriver, "_handle", cancelling_in_a_transaction)
+        task = asyncio.create_task(add())
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 20)
+        assert not victims  # the cancellation did land in pgq's transaction
+
+
+async def test_a_get_waiting_to_join_the_shared_listener_is_cancellable(dsn):
+    # Joining waits for the listener's task to register the queues, which a
+    # locked pgq.waiters (a migration, VACUUM FULL) holds up. The join was
+    # shielded: asyncio's cancellation of the GET waited for the lock.
+    import asyncio
+    import threading
+
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:  # at most 20 s: a regression fails, it does not hang
+        with psycopg.connect(dsn) as admin:
+            admin.execute("LOCK TABLE pgq.waiters IN ACCESS EXCLUSIVE MODE")
+            locked.set()
+            release.wait(20)
+
+    holder = threading.Thread(target=hold_the_lock)
+    # The sweep (which also waits for the lock) made now, not in the GET.
+    async with pgq.AsyncClient(dsn, sweep_interval=3600) as client:
+        await client.sweep()
+        holder.start()
+        try:
+            assert await anyio.to_thread.run_sync(locked.wait, 10)
+            began = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(client.get_job("unregistered", timeout=15), 1)
+            # 1 s, and the time to see it through: it took the lock's 20 s
+            assert time.monotonic() - began < 8
+        finally:
+            release.set()
+            await anyio.to_thread.run_sync(holder.join, 30)
