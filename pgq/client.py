@@ -57,8 +57,10 @@ class _Lease:
     while the command waits with nothing on it (see pgq.aio._Lease)."""
 
     def __init__(self, pool: ConnectionPool, conn: psycopg.Connection[Any],
-                 current: Callable[[], ConnectionPool | None]) -> None:
+                 current: Callable[[], ConnectionPool | None],
+                 returned: Callable[[], None] = lambda: None) -> None:
         self.pool = pool  # the pool `conn` came from, and goes back to
+        self.returned = returned  # told each time: the node answers (ClientCore.busy_pool)
         self.conn: psycopg.Connection[Any] | None = conn
         self.current = current
         self.resumed = time.monotonic()
@@ -77,6 +79,7 @@ class _Lease:
         conn, self.conn = self.conn, None
         if conn is not None:
             self.pool.putconn(conn)
+            self.returned()
 
 
 class _Combiners:
@@ -204,7 +207,8 @@ class Client(ClientCore):
                 raise DatabaseUnavailableError("this client is closed")
             lease: _Lease | None = None
             try:
-                lease = _Lease(pool, pool.getconn(), lambda: self._pool)
+                returned = self._returned  # before this call waits in line
+                lease = _Lease(pool, pool.getconn(), lambda: self._pool, self.returned)
                 try:
                     return work(lease.conn, lease)
                 except PoolTimeout:  # no connection to go on with after a lent wait
@@ -222,6 +226,9 @@ class Client(ClientCore):
                     deadline = max(deadline, lease.resumed + self.options.reconnect_timeout)
                 if time.monotonic() >= deadline:
                     raise self.unavailable(cause, pool.get_stats(), pool.max_size) from cause
+                if isinstance(exc, PoolTimeout) and self.busy_pool(pool.get_stats(), pool.max_size,
+                                                                   returned):
+                    continue  # the node answers: back in line, no failover
                 if isinstance(exc, PoolTimeout) and self._fail_over(pool):
                     if work is not self._read_node:  # a new node: its id and schema
                         version, self._node_id = self._run_on_pool(self._read_node)

@@ -147,3 +147,48 @@ def _qlen_or_error(client: pgq.Client) -> object:
         return client.qlen("failover")
     except pgq.errors.PgqError as exc:
         return exc
+
+
+def _hold(client: pgq.Client, seconds: float) -> object:
+    """A call that keeps its pooled connection ``seconds`` (a slow statement)."""
+    from pgq.protocol import Query, Result
+
+    def slow(_session: object):
+        yield Query("SELECT pg_sleep(%(s)s)", {"s": seconds}, Result.ROW)
+        return "held"
+
+    try:
+        return client._run(slow)
+    except pgq.errors.PgqError as exc:
+        return exc
+
+
+def test_a_busy_pool_is_no_reason_to_fail_over(dsn):
+    # A call that waited its pool timeout (3 s with several DSNs) behind
+    # others on a node that kept answering failed the client over to the
+    # next DSN: a burst of calls moved it off a healthy node.
+    with pgq.Client([dsn, dsn], pool_size=1, reconnect_timeout=10) as client:
+        pool = client._pool
+        assert pool is not None and client.pool_timeout == 3.0
+
+        def waiting(n: int) -> bool:
+            return pool.get_stats().get("requests_waiting", 0) >= n
+
+        outcomes: dict[str, object] = {}
+        # The timings: A gives its connection back at 1.5 s, B (first in
+        # line) keeps it until about 4 s, so C times out at 3 s after a
+        # connection came back, and gets one at about 4 s.
+        calls = {"A": 1.5, "B": 2.5, "C": 0.0}
+        threads = {name: threading.Thread(target=lambda n=name: outcomes.update(
+            {n: _hold(client, calls[n])})) for name in calls}
+        threads["A"].start()
+        wait_until(lambda: pool.get_stats().get("pool_available", 1) == 0, 10,
+                   message="A holding the one connection")
+        threads["B"].start()
+        wait_until(lambda: waiting(1), 10, message="B in line")
+        threads["C"].start()
+        wait_until(lambda: waiting(2), 10, message="C in line behind B")
+        for thread in threads.values():
+            thread.join(30)
+        assert outcomes == {"A": "held", "B": "held", "C": "held"}
+        assert client._pool is pool  # still on the first DSN
