@@ -94,6 +94,28 @@ def test_bulk_add_from_a_file_and_jscan(dsn, tmp_path):
     assert len(listed) == 10 and {j["state"] for j in listed} == {"queued"}
 
 
+def test_an_add_from_stdin_adds_as_it_reads(dsn, client):
+    # The file was read whole before the first add: a pipe added nothing
+    # until it closed, and a file larger than memory never did.
+    from .conftest import wait_until
+
+    with subprocess.Popen([*PGQ, "add", "stream-cli", "--file", "-", "--dsn", dsn],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as proc:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write("".join(f"job {i}\n" for i in range(5000)))  # one chunk
+            proc.stdin.flush()
+            wait_until(lambda: client.qlen("stream-cli") == 5000, 30,
+                       message="the first chunk added while stdin is still open")
+            out, err = proc.communicate("last\n", timeout=60)  # then stdin closes
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, err
+    assert len(out.split()) == 5001 and client.qlen("stream-cli") == 5001
+
+
 def test_pause_and_stats(dsn):
     assert pgq("pause", "p-cli", "in", dsn=dsn).stdout.strip() == "in"
     snapshot = json.loads(pgq("stats", "--json", dsn=dsn).stdout)

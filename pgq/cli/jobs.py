@@ -3,11 +3,19 @@ qstat, qscan, jscan, pause, and the dead letters."""
 
 from __future__ import annotations
 
+import itertools
+import os
 import sys
 from typing import Any
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+)
 
 from ..arguments import MAX_COUNT
 from ..errors import NoReplError, PgqError
@@ -26,7 +34,8 @@ from .common import (
 
 
 def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+    # In bytes of the file (its lines are not counted before they are read).
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                     TimeRemainingColumn(), transient=True, disable=not sys.stderr.isatty(),
                     console=progress_console)
 
@@ -61,38 +70,64 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
                    asynchronous=asynchronous, timeout=timeout, priority=priority)
     import psycopg
 
-    ids: list[str] = []
+    ids: list[str] = []  # added and not printed yet (--json prints them all at the end)
+    printed = 0  # IDs printed already (plain output: each chunk's, once committed)
     lines_done = 0
     chunk_lines = 0  # lines of the chunk being added (--file)
+
+    def added(new: list[str]) -> None:
+        nonlocal printed
+        if as_json:
+            ids.extend(new)
+        elif new:
+            click.echo("\n".join(new))
+            printed += len(new)
+
     try:
         with client_for(dsn, data) as client:
             if key is not None:
-                ids.append(client.add_job(queue, arg_bytes(bodies[0]), key=key, **options))
+                added([client.add_job(queue, arg_bytes(bodies[0]), key=key, **options)])
             elif bodies:
-                ids += client.add_jobs(queue, [arg_bytes(b) for b in bodies], **options)
+                added(client.add_jobs(queue, [arg_bytes(b) for b in bodies], **options))
             if path is not None:
-                lines = [line.rstrip(b"\r\n") for line in path]
+                # Streamed, a chunk at a time: a file larger than memory, or
+                # a pipe that never ends, adds as it reads (the whole file
+                # was read first, and stdin only at its end).
                 with _progress() as progress:
-                    task = progress.add_task(f"adding to {queue}", total=len(lines))
-                    for start in range(0, len(lines), 5000):
-                        chunk = lines[start:start + 5000]
+                    task = progress.add_task(f"adding to {queue}", total=_size(path))
+                    while chunk := list(itertools.islice(path, _FILE_CHUNK)):
                         chunk_lines = len(chunk)
-                        ids += client.add_jobs(queue, chunk, **options)
-                        lines_done, chunk_lines = start + len(chunk), 0
-                        progress.advance(task, len(chunk))
+                        added(client.add_jobs(queue, [line.rstrip(b"\r\n") for line in chunk],
+                                              **options))
+                        lines_done, chunk_lines = lines_done + len(chunk), 0
+                        progress.advance(task, sum(len(line) for line in chunk))
     except (PgqError, psycopg.Error, KeyboardInterrupt) as exc:
         # The batches before the failure are committed: their IDs go out
-        # first, or a second run adds them again. Of the chunk that failed,
-        # a NOREPL names the jobs that stayed (they will be delivered).
+        # (printed already, or now), or a second run adds them again. Of
+        # the chunk that failed, a NOREPL names the jobs that stayed (they
+        # will be delivered).
         kept = list(getattr(exc, "added", ()) or ())
         if ids or kept:
             _echo_ids(ids + kept, as_json)
-            click.echo(f"note: {len(ids) + len(kept)} jobs were added before this (their IDs "
-                       "are on stdout)", err=True)
-        if path is not None and (ids or kept or chunk_lines):
+        if printed or ids or kept:
+            click.echo(f"note: {printed + len(ids) + len(kept)} jobs were added before this "
+                       "(their IDs are on stdout)", err=True)
+        if path is not None and (printed or ids or kept or chunk_lines):
             _resume_note(lines_done, chunk_lines, len(kept), isinstance(exc, NoReplError))
         raise
-    _echo_ids(ids, as_json)
+    if as_json:
+        _echo_ids(ids, as_json)
+
+
+_FILE_CHUNK = 5000  # lines per add (one statement, one commit)
+
+
+def _size(path: Any) -> int | None:
+    """The bytes a file holds, for the progress bar; None for a pipe."""
+    try:
+        return os.fstat(path.fileno()).st_size or None if path.seekable() else None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _resume_note(lines_done: int, chunk_lines: int, kept: int, norepl: bool) -> None:
