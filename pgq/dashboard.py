@@ -28,8 +28,12 @@ Invariants:
 
 * Read-only by default: an action answers 403 unless the app was given a
   token and the request carries it (``Authorization: Bearer <token>``, as
-  the page sends it from sessionStorage). Reads need no token; the CLI
-  refuses to listen beyond loopback without one.
+  the page sends it from sessionStorage). On loopback reads need no token
+  (other Host names are refused: DNS rebinding). Beyond loopback the CLI
+  refuses to listen without a token, and every ``/api`` read needs it too
+  (``private``): job bodies and dead letters are user data, and anyone who
+  could reach the port read them. The page, its assets and ``/health``
+  hold none.
 * Job bodies and every other value are user data: the JSON carries them as
   text (or base64, :mod:`pgq.jsonable`) and the page only ever puts them in
   text nodes, never HTML; a strict Content-Security-Policy (scripts from
@@ -264,9 +268,10 @@ def _asset(name: str) -> str:
     return (resources.files("pgq") / "dashboard_static" / name).read_text(encoding="utf-8")
 
 
-def _page(actions: bool) -> str:
+def _page(actions: bool, private: bool = False) -> str:
     return string.Template(_asset("index.html")).substitute(
-        actions=html.escape("true" if actions else "false", quote=True))
+        actions=html.escape("true" if actions else "false", quote=True),
+        private=html.escape("true" if private else "false", quote=True))
 
 
 # ----------------------------------------------------------------- app
@@ -290,18 +295,33 @@ def _refusal(token: str | None, request: Request) -> JSONResponse | None:
     return None
 
 
+def _unauthorized(token: str | None, request: Request) -> JSONResponse | None:
+    """401 unless the request carries the token (a private dashboard's reads)."""
+    sent = request.headers.get("authorization", "")
+    if token and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+        return None
+    return error_response("unauthorized", "this dashboard listens beyond loopback: its data "
+                          "needs the dashboard token (Authorization: Bearer <token>)", 401)
+
+
 def create_app(client: AsyncClient, token: str | None = None, *,
                clock: Callable[[], float] = time.monotonic,
-               allowed_hosts: list[str] | None = None) -> Starlette:
+               allowed_hosts: list[str] | None = None, private: bool = False) -> Starlette:
     """The dashboard over ``client`` (see the module doc); actions need
-    ``token``; with ``allowed_hosts`` other Host headers are refused (400)."""
+    ``token``; with ``allowed_hosts`` other Host headers are refused (400);
+    ``private``: the ``/api`` reads need ``token`` too (beyond loopback)."""
     reader = _Reader(client)
     rates = _Rates(clock)
 
-    def handle(handler: Handler, action: bool = False) -> Handler:
+    def handle(handler: Handler, action: bool = False, data: bool = True) -> Handler:
         async def run(request: Request) -> Response:
             try:
-                refused = _refusal(token, request) if action else None
+                if action:
+                    refused = _refusal(token, request)
+                elif private and data:
+                    refused = _unauthorized(token, request)
+                else:
+                    refused = None
                 response = refused or await handler(request)
             except BadRequest as exc:
                 response = error_response(exc.kind, str(exc), exc.status)
@@ -312,7 +332,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         return run
 
     async def page(request: Request) -> Response:
-        return HTMLResponse(_page(bool(token)))
+        return HTMLResponse(_page(bool(token), private))
 
     async def static(request: Request) -> Response:
         name = request.path_params["name"]
@@ -403,15 +423,15 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                 await client.close()
 
     routes = [
-        Route("/", handle(page), methods=["GET"]),
-        Route("/static/{name}", handle(static), methods=["GET"]),
+        Route("/", handle(page, data=False), methods=["GET"]),
+        Route("/static/{name}", handle(static, data=False), methods=["GET"]),
         Route("/api/overview", handle(overview), methods=["GET"]),
         Route("/api/dead-letters", handle(dead_letters), methods=["GET"]),
         Route("/api/dead-letters/requeue", handle(requeue, action=True), methods=["POST"]),
         Route("/api/queues/{queue:path}/pause", handle(pause, action=True), methods=["POST"]),
         Route("/api/queues/{queue:path}", handle(queue), methods=["GET"]),
         Route("/api/jobs/{id:path}", handle(job), methods=["GET"]),
-        Route("/health", handle(health), methods=["GET"]),
+        Route("/health", handle(health, data=False), methods=["GET"]),
     ]
     middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)

@@ -126,8 +126,9 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
                 from .dashboard import create_app as create_dashboard
                 from .httpjson import hosts_for
 
-                board = create_dashboard(board_client, fronts.dashboard_token,
-                                         allowed_hosts=hosts_for(fronts.dashboard[0]))
+                hosts = hosts_for(fronts.dashboard[0])
+                board = create_dashboard(board_client, fronts.dashboard_token, allowed_hosts=hosts,
+                                         private=hosts is None)  # beyond loopback: reads need the token
                 servers.append(_uvicorn(board, fronts.dashboard))
                 tasks.start_soon(servers[-1].serve)
                 log.info("pgq dashboard on http://%s:%d/ (%s)", *fronts.dashboard,

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -225,6 +226,60 @@ def test_listening_beyond_loopback_needs_a_token(dsn, args):
     env = {"PGQ_DASHBOARD_TOKEN_FILE": None, "PGQ_DASHBOARD": None}
     result = CliRunner().invoke(cli_main, [*args, "--dsn", dsn], env=env)
     assert result.exit_code == 2 and "(beyond loopback) needs a secret" in result.output
+
+
+def test_a_dashboard_beyond_loopback_needs_the_token_to_read_too(dsn, client):
+    # Only its actions needed the token: anyone who could reach the port
+    # read job bodies and dead letters.
+    job = client.add_job("secret", "card 4242", retry=30)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    app = create_app(pgq.AsyncClient(dsn), TOKEN, private=True)
+    with TestClient(app) as board:
+        for path in ("/api/overview", f"/api/jobs/{job}", "/api/queues/secret", "/api/dead-letters"):
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                refused = board.get(path, headers=headers)
+                assert (refused.status_code, refused.json()["error"]) == (401, "unauthorized"), path
+                assert "card" not in refused.text
+            assert board.get(path, headers=auth).status_code == 200, path
+        assert "card 4242" in board.get(f"/api/jobs/{job}", headers=auth).text
+        page = board.get("/")  # holds no data: it asks for the token
+        assert page.status_code == 200 and 'data-private="true"' in page.text
+        assert board.get("/static/app.js").status_code == 200
+        assert board.get("/health").status_code == 200
+
+
+@contextlib.contextmanager
+def _dashboard_beyond_loopback(dsn: str, tmp_path: Path) -> Iterator[str]:
+    """A real `pgq dashboard` on 0.0.0.0 (so its reads are private), with TOKEN."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pgq", "dashboard", "--listen", f"0.0.0.0:{port}",
+         "--token-file", str(token_file), "--dsn", dsn],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert process.poll() is None, process.stdout.read().decode()  # type: ignore[union-attr]
+        return answers(base)
+
+    try:
+        wait_until(up, 30, message="the dashboard to answer")
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+def test_pgq_dashboard_beyond_loopback_serves_its_data_with_the_token_only(dsn, tmp_path):
+    with _dashboard_beyond_loopback(dsn, tmp_path) as base:
+        assert call(base, "/api/overview")[0] == 401
+        assert call(base, "/api/overview", token=TOKEN)[0] == 200
 
 
 def test_a_loopback_dashboard_refuses_other_host_names(dsn):
@@ -467,3 +522,17 @@ def test_click_through_the_dashboard_in_a_browser(cluster, dashboard, page):
         expect(page.locator('tr[data-node="n1"]')).to_contain_text("this node")
         shoot(page, "nodes")
     assert errors == []
+
+
+@needs_browser
+def test_a_private_dashboard_asks_for_the_token_then_shows_its_queues(dsn, client, tmp_path, page):
+    client.add_jobs("private", [b"a", b"b"], retry=30)
+    expect.set_options(timeout=20_000)
+    with _dashboard_beyond_loopback(dsn, tmp_path) as base:
+        page.goto(base + "/")
+        expect(page.locator("#mode")).to_have_text("locked: enter the token")
+        expect(page.locator('tr[data-queue="private"]')).to_have_count(0)
+        page.fill("#token", TOKEN)
+        page.click("#token-form button")
+        expect(page.locator('tr[data-queue="private"] td.length')).to_have_text("2")
+        expect(page.locator("#mode")).to_have_text("actions unlocked")

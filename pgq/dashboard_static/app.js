@@ -6,6 +6,8 @@
   const POLL_MS = 2000;
   const TOKEN_KEY = "pgq-dashboard-token";
   const actionsEnabled = document.body.dataset.actions === "true";
+  // Beyond loopback every read needs the token too (pgq.dashboard: private).
+  const privateReads = document.body.dataset.private === "true";
   const view = document.getElementById("view");
   let shown = "";          // the route and data the view shows: identical polls redraw nothing
   let overview = null;     // the last /api/overview answer
@@ -88,8 +90,14 @@
   }
 
   async function api(path) {
-    const response = await fetch(path, {headers: {Accept: "application/json"}});
+    const headers = {Accept: "application/json"};
+    if (token()) headers.Authorization = "Bearer " + token();
+    const response = await fetch(path, {headers});
     const data = await response.json().catch(() => ({}));
+    if (response.status === 401) {  // a private dashboard, no (or a wrong) token
+      sessionStorage.removeItem(TOKEN_KEY);
+      showAuth();
+    }
     if (!response.ok) {
       const error = new Error(data.message || response.statusText);
       error.status = response.status;
@@ -108,13 +116,20 @@
     const mode = document.getElementById("mode");
     const form = document.getElementById("token-form");
     const lock = document.getElementById("lock");
+    const unlocked = Boolean(token());
+    if (privateReads && !unlocked) {
+      mode.textContent = "locked: enter the token";
+      mode.className = "badge warn";
+      form.hidden = false;
+      lock.hidden = true;
+      return;
+    }
     if (!actionsEnabled) {
       mode.textContent = "read-only";
       mode.className = "badge";
       form.hidden = lock.hidden = true;
       return;
     }
-    const unlocked = Boolean(token());
     mode.textContent = unlocked ? "actions unlocked" : "actions locked";
     mode.className = unlocked ? "badge good" : "badge warn";
     form.hidden = unlocked;
@@ -380,7 +395,9 @@
     sessionStorage.setItem(TOKEN_KEY, input.value.trim());
     input.value = "";
     showAuth();
-    flash("Actions unlocked for this browser tab.", false);
+    flash(privateReads ? "Unlocked for this browser tab." : "Actions unlocked for this browser tab.",
+          false);
+    if (privateReads) refresh(true);
   });
   document.getElementById("lock").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
