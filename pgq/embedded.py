@@ -42,8 +42,11 @@ Invariants:
   schemas ``pgq`` and ``pgq_staging`` of database ``pgq``, nothing more (no
   superuser, no CREATEDB, no CREATEROLE). An instance made before this split
   has one superuser role ``pgq`` and keeps working.
-* The server listens on 127.0.0.1 only (TCP, because Spark's JDBC driver needs
-  it), on a port chosen free at start; no unix socket is created. The port
+* The server listens on 127.0.0.1 (TCP, because Spark's JDBC driver needs
+  it), or on a cluster node's bus address, on a port chosen free at start;
+  no unix socket is created. On an address beyond loopback, this machine's
+  own addresses may log in too (``samehost``); other machines only through
+  ``PGQ_EMBEDDED_HBA``. The port
   and listen address are written to ``data/pgq_runtime.conf`` (quoted), never
   passed through a shell.
 * Authentication is SCRAM with random passwords kept in ``instance.json``
@@ -154,7 +157,8 @@ class Instance:
 
 def _url(role: str, password: str, host: str, port: int, database: str) -> str:
     auth = f"{quote(role, safe='')}:{quote(password, safe='')}"
-    url = f"postgresql://{auth}@{host}:{port}/{quote(database, safe='')}"
+    where = f"[{host}]" if ":" in host else host  # an IPv6 address: libpq could not parse it bare
+    url = f"postgresql://{auth}@{where}:{port}/{quote(database, safe='')}"
     return url + ("?require_auth=scram-sha-256" if _REQUIRE_SCRAM else "")
 
 
@@ -430,6 +434,27 @@ def _hba_source() -> str | None:
     return source or None
 
 
+_LOOPBACK = ("localhost", "::1")
+_SAMEHOST_RULE = "host all all samehost scram-sha-256"
+
+
+def _allow_samehost(data: Path, address: str) -> bool:
+    """A server on an address beyond loopback (a node's bus address): let
+    this machine's own addresses log in (SCRAM still). initdb allows
+    loopback only, and a connection to the machine's own 10.0.0.5 comes
+    from 10.0.0.5: a node on such an address could not log in to its own
+    server. Other machines still need PGQ_EMBEDDED_HBA. True if the rule
+    was added now."""
+    if address in _LOOPBACK or address.startswith("127."):
+        return False
+    hba = data / "pg_hba.conf"
+    if _SAMEHOST_RULE in hba.read_text():
+        return False
+    with open(hba, "a") as rules:  # appending keeps the owner and mode
+        rules.write(f"\n# added by pgq (a listen address beyond loopback)\n{_SAMEHOST_RULE}\n")
+    return True
+
+
 def _include_runtime_conf(data: Path) -> None:
     """Servers made by older pgq versions took port and address from pg_ctl
     -o; they now read them from RUNTIME_CONF, which their conf must include."""
@@ -688,6 +713,8 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
             )
         _include_runtime_conf(data)
         address = host or instance.host
+        if _allow_samehost(data, address) and _serving(data):
+            runner.run("pg_ctl", "reload", "-D", str(data), "-s")  # the rule, for this server too
         deadline = time.monotonic() + timeout
         postmaster = _our_postmaster(data, log, runner, instance, _listen_addresses(address),
                                      deadline)

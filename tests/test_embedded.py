@@ -118,6 +118,40 @@ def test_a_stopped_server_may_move_to_another_address(fresh_home):
         assert conn.execute("SELECT inet_server_addr()::text").fetchone()[0].startswith("127.0.0.2")
 
 
+def _own_address() -> str | None:
+    """An address of this machine beyond loopback (the source of its default
+    route; a UDP connect sends nothing), or None."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+@pytest.mark.skipif(_own_address() is None, reason="this machine has no address beyond loopback")
+def test_a_server_on_an_address_beyond_loopback_lets_its_own_machine_log_in(fresh_home):
+    # A node on such a bus address (--bus 10.0.0.5:7711) could not log in to
+    # its own server: initdb allows loopback only, and a connection to the
+    # machine's own address comes from that address.
+    address = _own_address()
+    assert address is not None
+    instance = embedded.ensure_running(fresh_home, host=address)
+    with psycopg.connect(instance.dsn, connect_timeout=5) as conn:
+        assert conn.execute("SELECT inet_server_addr()::text").fetchone()[0].startswith(address)
+
+
+def test_a_server_on_an_ipv6_address_gets_a_dsn_libpq_reads(fresh_home):
+    # The host went into the URL bare (postgresql://u:p@::1:5432/pgq).
+    instance = embedded.ensure_running(fresh_home, host="::1")
+    assert "@[::1]:" in instance.dsn
+    with psycopg.connect(instance.dsn, connect_timeout=5) as conn:
+        assert conn.execute("SELECT inet_server_addr()::text").fetchone()[0].startswith("::1")
+
+
 def test_cli_status_and_stop(home):
     embedded.ensure_running(home)
     env = {**os.environ, "PGQ_HOME": str(home)}
