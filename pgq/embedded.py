@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import pwd
@@ -76,10 +77,10 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote
 
 import psycopg
@@ -88,6 +89,9 @@ from psycopg import sql
 from . import ports
 from .errors import EmbeddedServerError
 from .pgbinaries import find_server_binaries
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = ["Instance", "home_directory", "ensure_running", "stop", "status",
            "create_database", "read_postmaster", "Postmaster", "write_private",
@@ -681,6 +685,24 @@ def create_database(instance: Instance, name: str, template: str | None = None) 
                 ident(schema), ident(instance.role)))
 
 
+def _typed_os_errors(func: Callable[P, R]) -> Callable[P, R]:
+    """A path the server cannot use (PGQ_HOME not writable, a file where a
+    directory should be, a home of another user) is an EmbeddedServerError
+    saying which and what to do, not an OSError from deep inside."""
+    @functools.wraps(func)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return func(*args, **kwargs)
+        except OSError as exc:
+            where = f" {exc.filename}" if exc.filename else ""
+            raise EmbeddedServerError(
+                f"the embedded server cannot use{where}: {exc.strerror or exc} (set PGQ_HOME, "
+                "or --home / --data, to a directory this user may write, or give a DSN)"
+            ) from exc
+    return wrapper
+
+
+@_typed_os_errors
 def ensure_running(home: str | os.PathLike[str] | None = None,
                    host: str | None = None, timeout: float = START_TIMEOUT) -> Instance:
     """Start the embedded server under ``home`` if needed; return how to reach it.
@@ -725,6 +747,7 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
         return current
 
 
+@_typed_os_errors
 def stop(home: str | os.PathLike[str] | None = None, mode: str = "fast") -> bool:
     """Stop the embedded server under ``home``. Returns False if it was not running.
 
@@ -771,6 +794,7 @@ def temporary_server(prefix: str = "pgq-", mode: str = "fast") -> Iterator[tuple
             shutil.rmtree(home, ignore_errors=True)
 
 
+@_typed_os_errors
 def status(home: str | os.PathLike[str] | None = None) -> dict[str, object]:
     """Describe the embedded server under ``home`` (never starts it). The DSN
     shown has its password masked (``Instance.dsn`` has it)."""

@@ -116,6 +116,18 @@ def test_an_add_from_stdin_adds_as_it_reads(dsn, client):
     assert len(out.split()) == 5001 and client.qlen("stream-cli") == 5001
 
 
+def test_a_path_the_command_cannot_use_is_one_line_of_error(tmp_path):
+    # An OSError from deep inside (writing the node's secret under a file)
+    # came out as a traceback.
+    from pgq.localcluster import free_port
+
+    (tmp_path / "a-file").write_text("")
+    done = pgq("node", "start", "--name", "n1", "--bus", f"127.0.0.1:{free_port()}",
+               "--data", str(tmp_path / "a-file" / "n1"), check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "Not a directory (check the path and its permissions)" in done.stderr
+
+
 def test_pause_and_stats(dsn):
     assert pgq("pause", "p-cli", "in", dsn=dsn).stdout.strip() == "in"
     snapshot = json.loads(pgq("stats", "--json", dsn=dsn).stdout)

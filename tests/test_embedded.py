@@ -152,6 +152,21 @@ def test_a_server_on_an_ipv6_address_gets_a_dsn_libpq_reads(fresh_home):
         assert conn.execute("SELECT inet_server_addr()::text").fetchone()[0].startswith("::1")
 
 
+def test_a_home_the_server_cannot_use_is_a_typed_error(tmp_path):
+    # An OSError from deep inside (a traceback from the CLI): a home under
+    # a file, a PGQ_HOME the user may not write.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    home = blocker / "pgq"
+    with pytest.raises(EmbeddedServerError, match="a directory this user may write"):
+        embedded.ensure_running(home)
+    assert embedded.status(home)["running"] is False and embedded.stop(home) is False
+    done = subprocess.run([sys.executable, "-m", "pgq", "embedded", "start", "--home", str(home)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "a directory this user may write" in done.stderr
+
+
 def test_cli_status_and_stop(home):
     embedded.ensure_running(home)
     env = {**os.environ, "PGQ_HOME": str(home)}

@@ -72,6 +72,11 @@ def handles_errors(func: F) -> F:
                  "server runs)")
         except KeyboardInterrupt:
             sys.exit(130)
+        except BrokenPipeError:  # `pgq add ... | head`: click ends it quietly (status 1)
+            raise
+        except OSError as exc:  # a path: not there, not allowed, not a directory
+            where = f"{exc.filename}: " if exc.filename else ""
+            fail(f"{where}{exc.strerror or exc} (check the path and its permissions)")
     return wrapper  # type: ignore[return-value]
 
 
