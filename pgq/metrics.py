@@ -23,6 +23,8 @@ from prometheus_client.registry import Collector
 
 __all__ = ["WorkerMetrics", "NodeMetrics", "parse_listen"]
 
+NODE_STATUSES = ("alive", "suspect", "dead", "left")  # pgq_cluster_nodes, each always sent
+
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
@@ -110,8 +112,11 @@ class _NodeCollector(Collector):
             return
         state = self.snapshot()
         nodes = GaugeMetricFamily("pgq_cluster_nodes", "known nodes by state", labels=["status"])
-        for status, count in state["nodes"].items():
-            nodes.add_metric([status], count)
+        # Every status, 0 included: a series that vanishes when its count
+        # falls to 0 never fires an alert such as {status="alive"} < 3.
+        counts = state["nodes"]
+        for status in (*NODE_STATUSES, *sorted(set(counts) - set(NODE_STATUSES))):
+            nodes.add_metric([status], counts.get(status, 0))
         yield nodes
         messages = CounterMetricFamily("pgq_bus_messages", "bus messages", labels=["direction", "kind"])
         for direction in ("in", "out"):

@@ -500,3 +500,15 @@ def test_listen_addresses_take_bracketed_ipv6():
 
     assert parse_listen("[::1]:7780") == ("::1", 7780)
     assert parse_listen("127.0.0.1:80") == ("127.0.0.1", 80)
+
+
+def test_node_metrics_send_every_node_status_zero_included(dsn):
+    # Only the statuses with nodes were sent: when the last alive node went,
+    # {status="alive"} vanished instead of reading 0, and an alert on it
+    # (alive < 3) never fired.
+    from pgq.metrics import _NodeCollector
+
+    snapshot = {"nodes": {"dead": 2}, "bus": {"messages_in": {}, "messages_out": {}, "rejected_total": 0}}
+    families = {f.name: f for f in _NodeCollector(dsn, lambda: snapshot).collect()}
+    counts = {s.labels["status"]: s.value for s in families["pgq_cluster_nodes"].samples}
+    assert counts == {"alive": 0, "suspect": 0, "dead": 2, "left": 0}
