@@ -176,7 +176,13 @@ def _wait_serving(directory: Any, timeout: float, child: Any = None) -> dict[str
     while True:
         state = directory.read() or {}
         pid = directory.running_pid()
-        if pid is not None and state.get("state") == "running" and state.get("dsn"):
+        # The process holding the node's lock is the one node.json says runs
+        # (after a kill -9 it still says "running", with the dead pid, until
+        # the new process writes), and, with --detach, the one started here:
+        # a node already running made the child exit, and this said the
+        # child served.
+        ours = pid is not None and state.get("pid") == pid and (child is None or pid == child.pid)
+        if ours and state.get("state") == "running" and state.get("dsn"):
             return state
         exited = child is not None and child.poll() is not None
         if exited or time.monotonic() >= deadline:

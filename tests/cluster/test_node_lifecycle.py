@@ -65,6 +65,11 @@ def test_one_node_per_directory_and_a_stop_that_stops(node_dir):
     assert f"n1 is already running in {data} (pid {pid})" in again.stderr
     assert json.loads((data / "node.json").read_text()) == state
     assert pgq_cli("node", "wait", "--data", str(data), "--timeout", "5").returncode == 0
+    # Detached, the same: it said "n1 serves" with the pid of the child that exited.
+    detached = pgq_cli("node", "start", "--name", "n1", "--data", str(data), "--bus", other_bus,
+                       "--secret-file", str(secret), "--detach")
+    assert detached.returncode == 1 and "serves" not in detached.stdout
+    assert "exited" in detached.stderr and "already running" in detached.stderr
 
     # The node's status hides the password unless asked.
     status = json.loads(pgq_cli("node", "status", "--data", str(data), "--json").stdout)
