@@ -60,7 +60,7 @@ class _Lease:
                  current: Callable[[], AsyncConnectionPool | None],
                  returned: Callable[[], None] = lambda: None) -> None:
         self.pool = pool  # the pool `conn` came from, and goes back to
-        self.returned = returned  # told each time: the node answers (ClientCore.busy_pool)
+        self.returned = returned  # told each time: the node answers (ClientCore._busy_pool)
         self.conn: psycopg.AsyncConnection[Any] | None = conn
         self.current = current
         self.resumed = time.monotonic()  # when it last took a connection
@@ -218,7 +218,7 @@ class AsyncClient(ClientCore):
             lease: _Lease | None = None
             try:
                 returned = self._returned  # before this call waits in line
-                lease = _Lease(pool, await pool.getconn(), lambda: self._pool, self.returned)
+                lease = _Lease(pool, await pool.getconn(), lambda: self._pool, self._connection_returned)
                 try:
                     value = await work(lease.conn, lease)
                 except PoolTimeout:  # no connection to go on with after a lent wait
@@ -244,7 +244,7 @@ class AsyncClient(ClientCore):
                     deadline = max(deadline, lease.resumed + self.options.reconnect_timeout)
                 if time.monotonic() >= deadline:
                     raise self.unavailable(cause, pool.get_stats()) from cause
-                if isinstance(exc, PoolTimeout) and self.busy_pool(pool.get_stats(), pool.max_size,
+                if isinstance(exc, PoolTimeout) and self._busy_pool(pool.get_stats(), pool.max_size,
                                                                    returned):
                     continue  # the node answers: back in line, no failover
                 if isinstance(exc, PoolTimeout) and await self._fail_over(pool):

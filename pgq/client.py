@@ -60,7 +60,7 @@ class _Lease:
                  current: Callable[[], ConnectionPool | None],
                  returned: Callable[[], None] = lambda: None) -> None:
         self.pool = pool  # the pool `conn` came from, and goes back to
-        self.returned = returned  # told each time: the node answers (ClientCore.busy_pool)
+        self.returned = returned  # told each time: the node answers (ClientCore._busy_pool)
         self.conn: psycopg.Connection[Any] | None = conn
         self.current = current
         self.resumed = time.monotonic()
@@ -208,7 +208,7 @@ class Client(ClientCore):
             lease: _Lease | None = None
             try:
                 returned = self._returned  # before this call waits in line
-                lease = _Lease(pool, pool.getconn(), lambda: self._pool, self.returned)
+                lease = _Lease(pool, pool.getconn(), lambda: self._pool, self._connection_returned)
                 try:
                     return work(lease.conn, lease)
                 except PoolTimeout:  # no connection to go on with after a lent wait
@@ -226,7 +226,7 @@ class Client(ClientCore):
                     deadline = max(deadline, lease.resumed + self.options.reconnect_timeout)
                 if time.monotonic() >= deadline:
                     raise self.unavailable(cause, pool.get_stats(), pool.max_size) from cause
-                if isinstance(exc, PoolTimeout) and self.busy_pool(pool.get_stats(), pool.max_size,
+                if isinstance(exc, PoolTimeout) and self._busy_pool(pool.get_stats(), pool.max_size,
                                                                    returned):
                     continue  # the node answers: back in line, no failover
                 if isinstance(exc, PoolTimeout) and self._fail_over(pool):

@@ -199,7 +199,7 @@ class ClientCore:
         self._host, self._port = _host_and_port(self._dsn)
         self._node_id = ""
         self._last_sweep = 0.0
-        self._returned = 0  # pooled connections given back (see busy_pool)
+        self._returned = 0  # pooled connections given back (see _busy_pool)
         self._cluster = ClusterView(max_age=min(self.options.sweep_interval, 1.0))
 
     @property
@@ -269,11 +269,11 @@ class ClientCore:
         self._last_sweep = now
         return True
 
-    def returned(self) -> None:
+    def _connection_returned(self) -> None:
         """A pooled connection of this client came back to its pool."""
         self._returned += 1
 
-    def busy_pool(self, pool_stats: Mapping[str, int], max_size: int, returned_before: int) -> bool:
+    def _busy_pool(self, pool_stats: Mapping[str, int], max_size: int, returned_before: int) -> bool:
         """Whether a pool timeout came from a node that is busy, not down:
         every connection of the pool was out, and some came back while the
         call waited (their statements ended: the node answers; others in

@@ -191,7 +191,8 @@ def test_stopping_a_node_that_has_not_written_its_pid_names_no_pid(tmp_path):
     with open(tmp_path / "node.lock") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         done = pgq("node", "stop", "--data", str(tmp_path), "--timeout", "0.2", check=False)
-    assert done.returncode == 1 and "-1" not in done.stderr and "not written its pid" in done.stderr
+    said = done.stderr.replace(str(tmp_path), "DIR")  # pytest's own paths hold "-1" (pytest-100)
+    assert done.returncode == 1 and "-1" not in said and "not written its pid" in said
 
 
 def test_a_dsn_libpq_cannot_parse_is_never_echoed_with_its_password():
