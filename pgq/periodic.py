@@ -20,7 +20,9 @@ Invariants, and why:
   so however many workers run the schedule, one of them adds it, once. In
   a cluster, a schedule belongs to the node database it was added to: run
   its schedulers against that node (or give its jobs ``replicate`` so they
-  survive the node).
+  survive the node). Schedules are not shared between nodes: workers that
+  declare one (``@worker.periodic``) on every node save it on every node,
+  and each node adds a job a tick (such a worker logs a warning).
 * **Missed ticks are coalesced.** After downtime (no scheduler running, a
   node down), the scheduler adds one job for the latest missed tick if it
   is at most ``catch_up`` seconds old (an hour by default, per schedule),
@@ -31,6 +33,9 @@ Invariants, and why:
   added in a transaction of its own: a refused add (a paused queue, say)
   is logged and tried again at the scheduler's next look, and the other
   schedules go on.
+* **The database's clock** (``pgq.now()``) decides the ticks, for every
+  scheduler of the database and for a schedule's first tick: machines'
+  clocks differ, and a fast one claimed ticks early for everyone.
 * **Cron expressions** are parsed by ``cronsim`` (five fields, ``@daily``
   and friends, ``L``, ``#``), in the schedule's time zone (``zoneinfo``
   names), so "0 3 * * *" stays at 03:00 local time across DST changes.
@@ -176,8 +181,28 @@ class Schedule:
         return {k: v for k, v in self.options.items() if k in _ADD_OPTIONS}
 
 
-def save(conn: psycopg.Connection[Any], schedule: Schedule, now: dt.datetime) -> None:
-    """Create or change a schedule (its next job: at its next tick)."""
+def database_now(conn: psycopg.Connection[Any]) -> dt.datetime:
+    """The database's clock (``pgq.now()``), which every scheduler of it
+    shares: each machine's own clock decided the ticks, so a scheduler on a
+    host running 2 minutes fast claimed every tick 2 minutes early, and a
+    schedule saved from a host whose clock was past 03:00 at 02:55 skipped
+    that night's tick."""
+    row = conn.execute(sql.DB_NOW).fetchone()
+    assert row is not None
+    now: dt.datetime = row[0]
+    return now
+
+
+def cluster_size(conn: psycopg.Connection[Any]) -> int:
+    """The nodes this database knows in its cluster (1 alone), left ones aside."""
+    row = conn.execute(sql.CLUSTER_SIZE).fetchone()
+    return int(row[0]) if row else 1
+
+
+def save(conn: psycopg.Connection[Any], schedule: Schedule, now: dt.datetime | None = None) -> None:
+    """Create or change a schedule (its next job: at its next tick after
+    ``now``, by default the database's clock)."""
+    now = now or database_now(conn)
     conn.execute(sql.UPSERT_SCHEDULE, {
         "name": schedule.name, "cron": schedule.cron, "tz": schedule.tz, "queue": schedule.queue,
         "body": schedule.body, "options": json.dumps(schedule.options),
@@ -212,15 +237,16 @@ class Scheduler:
         self.next_in = 60.0  # after fire_due: seconds until the next tick of any schedule
 
     def fire_due(self, now: dt.datetime | None = None) -> list[tuple[str, dt.datetime, str]]:
-        """Add the job of every due tick; ``(schedule, tick, job id)`` of each
-        job this call added (another scheduler may have added some)."""
-        now = now or dt.datetime.now(dt.UTC)
+        """Add the job of every due tick (by the database's clock unless
+        ``now`` is given); ``(schedule, tick, job id)`` of each job this call
+        added (another scheduler may have added some)."""
         added = []
         # Autocommit: each schedule's tick is its own transaction, so one
         # whose add is refused (a paused queue, NOREPL) is logged and
         # retried at the next look, and the others' jobs are added (one
         # transaction for all rolled every schedule back, and stopped them).
         with psycopg.connect(self.client.dsn, autocommit=True) as conn:
+            now = now or database_now(conn)
             schedules = load(conn)
             for schedule, last in schedules:
                 tick = due_tick(schedule.cron, schedule.tz, last, now, schedule.catch_up)
@@ -260,9 +286,8 @@ class Scheduler:
 
     def seconds_to_next(self, now: dt.datetime | None = None) -> float:
         """Until the next tick of any schedule (at most 60 s: schedules change)."""
-        now = now or dt.datetime.now(dt.UTC)
         with psycopg.connect(self.client.dsn) as conn:
-            return _until_next(load(conn), now)
+            return _until_next(load(conn), now or database_now(conn))
 
 
 def _until_next(schedules: list[tuple[Schedule, dt.datetime | None]], now: dt.datetime) -> float:

@@ -456,6 +456,9 @@ COPY_JOBS_CONSTANT_TYPES = ("text", "text", "int4", "float8", "float8",
 
 DB_NOW = "SELECT pgq.now()"
 
+# The nodes a database knows in its cluster, left ones aside (1: alone).
+CLUSTER_SIZE = "SELECT greatest(count(*), 1) FROM pgq.cluster_nodes WHERE status <> 'left'"
+
 NOTIFY_QUEUE = f"""
 SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s)::text
 WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)

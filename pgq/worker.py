@@ -260,7 +260,11 @@ class Worker:
                  body: bytes | str = b"", **options: Any) -> Callable[[Handler], Handler]:
         """Decorator: ``fn`` handles ``queue``, and a job is added to it at
         every tick of ``cron`` (in ``tz``), one per tick however many workers
-        run it (see :mod:`pgq.periodic`). Options: replicate, retry, ttl of
+        of this node's database run it (see :mod:`pgq.periodic`). In a
+        cluster each node's database keeps its own schedules: workers that
+        declare it on three nodes add three jobs a tick (the worker logs a
+        warning); declare it on one node's workers, or save it once with
+        ``pgq periodic add --dsn NODE``. Options: replicate, retry, ttl of
         the jobs, catch_up (seconds a missed tick is still added after)."""
         from .periodic import Schedule
 
@@ -388,13 +392,19 @@ class Worker:
     def _save_schedules(self) -> None:
         """The schedules this worker declares, into its database (before it
         serves anything: a worker that stops at once has saved them)."""
-        import datetime as dt
-
         from . import periodic
 
         with psycopg.connect(self.client.dsn, autocommit=True) as conn:
             for schedule in self.schedules:
-                periodic.save(conn, schedule, dt.datetime.now(dt.UTC))
+                periodic.save(conn, schedule)  # by the database's clock
+            nodes = periodic.cluster_size(conn)
+        if nodes > 1:
+            log.warning(
+                "worker: this node is one of %d in a cluster, and each node's database keeps "
+                "its own schedules: if workers on other nodes declare %s too, each adds its "
+                "own job at every tick. Declare periodic tasks on one node's workers only "
+                "(or save them once with `pgq periodic add --dsn NODE`)",
+                nodes, ", ".join(s.name for s in self.schedules))
 
     async def _schedule_forever(self) -> None:
         """Add the due jobs of every schedule of the database, at every tick."""

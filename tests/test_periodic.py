@@ -138,6 +138,28 @@ def test_one_job_per_tick_however_many_schedulers_run(client, dsn):
     assert 0 < schedulers[0].seconds_to_next(at("2026-11-25T09:01")) <= 240
 
 
+def test_ticks_follow_the_databases_clock_not_this_machines(client, dsn):
+    # Each machine's clock decided: a schedule saved at 02:55 from a host
+    # whose clock said 03:01 skipped that night's tick, and a scheduler on a
+    # fast host claimed every tick early. The database's clock (pgq.now(),
+    # set here per session) is the one all schedulers share.
+    from psycopg.conninfo import make_conninfo
+
+    def clocked(when: str) -> str:
+        return make_conninfo(dsn, options=f"-c pgq.now={when}")
+
+    with psycopg.connect(clocked("2030-01-01T02:55:00Z"), autocommit=True) as conn:
+        periodic.save(conn, periodic.Schedule("nightly-db", "0 3 * * *", "db-ticks", b"go"))
+
+    class OnTheDatabasesClock:  # the scheduler's view of its client: a DSN, and the add
+        dsn = clocked("2030-01-01T03:00:30Z")
+        add_job = staticmethod(client.add_job)
+
+    added = periodic.Scheduler(OnTheDatabasesClock()).fire_due()
+    assert [(name, tick) for name, tick, _ in added] == [("nightly-db", at("2030-01-01T03:00"))]
+    assert client.qlen("db-ticks") == 1
+
+
 def test_one_schedule_that_cannot_add_stops_no_other(client, dsn):
     start = at("2026-11-25T08:52")
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -238,6 +260,24 @@ def test_a_workers_periodic_task_is_scheduled_and_served(client, dsn):
     assert len(added) == 1
     run_jobs(worker)
     assert seen == [b""]
+
+
+def test_a_worker_declaring_schedules_on_a_node_of_a_cluster_warns(client, dsn, caplog):
+    # Each node's database keeps its own schedules: workers declaring one on
+    # every node add a job per node at each tick, and the docstring said
+    # "one per tick however many workers run it".
+    worker = pgq.Worker(client, concurrency=1)
+    worker.periodic("0 3 * * *", queue="nightly-c", name="nightly-c")(lambda job: None)
+    with caplog.at_level("WARNING", logger="pgq"):
+        run_jobs(worker)  # saves the schedule; alone: nothing to say
+        assert "each node's database keeps its own schedules" not in caplog.text
+        with psycopg.connect(dsn, autocommit=True) as db:  # two peers, as a node process writes them
+            db.execute("INSERT INTO pgq.nodes (id, host, port, status) VALUES "
+                       "(repeat('b', 40), '127.0.0.1', 7999, 'alive'), "
+                       "(repeat('c', 40), '127.0.0.1', 7998, 'alive')")
+        run_jobs(worker)
+    assert "one of 2 in a cluster, and each node's database keeps its own schedules" in caplog.text
+    assert "nightly-c" in caplog.text
 
 
 def test_the_periodic_commands(dsn):

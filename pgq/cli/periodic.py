@@ -43,8 +43,8 @@ def periodic_add(name: str, cron: str, queue: str, body: str, tz: str, replicate
                if v is not None}
     schedule = periodic.Schedule(name, cron, queue, arg_bytes(body), tz,
                                  {**options, "catch_up": catch_up})
-    now = dt.datetime.now(dt.UTC)
     with client_for(dsn, data) as client, psycopg.connect(client.dsn, autocommit=True) as conn:
+        now = periodic.database_now(conn)  # the schedulers' clock, not this machine's
         periodic.save(conn, schedule, now)
     following = periodic.next_tick(cron, tz, now)
     report({"name": name, "next_tick": following}, as_json, f"{name}: next job {following.isoformat()}")
