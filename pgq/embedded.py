@@ -565,9 +565,10 @@ def _start(data: Path, log: Path, runner: _Runner, preferred_port: int | None,
         probe = "0.0.0.0" if listen == "*" else listen.split(",")[0]
         port = fixed or _free_port(preferred_port, probe)
         _write_runtime_conf(data, runner, port, listen)
+        wait = max(int(deadline - time.monotonic()), 5)
         done = runner.run(
-            "pg_ctl", "start", "-D", str(data), "-l", str(log / "postgres.log"),
-            "-w", "-t", str(max(int(deadline - time.monotonic()), 5)),
+            "pg_ctl", "start", "-D", str(data), "-l", str(log / "postgres.log"), "-w", "-t", str(wait),
+            timeout=wait + 10,  # pg_ctl's own wait ends first (START_TIMEOUT cut a longer one)
         )
         if done.returncode == 0:
             return
