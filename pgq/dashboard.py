@@ -198,6 +198,10 @@ class _Rates:
             self.samples.append((now, counters))
         while len(self.samples) > 1 and now - self.samples[1][0] >= RATE_WINDOW:
             self.samples.popleft()  # keep the newest sample at least a window old
+        while len(self.samples) > 1 and now - self.samples[0][0] > 2 * RATE_WINDOW:
+            # After a quiet spell (no viewer for an hour) the oldest sample is
+            # an hour old: the "live" rate was the hour's average.
+            self.samples.popleft()
         then, before = self.samples[0]
         elapsed = now - then
         return {queue: _rate_pair(before.get(queue), now_counts, elapsed)

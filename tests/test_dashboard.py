@@ -121,6 +121,20 @@ def test_the_overview_shows_queues_lengths_rates_and_pause(boards, client):
     assert (emails["length"], emails["active"], emails["in_rate"], emails["out_rate"]) == (5, 2, 2.0, 1.0)
 
 
+def test_rates_after_a_quiet_spell_are_not_the_spells_average(boards, client):
+    # Nobody looked for an hour: the next rate was the average over the
+    # hour (an idle queue showed its old traffic), not over ~10 s.
+    clock = Clock()
+    board = boards(clock=clock)
+    client.add_job("quiet", b"x", retry=30)
+    board.get("/api/overview")
+    client.add_jobs("quiet", [b"x"] * 3600, retry=30)  # during the hour nobody looked
+    clock.now += 3600
+    assert queue_of(board.get("/api/overview").json(), "quiet")["in_rate"] is None  # was 1.0/s
+    clock.now += 2
+    assert queue_of(board.get("/api/overview").json(), "quiet")["in_rate"] == 0.0  # idle now
+
+
 def test_a_queue_shows_its_stats_and_next_jobs(boards, client):
     ids = client.add_jobs("q/with slash", ["x" * 500, "<b>y</b>"], retry=30)
     data = boards().get("/api/queues/" + "q/with slash").json()
