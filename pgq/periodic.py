@@ -209,10 +209,13 @@ def save(conn: psycopg.Connection[Any], schedule: Schedule, now: dt.datetime | N
         "start_tick": latest_tick(schedule.cron, schedule.tz, now)})
 
 
-def load(conn: psycopg.Connection[Any]) -> list[tuple[Schedule, dt.datetime | None]]:
+def load(conn: psycopg.Connection[Any], broken: list[tuple[str, str]] | None = None,
+         ) -> list[tuple[Schedule, dt.datetime | None]]:
     """Every valid schedule of the database, with its last tick. A row made
     invalid by hand (its cron, time zone or options) is logged and left
-    out: it must not stop the others."""
+    out: it must not stop the others. ``broken`` gets ``(name, why)`` of
+    each such row (``pgq periodic list`` shows them: hidden, their names
+    could not be found to remove them)."""
     out = []
     for name, cron, tz, queue, body, options, last in conn.execute(sql.SCHEDULES).fetchall():
         try:
@@ -221,6 +224,8 @@ def load(conn: psycopg.Connection[Any]) -> list[tuple[Schedule, dt.datetime | No
             out.append((Schedule(name, cron, queue, bytes(body), tz, dict(options or {})), last))
         except (InvalidArgumentError, InvalidTypeError) as exc:
             log.warning("periodic: schedule %s is skipped: %s", name, exc)
+            if broken is not None:
+                broken.append((name, str(exc)))
     return out
 
 

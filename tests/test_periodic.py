@@ -293,6 +293,15 @@ def test_the_periodic_commands(dsn):
         ("reports", "*/10 * * * *", "reports", {"replicate": 1, "catch_up": 3600.0})]
     bad = pgq_cli("add", "x", "every day", "--queue", "q")
     assert bad.returncode == 1 and "invalid cron expression" in bad.stderr
+    # A row made invalid by hand is listed, with why: it was hidden, and its
+    # name could not be found to remove it.
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO pgq.periodic (name, cron, queue, tz) VALUES ('mars', '0 3 * * *', 'q', "
+                     "'Mars/Olympus')")
+    listed = {s["name"]: s for s in json.loads(pgq_cli("list", "--json").stdout)}
+    assert listed["mars"]["next_tick"].startswith("never (invalid: ") and "Mars/Olympus" in \
+        listed["mars"]["next_tick"]
+    assert pgq_cli("remove", "mars").returncode == 0
     assert pgq_cli("remove", "reports").returncode == 0
     missing = pgq_cli("remove", "reports")
     assert missing.returncode == 3 and "no schedule named reports" in missing.stderr

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
+from typing import Any
 
 import click
 
@@ -60,13 +60,18 @@ def periodic_list(as_json: bool, dsn: str | None, data: str | None) -> None:
 
     from .. import periodic
 
-    now = dt.datetime.now(dt.UTC)
+    broken: list[tuple[str, str]] = []
     with client_for(dsn, data) as client, psycopg.connect(client.dsn) as conn:
-        schedules = periodic.load(conn)
-    rows = [(s.name, s.cron, s.tz, s.queue, last.isoformat() if last else None,
-             periodic.next_tick(s.cron, s.tz, now).isoformat(),
-             s.options if as_json else json.dumps(s.options))
-            for s, last in schedules]
+        now = periodic.database_now(conn)  # the schedulers' clock
+        schedules = periodic.load(conn, broken)
+    rows: list[tuple[Any, ...]] = [
+        (s.name, s.cron, s.tz, s.queue, last.isoformat() if last else None,
+         periodic.next_tick(s.cron, s.tz, now).isoformat(),
+         s.options if as_json else json.dumps(s.options))
+        for s, last in schedules]
+    # A row made invalid by hand adds no job: listed with why, so that it
+    # can be fixed or removed (`pgq periodic remove NAME`).
+    rows += [(name, None, None, None, None, f"never (invalid: {why})", None) for name, why in broken]
     table(rows, ("name", "cron", "tz", "queue", "last_tick", "next_tick", "options"), as_json,
           empty_is_missing=True)
 
