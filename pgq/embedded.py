@@ -493,10 +493,26 @@ def _prepare_directories(home: Path, runner: _Runner) -> tuple[Path, Path]:
                 "a directory such as /var/lib/pgq or /tmp/pgq"
             )
     data, log = home / "data", home / "log"
+    server_uid = pwd.getpwnam(runner.user).pw_uid if runner.user is not None else os.getuid()
+    if (data / "PG_VERSION").exists() and data.stat().st_uid != server_uid:
+        # Another user's server (sudo -E with that user's PGQ_HOME): taken
+        # over, its data/ changed hands and its own server lost access to it.
+        owner = _user_name(data.stat().st_uid)
+        raise EmbeddedServerError(
+            f"the server in {home} belongs to user {owner}: run pgq as that user, or choose "
+            "another PGQ_HOME (root runs the server as "
+            f"{runner.user or 'itself'}, and leaves another user's server alone)")
     for directory in (data, log):
         directory.mkdir(mode=0o700, exist_ok=True)
         runner.chown(directory)
     return data, log
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _initdb(home: Path, data: Path, runner: _Runner) -> Instance:

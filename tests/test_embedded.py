@@ -167,6 +167,19 @@ def test_a_home_the_server_cannot_use_is_a_typed_error(tmp_path):
     assert "a directory this user may write" in done.stderr
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="takes another user's home: needs root")
+def test_root_leaves_another_users_server_alone(fresh_home):
+    # sudo -E with a user's PGQ_HOME: root chowned that user's data/ to the
+    # server user, and neither could run the server any more.
+    home = fresh_home
+    (home / "data").mkdir(parents=True)
+    (home / "data" / "PG_VERSION").write_text("15\n")
+    os.chown(home / "data", 65534, 65534)  # nobody's
+    with pytest.raises(EmbeddedServerError, match="belongs to user nobody"):
+        embedded.ensure_running(home)
+    assert (home / "data").stat().st_uid == 65534  # untouched
+
+
 def test_cli_status_and_stop(home):
     embedded.ensure_running(home)
     env = {**os.environ, "PGQ_HOME": str(home)}
