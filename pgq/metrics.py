@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 __all__ = ["WorkerMetrics", "NodeMetrics", "parse_listen"]
 
 NODE_STATUSES = ("alive", "suspect", "dead", "left")  # pgq_cluster_nodes, each always sent
+SCRAPE_TIMEOUT_MS = 5000  # a scrape's statement; Prometheus' own default timeout is 10 s
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -84,6 +85,8 @@ class _NodeCollector(Collector):
     def collect(self) -> Iterator[Any]:
         import psycopg
 
+        from .statements import QUEUE_METRICS
+
         length = GaugeMetricFamily("pgq_queue_length", "jobs queued", labels=["queue"])
         active = GaugeMetricFamily("pgq_queue_active", "jobs active (delivered, delayed, copies)",
                                    labels=["queue"])
@@ -94,9 +97,12 @@ class _NodeCollector(Collector):
         up = GaugeMetricFamily("pgq_database_up", "1 if the queue statistics were read from "
                                "the database at this scrape, else 0")
         try:
-            with psycopg.connect(self.dsn, connect_timeout=3) as conn:
-                rows = conn.execute(
-                    "SELECT queue, length, active, jobs_in, jobs_out FROM pgq.queue_stats").fetchall()
+            # Bounded: a scrape waiting on a lock (a migration, VACUUM FULL)
+            # held its thread and its connection, and the next scrapes piled
+            # up behind it.
+            with psycopg.connect(self.dsn, connect_timeout=3,
+                                 options=f"-c statement_timeout={SCRAPE_TIMEOUT_MS}") as conn:
+                rows = conn.execute(QUEUE_METRICS).fetchall()
             up.add_metric([], 1)
         except psycopg.Error:
             rows = []

@@ -456,6 +456,9 @@ COPY_JOBS_CONSTANT_TYPES = ("text", "text", "int4", "float8", "float8",
 
 DB_NOW = "SELECT pgq.now()"
 
+# What a Prometheus scrape reads (pgq.metrics): per queue, from the public view.
+QUEUE_METRICS = "SELECT queue, length, active, jobs_in, jobs_out FROM pgq.queue_stats"
+
 # The nodes a database knows in its cluster, left ones aside (1: alone).
 CLUSTER_SIZE = "SELECT greatest(count(*), 1) FROM pgq.cluster_nodes WHERE status <> 'left'"
 
