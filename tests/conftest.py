@@ -167,6 +167,35 @@ def wait_until(predicate: Callable[[], object], timeout: float = 20.0, every: fl
 
 
 
+class TableLock:
+    """Another session holding ``LOCK TABLE <table> IN ACCESS EXCLUSIVE MODE``
+    (as a migration or VACUUM FULL does), from a thread, for at most 20 s:
+    a regression fails, it does not hang. :meth:`take` returns once the lock
+    is held; :meth:`release` lets it go and waits for the thread."""
+
+    def __init__(self, dsn: str, table: str) -> None:
+        import threading
+
+        self.dsn, self.table = dsn, table
+        self.locked, self.released = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, daemon=True)
+
+    def _hold(self) -> None:
+        with psycopg.connect(self.dsn) as admin:
+            admin.execute(f"LOCK TABLE {self.table} IN ACCESS EXCLUSIVE MODE")
+            self.locked.set()
+            self.released.wait(20)
+
+    def take(self) -> None:
+        self.thread.start()
+        assert self.locked.wait(10), f"{self.table} locked"
+
+    def release(self) -> None:
+        self.released.set()
+        if self.thread.is_alive():
+            self.thread.join(30)
+
+
 async def async_wait_until(predicate: Callable[[], Awaitable[object]], timeout: float = 20.0,
                            every: float = 0.05) -> object:
     """:func:`wait_until` for async tests: polls an awaitable predicate (a

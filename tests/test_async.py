@@ -249,28 +249,19 @@ async def test_a_get_waiting_to_join_the_shared_listener_is_cancellable(dsn):
     # locked pgq.waiters (a migration, VACUUM FULL) holds up. The join was
     # shielded: asyncio's cancellation of the GET waited for the lock.
     import asyncio
-    import threading
 
-    locked, release = threading.Event(), threading.Event()
+    from .conftest import TableLock
 
-    def hold_the_lock() -> None:  # at most 20 s: a regression fails, it does not hang
-        with psycopg.connect(dsn) as admin:
-            admin.execute("LOCK TABLE pgq.waiters IN ACCESS EXCLUSIVE MODE")
-            locked.set()
-            release.wait(20)
-
-    holder = threading.Thread(target=hold_the_lock)
+    lock = TableLock(dsn, "pgq.waiters")
     # The sweep (which also waits for the lock) made now, not in the GET.
     async with pgq.AsyncClient(dsn, sweep_interval=3600) as client:
         await client.sweep()
-        holder.start()
         try:
-            assert await anyio.to_thread.run_sync(locked.wait, 10)
+            await anyio.to_thread.run_sync(lock.take)
             began = time.monotonic()
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(client.get_job("unregistered", timeout=15), 1)
             # 1 s, and the time to see it through: it took the lock's 20 s
             assert time.monotonic() - began < 8
         finally:
-            release.set()
-            await anyio.to_thread.run_sync(holder.join, 30)
+            await anyio.to_thread.run_sync(lock.release)

@@ -518,30 +518,18 @@ def test_node_metrics_send_every_node_status_zero_included(dsn):
 def test_a_scrape_that_waits_on_a_lock_gives_up_and_says_so(dsn, monkeypatch):
     # No statement timeout: a scrape behind a lock (a migration, VACUUM FULL)
     # held its thread and connection, and the next ones piled up.
-    import threading
-
-    import psycopg
-
     from pgq import metrics
 
+    from .conftest import TableLock
+
     monkeypatch.setattr(metrics, "SCRAPE_TIMEOUT_MS", 300)
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_lock() -> None:  # at most 20 s: a regression fails, it does not hang
-        with psycopg.connect(dsn) as admin:
-            admin.execute("LOCK TABLE pgq.queue_counters IN ACCESS EXCLUSIVE MODE")
-            locked.set()
-            release.wait(20)
-
-    holder = threading.Thread(target=hold_the_lock)
-    holder.start()
+    lock = TableLock(dsn, "pgq.queue_counters")
     try:
-        assert locked.wait(10)
+        lock.take()
         snapshot = {"nodes": {}, "bus": {"messages_in": {}, "messages_out": {}, "rejected_total": 0}}
         began = time.monotonic()
         families = {f.name: f for f in metrics._NodeCollector(dsn, lambda: snapshot).collect()}
         assert time.monotonic() - began < 10  # 0.3 s and the connect; it took the lock's 20 s
         assert [s.value for s in families["pgq_database_up"].samples] == [0]
     finally:
-        release.set()
-        holder.join(30)
+        lock.release()

@@ -263,13 +263,15 @@ def test_a_dashboard_beyond_loopback_needs_the_token_to_read_too(dsn, client):
 
 
 @contextlib.contextmanager
-def _dashboard_beyond_loopback(dsn: str, tmp_path: Path) -> Iterator[str]:
-    """A real `pgq dashboard` on 0.0.0.0 (so its reads are private), with TOKEN."""
-    token_file = tmp_path / "token"
+def _dashboard_process(dsn: str, listen_host: str, token_dir: Path) -> Iterator[str]:
+    """A real `pgq dashboard` process on ``dsn``, listening on ``listen_host``
+    (0.0.0.0: beyond loopback, so its reads are private), with TOKEN; its
+    base URL (over loopback), once it answers. Stopped on exit."""
+    token_file = token_dir / "token"
     token_file.write_text(TOKEN + "\n")
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "pgq", "dashboard", "--listen", f"0.0.0.0:{port}",
+        [sys.executable, "-m", "pgq", "dashboard", "--listen", f"{listen_host}:{port}",
          "--token-file", str(token_file), "--dsn", dsn],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
@@ -288,6 +290,10 @@ def _dashboard_beyond_loopback(dsn: str, tmp_path: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(10)
+
+
+def _dashboard_beyond_loopback(dsn: str, tmp_path: Path) -> contextlib.AbstractContextManager[str]:
+    return _dashboard_process(dsn, "0.0.0.0", tmp_path)
 
 
 def test_pgq_dashboard_beyond_loopback_serves_its_data_with_the_token_only(dsn, tmp_path):
@@ -371,29 +377,9 @@ def cluster() -> Iterator[tuple[LocalCluster, str]]:
 def dashboard(cluster, tmp_path_factory) -> Iterator[str]:
     """A real `pgq dashboard` process on n1's database, actions behind TOKEN."""
     local, _ = cluster
-    token_file = tmp_path_factory.mktemp("dashboard") / "token"
-    token_file.write_text(TOKEN + "\n")
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pgq", "dashboard", "--listen", f"127.0.0.1:{port}",
-         "--token-file", str(token_file), "--dsn", local.nodes[0].dsn],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert process.poll() is None, process.stdout.read().decode()  # type: ignore[union-attr]
-        return answers(base)
-
-    try:
-        wait_until(up, 30, message="the dashboard to answer")
+    with _dashboard_process(local.nodes[0].dsn, "127.0.0.1",
+                            tmp_path_factory.mktemp("dashboard")) as base:
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
 
 
 @pytest.fixture

@@ -215,31 +215,22 @@ async def test_closing_a_client_is_bounded_when_its_registration_cannot_be_dropp
     # The 1 s bound on dropping the registration was inside a shield, and
     # did nothing: a locked pgq.waiters (a migration, VACUUM FULL), a
     # paused server or a silent network held close() (and a node's stop).
-    import threading
     import time
 
-    locked, release = threading.Event(), threading.Event()
-
-    def hold_the_lock() -> None:  # at most 20 s: a regression fails, it does not hang
-        with psycopg.connect(dsn) as admin:
-            admin.execute("LOCK TABLE pgq.waiters IN ACCESS EXCLUSIVE MODE")
-            locked.set()
-            release.wait(20)
+    from .conftest import TableLock
 
     client = pgq.AsyncClient(dsn)
     await client.__aenter__()
-    holder = threading.Thread(target=hold_the_lock, daemon=True)
+    lock = TableLock(dsn, "pgq.waiters")
     try:
         assert await client.get_job("locked", timeout=0.05) == []  # registered, lingering
-        holder.start()
-        assert locked.wait(10)
+        lock.take()
         began = time.monotonic()
         await client.__aexit__(None, None, None)
         # 1 s for the registration, then the pool's close; it took the 20 s
         assert time.monotonic() - began < 10
     finally:
-        release.set()
-        holder.join(30)
+        lock.release()
         await client.close()
 
 
