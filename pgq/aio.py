@@ -156,9 +156,7 @@ class AsyncClient(ClientCore):
             self._node_id = node_id
             pool = await self._open_pool()
             if self._closed:  # closed while this opened: the pool would never be closed
-                _, cancelled = await cancelsafe.finish(pool.close)
-                if cancelled is not None:
-                    raise cancelled
+                await cancelsafe.complete(pool.close)
                 raise DatabaseUnavailableError("this AsyncClient is closed")
             self._pool = pool
 
@@ -185,9 +183,7 @@ class AsyncClient(ClientCore):
             log.warning("pgq: node database unreachable, failing over to %s:%s",
                         self._host, self._port)
             self._pool = await self._open_pool()
-        _, cancelled = await cancelsafe.finish(failed.close, 1.0)
-        if cancelled is not None:
-            raise cancelled
+        await cancelsafe.complete(failed.close, 1.0)
         return True
 
     @staticmethod
@@ -305,9 +301,7 @@ class AsyncClient(ClientCore):
         # Whoever cancels the closing task (a framework's shutdown, a
         # timeout), the pools close: left open, their connections and
         # worker tasks leaked.
-        _, cancelled = await cancelsafe.finish(self._close)
-        if cancelled is not None:
-            raise cancelled
+        await cancelsafe.complete(self._close)
 
     async def _close(self) -> None:
         try:

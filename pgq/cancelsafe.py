@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-__all__ = ["settle", "finish", "anyio_cancelled", "attach", "undelivered"]
+__all__ = ["settle", "finish", "complete", "anyio_cancelled", "attach", "undelivered"]
 
 T = TypeVar("T")
 
@@ -127,6 +127,16 @@ async def finish(fn: Callable[..., Awaitable[T]], *args: Any) -> tuple[T, BaseEx
     if cancelled is not None:
         raise cancelled from value
     raise value
+
+
+async def complete(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """:func:`finish`, then asyncio's cancellation that arrived meanwhile
+    raised at once: for work whose caller has nothing to hand over after it
+    (closing a pool)."""
+    value, cancelled = await finish(fn, *args)
+    if cancelled is not None:
+        raise cancelled
+    return value
 
 
 def anyio_cancelled() -> bool:

@@ -287,13 +287,18 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 
+def _carries(token: str | None, request: Request) -> bool:
+    """Whether the request carries the dashboard token (compared in constant time)."""
+    sent = request.headers.get("authorization", "")
+    return bool(token) and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
+
+
 def _refusal(token: str | None, request: Request) -> JSONResponse | None:
     """403 unless actions are enabled and the request carries the token."""
     if not token:
         return error_response("read_only", "this dashboard is read-only: start it with --token-file "
                                    "to allow actions", 403)
-    sent = request.headers.get("authorization", "")
-    if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+    if not _carries(token, request):
         return error_response("forbidden", "this action needs the dashboard token "
                                    "(Authorization: Bearer <token>)", 403)
     return None
@@ -301,8 +306,7 @@ def _refusal(token: str | None, request: Request) -> JSONResponse | None:
 
 def _unauthorized(token: str | None, request: Request) -> JSONResponse | None:
     """401 unless the request carries the token (a private dashboard's reads)."""
-    sent = request.headers.get("authorization", "")
-    if token and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
+    if _carries(token, request):
         return None
     return error_response("unauthorized", "this dashboard listens beyond loopback: its data "
                           "needs the dashboard token (Authorization: Bearer <token>)", 401)

@@ -343,9 +343,13 @@ class AsyncDriver:
         (which passes anyio's shields) is kept for the next point where a
         cancellation may be taken (pgq.cancelsafe)."""
         value, cancelled = await cancelsafe.finish(fn, *args)
+        self._hold_off(cancelled)
+        return value
+
+    def _hold_off(self, cancelled: BaseException | None) -> None:
+        """Keep asyncio's cancellation (the first) for when one may be taken."""
         if cancelled is not None and self._cancelled is None:
             self._cancelled = cancelled
-        return value
 
     def _stop_if_cancelled(self) -> None:
         if self._cancelled is not None:
@@ -462,8 +466,7 @@ class AsyncDriver:
         # Never raises a cancellation here (run() raises it, with what the
         # command returned): asyncio's is kept like a request's.
         ok, error, cancelled = await cancelsafe.settle(self._unlisten)
-        if cancelled is not None and self._cancelled is None:
-            self._cancelled = cancelled
+        self._hold_off(cancelled)
         if not ok and not isinstance(error, psycopg.Error):
             assert isinstance(error, BaseException)
             raise error

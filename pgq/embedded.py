@@ -438,7 +438,6 @@ def _hba_source() -> str | None:
     return source or None
 
 
-_LOOPBACK = ("localhost", "::1")
 _SAMEHOST_RULE = "host all all samehost scram-sha-256"
 
 
@@ -449,7 +448,7 @@ def _allow_samehost(data: Path, address: str) -> bool:
     from 10.0.0.5: a node on such an address could not log in to its own
     server. Other machines still need PGQ_EMBEDDED_HBA. True if the rule
     was added now."""
-    if address in _LOOPBACK or address.startswith("127."):
+    if ports.is_loopback(address):
         return False
     hba = data / "pg_hba.conf"
     if _SAMEHOST_RULE in hba.read_text():

@@ -14,10 +14,11 @@ could, and a random choice among some twenty thousand makes that rare.
 
 from __future__ import annotations
 
+import ipaddress
 import random
 import socket
 
-__all__ = ["free_port", "bindable"]
+__all__ = ["free_port", "bindable", "is_loopback"]
 
 _DEFAULT_EPHEMERAL = (32768, 60999)
 _LOWEST = 10000  # below: well-known and registered services
@@ -68,3 +69,14 @@ def bindable(host: str, port: int, reuse_address: bool = False) -> int | None:
         except OSError:
             return None
         return int(sock.getsockname()[1])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) is this machine's loopback:
+    ``localhost``, 127.0.0.0/8 or ::1. Any other name counts as beyond it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

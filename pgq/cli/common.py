@@ -22,7 +22,6 @@ object per line instead. Progress bars and notes go to stderr.
 from __future__ import annotations
 
 import functools
-import ipaddress
 import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -36,6 +35,7 @@ from rich.text import Text
 
 from ..errors import PgqError, first_line
 from ..jsonable import dumps
+from ..ports import is_loopback
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=False, soft_wrap=True)
@@ -238,15 +238,6 @@ def target_options(func: F) -> F:
     return func
 
 
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def listen_address(option: str, text: str, secret: str | None,
                    secret_option: str = "--token-file") -> tuple[str, int]:
     """(host, port) of a server's ``option`` HOST:PORT. Beyond loopback only
@@ -258,7 +249,7 @@ def listen_address(option: str, text: str, secret: str | None,
         host, port = parse_listen(text)
     except ValueError:
         raise click.UsageError(f"{option} wants HOST:PORT, not {text!r}") from None
-    if not secret and not _loopback(host):
+    if not secret and not is_loopback(host):
         raise click.UsageError(f"{option}: listening on {host} (beyond loopback) needs a secret: "
                                f"{secret_option} FILE")
     return host, port
