@@ -17,12 +17,32 @@ Invariants, and why:
 * **One job per tick on a database.** Schedules live in ``pgq.periodic``;
   a scheduler adds a tick's job in the same transaction as it moves the
   schedule's ``last_tick`` forward (``CLAIM_TICK``, under the row's lock),
-  so however many workers run the schedule, one of them adds it, once. In
-  a cluster, a schedule belongs to the node database it was added to: run
-  its schedulers against that node (or give its jobs ``replicate`` so they
-  survive the node). Schedules are not shared between nodes: workers that
-  declare one (``@worker.periodic``) on every node save it on every node,
-  and each node adds a job a tick (such a worker logs a warning).
+  so however many workers run the schedule, one of them adds it, once.
+* **One job per tick in a cluster.** A schedule's name names one schedule
+  in the cluster, whichever nodes' databases hold it (workers that declare
+  it on every node save it on every node). Every scheduler also claims
+  the tick in one place, the *tick home*: the database of the live node
+  (not leaving) with the lowest ID, as its own database's membership sees
+  it (``pgq.periodic_claims``, ``CLAIM_CLUSTER_TICK``: moved forward
+  only). Only the winner adds the job, on its own node (give the jobs
+  ``replicate`` so they survive it). A scheduler whose home is its own
+  database claims in the transaction that adds the job; another node's
+  claims over the DSN the home advertised (``--advertise-dsn``) while it
+  holds its own row's lock, then adds and commits. Hence, and why:
+
+  - a scheduler that dies between the home's claim and its own commit
+    loses that tick (two databases commit apart; a lost tick is the
+    failure a periodic task survives, a doubled one may not be);
+  - while the nodes' views of the membership differ (a node just failed
+    or came back), two homes may each grant a tick once, and a new home
+    that never saw a schedule's claims grants the catch-up tick again if
+    the claimer's own scheduler missed it;
+  - a home that cannot be reached gives no tick until it can or the
+    membership drops it (the tick is late, not lost: it is tried again
+    at the next look, within ``catch_up``);
+  - a home that advertised no DSN, or whose schema predates the claims,
+    cannot be shared: each node then adds its own job a tick, as before
+    (the worker logs a warning).
 * **Missed ticks are coalesced.** After downtime (no scheduler running, a
   node down), the scheduler adds one job for the latest missed tick if it
   is at most ``catch_up`` seconds old (an hour by default, per schedule),
@@ -58,13 +78,15 @@ import psycopg
 
 from . import arguments as args
 from . import statements as sql
-from .errors import InvalidArgumentError, InvalidTypeError, PgqError
+from .errors import InvalidArgumentError, InvalidTypeError, PgqError, first_line
 
-__all__ = ["Schedule", "Scheduler", "due_tick", "latest_tick", "next_tick", "DEFAULT_CATCH_UP"]
+__all__ = ["Schedule", "Scheduler", "TickHome", "tick_home", "due_tick", "latest_tick", "next_tick",
+           "DEFAULT_CATCH_UP"]
 
 log = logging.getLogger("pgq.periodic")
 DEFAULT_CATCH_UP = 3600.0
 ON_TIME = 60.0  # seconds: the scheduler's longest sleep between two looks (_until_next)
+HOME_TIMEOUT = 5  # seconds: to connect to the tick home, and for its claim
 _ADD_OPTIONS = ("replicate", "retry", "ttl")
 
 
@@ -199,6 +221,27 @@ def cluster_size(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 1
 
 
+@dataclass(frozen=True)
+class TickHome:
+    """Where the schedulers of a cluster claim their ticks (see the module
+    doc): the live node with the lowest ID."""
+
+    node: str  # its node ID
+    myself: bool  # the database this scheduler runs on
+    dsn: str | None  # the DSN it advertised (None: this node's, or none advertised)
+    me: str  # this node's ID (the claim names it)
+
+
+def tick_home(conn: psycopg.Connection[Any]) -> TickHome | None:
+    """The tick home as this node's database sees it; None when the
+    database is no node of a cluster."""
+    row = conn.execute(sql.TICK_HOME).fetchone()
+    if row is None:
+        return None
+    node, myself, dsn, me = row
+    return TickHome(node, bool(myself), dsn, me or "")
+
+
 def save(conn: psycopg.Connection[Any], schedule: Schedule, now: dt.datetime | None = None) -> None:
     """Create or change a schedule (its next job: at its next tick after
     ``now``, by default the database's clock)."""
@@ -240,6 +283,7 @@ class Scheduler:
     def __init__(self, client: Any) -> None:
         self.client = client  # a pgq.Client on the database
         self.next_in = 60.0  # after fire_due: seconds until the next tick of any schedule
+        self._unshared: set[str] = set()  # tick homes that cannot share ticks (warned once)
 
     def fire_due(self, now: dt.datetime | None = None) -> list[tuple[str, dt.datetime, str]]:
         """Add the job of every due tick (by the database's clock unless
@@ -285,9 +329,44 @@ class Scheduler:
                 "options": json.dumps(schedule.options)}).fetchone()
             if row is None:
                 return None
+            if not self._claim_in_cluster(conn, schedule.name, tick):
+                return None  # another node's scheduler took it: last_tick moves, no job
             job_id: str = self.client.add_job(schedule.queue, schedule.body, conn=conn,
                                               **schedule.add_options())
             return job_id
+
+    def _claim_in_cluster(self, conn: psycopg.Connection[Any], name: str,
+                          tick: dt.datetime) -> bool:
+        """Claim ``tick`` at the tick home (see the module doc): True if this
+        scheduler won it, or if this database is no node of a cluster, or
+        if the home cannot share its ticks. A home that does not answer is
+        a PgqError: the caller's transaction rolls back, and the tick is
+        tried again at the next look."""
+        home = tick_home(conn)
+        if home is None:
+            return True
+        claim = {"name": name, "tick": tick, "node": home.me}
+        if home.myself:
+            return conn.execute(sql.CLAIM_CLUSTER_TICK, claim).fetchone() is not None
+        if home.dsn is None:
+            self._cannot_share(home, "it advertised no DSN (--advertise-dsn)")
+            return True
+        try:
+            with psycopg.connect(home.dsn, autocommit=True, connect_timeout=HOME_TIMEOUT) as remote:
+                remote.execute(f"SET statement_timeout = '{HOME_TIMEOUT}s'")
+                return remote.execute(sql.CLAIM_CLUSTER_TICK, claim).fetchone() is not None
+        except psycopg.errors.UndefinedTable:
+            self._cannot_share(home, "its pgq is older (no pgq.periodic_claims)")
+            return True
+        except psycopg.Error as exc:
+            raise PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer "
+                           f"({first_line(exc)}); the tick is tried again at the next look") from None
+
+    def _cannot_share(self, home: TickHome, why: str) -> None:
+        if home.node not in self._unshared:
+            self._unshared.add(home.node)
+            log.warning("periodic: the cluster's tick home, node %s, cannot share ticks: %s. "
+                        "Each node adds its own job a tick", home.node[:8], why)
 
     def seconds_to_next(self, now: dt.datetime | None = None) -> float:
         """Until the next tick of any schedule (at most 60 s: schedules change)."""

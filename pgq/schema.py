@@ -52,7 +52,7 @@ from .contracts import OUTBOX_KINDS
 
 __all__ = ["SCHEMA", "metadata", "jobs", "history", "acks", "queues", "queue_counters",
            "waiters", "meta", "outbox", "nodes", "queue_imports", "dead_letters", "ingests",
-           "results", "periodic", "CTIME_DEFAULT"]
+           "results", "periodic", "periodic_claims", "CTIME_DEFAULT"]
 
 SCHEMA = "pgq"
 metadata = MetaData(schema=SCHEMA)
@@ -365,4 +365,19 @@ periodic = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False,
            server_default=text("pgq.now()")),
     PrimaryKeyConstraint("name", name="periodic_pkey"),
+)
+
+# The cluster's claims of periodic ticks (schema 0018), in the database of
+# the tick home (pgq.periodic): the last tick claimed for each schedule
+# name, and by which node; one claim per tick however many nodes hold the
+# schedule.
+periodic_claims = Table(
+    "periodic_claims",
+    metadata,
+    Column("name", Text(collation=C), nullable=False),
+    Column("last_tick", DateTime(timezone=True), nullable=False),
+    Column("claimed_by", Text, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False,
+           server_default=text("pgq.now()")),
+    PrimaryKeyConstraint("name", name="periodic_claims_pkey"),
 )

@@ -1129,3 +1129,28 @@ WHERE name = %(name)s AND (last_tick IS NULL OR last_tick < %(tick)s)
   AND options = %(options)s::jsonb
 RETURNING queue, body, options
 """
+
+# In a cluster the tick is also claimed in the tick home's database
+# (pgq.periodic, "One job per tick in a cluster"): one row per schedule
+# name, moved forward only. A claim row is never deleted with a schedule:
+# other nodes may still hold that schedule, and a tick claimed twice is a
+# job added twice.
+CLAIM_CLUSTER_TICK = """
+INSERT INTO pgq.periodic_claims AS c (name, last_tick, claimed_by)
+VALUES (%(name)s, %(tick)s, %(node)s)
+ON CONFLICT (name) DO UPDATE
+SET last_tick = excluded.last_tick, claimed_by = excluded.claimed_by, updated_at = pgq.now()
+WHERE c.last_tick < excluded.last_tick
+RETURNING claimed_by
+"""
+
+# The tick home: the live node (not leaving) with the lowest ID, this one
+# included, as this database's membership sees it; with the DSN it
+# advertised (NULL: this node, or a peer that advertised none). No row:
+# not a node of a cluster.
+TICK_HOME = """
+SELECT c.id, c.myself, n.dsn, pgq.meta_value('node_id') AS me
+FROM pgq.cluster_nodes c LEFT JOIN pgq.nodes n ON n.id = c.id AND NOT c.myself
+WHERE c.status = 'alive' AND NOT c.leaving
+ORDER BY c.id COLLATE "C" LIMIT 1
+"""

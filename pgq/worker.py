@@ -260,12 +260,10 @@ class Worker:
                  body: bytes | str = b"", **options: Any) -> Callable[[Handler], Handler]:
         """Decorator: ``fn`` handles ``queue``, and a job is added to it at
         every tick of ``cron`` (in ``tz``), one per tick however many workers
-        of this node's database run it (see :mod:`pgq.periodic`). In a
-        cluster each node's database keeps its own schedules: workers that
-        declare it on three nodes add three jobs a tick (the worker logs a
-        warning); declare it on one node's workers, or save it once with
-        ``pgq periodic add --dsn NODE``. Options: replicate, retry, ttl of
-        the jobs, catch_up (seconds a missed tick is still added after)."""
+        of the cluster run it (see :mod:`pgq.periodic`: the schedulers of
+        every node claim each tick at one node's database, the tick home).
+        Options: replicate, retry, ttl of the jobs, catch_up (seconds a
+        missed tick is still added after)."""
         from .periodic import Schedule
 
         def register(fn: Handler) -> Handler:
@@ -397,14 +395,15 @@ class Worker:
         with psycopg.connect(self.client.dsn, autocommit=True) as conn:
             for schedule in self.schedules:
                 periodic.save(conn, schedule)  # by the database's clock
+            home = periodic.tick_home(conn)
             nodes = periodic.cluster_size(conn)
-        if nodes > 1:
+        if home is not None and not home.myself and home.dsn is None:
             log.warning(
-                "worker: this node is one of %d in a cluster, and each node's database keeps "
-                "its own schedules: if workers on other nodes declare %s too, each adds its "
-                "own job at every tick. Declare periodic tasks on one node's workers only "
-                "(or save them once with `pgq periodic add --dsn NODE`)",
-                nodes, ", ".join(s.name for s in self.schedules))
+                "worker: this node is one of %d in a cluster, and the cluster's tick home "
+                "(node %s) advertised no DSN, so ticks cannot be shared: if workers on other "
+                "nodes declare %s too, each adds its own job at every tick. Start the nodes "
+                "with --advertise-dsn, or declare periodic tasks on one node's workers only",
+                nodes, home.node[:8], ", ".join(s.name for s in self.schedules))
 
     async def _schedule_forever(self) -> None:
         """Add the due jobs of every schedule of the database, at every tick."""

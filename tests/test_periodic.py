@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from zoneinfo import ZoneInfo
 
 import psycopg
@@ -19,6 +21,8 @@ import pgq
 from pgq import periodic
 from pgq.errors import InvalidArgumentError, InvalidTypeError
 from pgq.testing import run_jobs
+
+from .conftest import TEMPLATE, _numbers
 
 UTC = dt.UTC
 
@@ -136,6 +140,109 @@ def test_one_job_per_tick_however_many_schedulers_run(client, dsn):
                      "('never', '0 0 */31 * 1#5', 'q')")
     assert [t for _, t, _ in schedulers[3].fire_due(at("2026-11-25T09:05"))] == [at("2026-11-25T09:05")]
     assert 0 < schedulers[0].seconds_to_next(at("2026-11-25T09:01")) <= 240
+
+
+@pytest.fixture
+def two_nodes(server) -> Iterator[list[str]]:
+    """Two databases that see each other as nodes of one cluster, as their
+    node processes write it (pgq.meta: their IDs and bus addresses;
+    pgq.nodes: the peer, alive, with the DSN it advertised). Node A has
+    the lower ID: it is the tick home."""
+    names = [f"pgq_test_{os.getpid()}_{next(_numbers)}" for _ in "ab"]
+    with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
+        for name in names:
+            admin.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+    dsns = [server.dsn(name) for name in names]
+    ids = ["a" * 40, "b" * 40]
+    try:
+        for me, dsn in enumerate(dsns):
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("INSERT INTO pgq.meta (key, value) VALUES ('bus_host', '127.0.0.1'), "
+                             "('bus_port', %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                             (str(7800 + me),))
+                conn.execute("UPDATE pgq.meta SET value = %s WHERE key = 'node_id'", (ids[me],))
+                conn.execute("INSERT INTO pgq.nodes (id, host, port, status, dsn) "
+                             "VALUES (%s, '127.0.0.1', %s, 'alive', %s)",
+                             (ids[1 - me], 7800 + 1 - me, dsns[1 - me]))
+        yield dsns
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as admin:
+            for name in names:
+                admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_one_job_per_tick_in_a_cluster_whichever_nodes_hold_the_schedule(two_nodes):
+    # Each node's database kept its own schedules: workers declaring one
+    # schedule on every node added a job per node at every tick.
+    start = at("2026-11-25T08:52")
+    # replicate=1: no node process runs here to make copies
+    schedule = periodic.Schedule("every5", "*/5 * * * *", "ticks", b"go", options={"replicate": 1})
+    clients = [pgq.Client(dsn) for dsn in two_nodes]
+    try:
+        for dsn in two_nodes:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                periodic.save(conn, schedule, start)
+                home = periodic.tick_home(conn)
+                assert home is not None and home.node == "a" * 40
+        schedulers = [periodic.Scheduler(c) for c in clients for _ in range(2)]
+        added: list[tuple[str, dt.datetime, str]] = []
+        threads = [threading.Thread(target=lambda s=s: added.extend(s.fire_due(at("2026-11-25T08:55"))))
+                   for s in schedulers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert [(name, tick) for name, tick, _ in added] == [("every5", at("2026-11-25T08:55"))]
+        assert sum(c.qlen("ticks") for c in clients) == 1
+        # Node B alone at the next tick: it claims at A's database, adds on its own.
+        assert [t for _, t, _ in schedulers[2].fire_due(at("2026-11-25T09:00:01"))] == [at("2026-11-25T09:00")]
+        assert schedulers[0].fire_due(at("2026-11-25T09:00:02")) == []
+        assert [c.qlen("ticks") for c in clients][1] >= 1 and sum(c.qlen("ticks") for c in clients) == 2
+        with psycopg.connect(two_nodes[0]) as conn:
+            assert conn.execute("SELECT last_tick, claimed_by FROM pgq.periodic_claims").fetchall() == [
+                (at("2026-11-25T09:00"), "b" * 40)]
+        with psycopg.connect(two_nodes[1]) as conn:  # claimed at the home only
+            assert conn.execute("SELECT count(*) FROM pgq.periodic_claims").fetchone() == (0,)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_tick_home_that_does_not_answer_delays_the_tick(two_nodes, caplog):
+    start = at("2026-11-25T08:52")
+    with psycopg.connect(two_nodes[1], autocommit=True) as conn:
+        periodic.save(conn, periodic.Schedule("late", "*/5 * * * *", "late-ticks",
+                                                options={"replicate": 1}), start)
+        conn.execute("UPDATE pgq.nodes SET dsn = 'host=127.0.0.1 port=1 dbname=gone connect_timeout=2'")
+    with pgq.Client(two_nodes[1]) as client:
+        scheduler = periodic.Scheduler(client)
+        with caplog.at_level("WARNING", logger="pgq"):
+            assert scheduler.fire_due(at("2026-11-25T08:55")) == []
+        assert "tick home, node aaaaaaaa, did not answer" in caplog.text
+        assert client.qlen("late-ticks") == 0
+        with psycopg.connect(two_nodes[1], autocommit=True) as conn:  # answers again
+            conn.execute("UPDATE pgq.nodes SET dsn = %s", (two_nodes[0],))
+        assert [t for _, t, _ in scheduler.fire_due(at("2026-11-25T08:56"))] == [at("2026-11-25T08:55")]
+        assert client.qlen("late-ticks") == 1
+
+
+def test_a_tick_home_without_a_dsn_leaves_each_node_its_own_tick(two_nodes, caplog):
+    start = at("2026-11-25T08:52")
+    for dsn in two_nodes:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            periodic.save(conn, periodic.Schedule("own", "*/5 * * * *", "own-ticks",
+                                                    options={"replicate": 1}), start)
+            conn.execute("UPDATE pgq.nodes SET dsn = NULL")
+    clients = [pgq.Client(dsn) for dsn in two_nodes]
+    try:
+        with caplog.at_level("WARNING", logger="pgq"):
+            for c in clients:
+                assert len(periodic.Scheduler(c).fire_due(at("2026-11-25T08:55"))) == 1
+        assert "cannot share ticks: it advertised no DSN" in caplog.text
+        assert [c.qlen("own-ticks") for c in clients] == [1, 1]
+    finally:
+        for c in clients:
+            c.close()
 
 
 def test_ticks_follow_the_databases_clock_not_this_machines(client, dsn):
@@ -263,20 +370,20 @@ def test_a_workers_periodic_task_is_scheduled_and_served(client, dsn):
 
 
 def test_a_worker_declaring_schedules_on_a_node_of_a_cluster_warns(client, dsn, caplog):
-    # Each node's database keeps its own schedules: workers declaring one on
-    # every node add a job per node at each tick, and the docstring said
-    # "one per tick however many workers run it".
+    # A cluster whose tick home advertised no DSN cannot share ticks:
+    # workers declaring one schedule on every node add a job per node at
+    # each tick, and the worker says so.
     worker = pgq.Worker(client, concurrency=1)
     worker.periodic("0 3 * * *", queue="nightly-c", name="nightly-c")(lambda job: None)
     with caplog.at_level("WARNING", logger="pgq"):
         run_jobs(worker)  # saves the schedule; alone: nothing to say
-        assert "each node's database keeps its own schedules" not in caplog.text
+        assert "tick home" not in caplog.text
         with psycopg.connect(dsn, autocommit=True) as db:  # two peers, as a node process writes them
             db.execute("INSERT INTO pgq.nodes (id, host, port, status) VALUES "
                        "(repeat('b', 40), '127.0.0.1', 7999, 'alive'), "
                        "(repeat('c', 40), '127.0.0.1', 7998, 'alive')")
         run_jobs(worker)
-    assert "one of 2 in a cluster, and each node's database keeps its own schedules" in caplog.text
+    assert "one of 2 in a cluster, and the cluster's tick home" in caplog.text
     assert "nightly-c" in caplog.text
 
 
