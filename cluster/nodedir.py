@@ -15,7 +15,9 @@ Invariants:
   it exits (the kernel drops it then, even on kill -9). A second start finds
   the lock held, says who holds it, and changes nothing.
 * "Is a node running here?" is answered by the lock, never by a pid in a
-  file (pids are recycled; a killed process may linger as a zombie).
+  file (pids are recycled; a killed process may linger as a zombie). The
+  question takes a shared lock for an instant; a start that meets one
+  waits for it to go (a probe is no running node).
 * Files are replaced atomically and created 0600.
 """
 
@@ -25,6 +27,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -45,6 +48,33 @@ def read_state(data: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return state if isinstance(state, dict) else None
+
+
+def _lock_exclusive(handle: IO[str], patience: float = 2.0) -> bool:
+    """Take ``handle``'s exclusive flock: False if a node process holds it.
+
+    A status probe (:meth:`NodeDirectory.running_pid`, `pgq node status`, a
+    harness polling for "serving") holds a shared lock for an instant, and
+    a start that tried once in that instant said "already running (pid ?)"
+    and exited. Whether the holder is a probe is told by taking a shared
+    lock: it fails only against an exclusive holder, a node. Probes come
+    and go, so the exclusive lock is tried again; ``patience`` seconds of
+    probes that never leave a gap count as a holder."""
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False  # held exclusively: a node process runs here
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)  # a probe holds its lock for microseconds
 
 
 @dataclass
@@ -88,9 +118,7 @@ class NodeDirectory:
         """Take the directory for this process, or raise NodeRunningError."""
         handle = self.open_file(self.lock_file, "a+")
         os.chmod(self.lock_file, 0o600)
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock_exclusive(handle):
             handle.seek(0)
             holder = handle.read().strip() or "?"
             handle.close()

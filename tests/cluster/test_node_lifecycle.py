@@ -94,6 +94,61 @@ def test_one_node_per_directory_and_a_stop_that_stops(node_dir):
     assert nowhere.returncode == 1 and "not a node directory" in nowhere.stderr
 
 
+def test_a_status_probe_does_not_make_a_start_fail(tmp_path):
+    """A probe ("is a node running here?") holds a shared lock on node.lock
+    for an instant; a start that tried its exclusive lock in that instant
+    said "already running (pid ?)" and exited (a harness polling for
+    "serving" while the node started could make it fail). A process of
+    its own probes without pause while this one takes and drops the
+    directory 300 times."""
+    data = tmp_path / "n1"
+    directory = NodeDirectory(data)
+    directory.acquire("n1")
+    directory.release()
+    prober = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from pgq.cluster.nodedir import NodeDirectory\n"
+        "d = NodeDirectory(Path(sys.argv[1]))\n"
+        "print('probing', flush=True)\n"
+        "while True: d.running_pid()\n"), str(data)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert prober.stdout is not None and prober.stdout.readline() == "probing\n"
+        for _ in range(300):
+            directory.acquire("n1")  # raised NodeRunningError within a few dozen
+            directory.release()
+    finally:
+        prober.kill()
+        prober.wait(10)
+
+
+def test_sigterm_while_a_node_starts_runs_its_clean_up(node_dir):
+    """SIGTERM's default action killed a starting node (its embedded
+    server's first start takes seconds) without clean-up: the PostgreSQL
+    it launched ran on, and node.json said "starting" for ever."""
+    root, secret = node_dir
+    data = root / "n3"
+    process = subprocess.Popen([*CLI, "node", "start", "--name", "n3", "--data", str(data),
+                                "--bus", f"127.0.0.1:{free_port('127.0.0.1')}",
+                                "--secret-file", str(secret)],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # The embedded server is being made: its home exists, the node does not serve yet.
+        wait_until(lambda: (NodeDirectory(data).read() or {}).get("state") == "starting"
+                   and (data / "postgres").exists(), 60, message="n3 to be starting")
+        process.send_signal(signal.SIGTERM)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+    assert process.returncode == 128 + signal.SIGTERM, out
+    assert "Traceback" not in out, out
+    assert NodeDirectory(data).read()["state"] == "stopped"
+    assert NodeDirectory(data).running_pid() is None
+    assert not embedded.status(data / "postgres")["running"]  # the server it launched is stopped
+
+
 def test_a_start_that_fails_leaves_nothing_behind(node_dir):
     root, secret = node_dir
     data = root / "n2"
