@@ -22,7 +22,8 @@ how to see where a node that does not come up is waiting.
 Invariants: the node's identity (40-hex id) lives in its database, so a
 restart with the same data keeps it; SIGTERM or SIGINT stop the node within
 a couple of seconds (``state`` becomes ``stopped``, clients see the node
-process gone); the database is migrated before the node serves.
+process gone), while it starts too (the start's clean-up runs); the
+database is migrated before the node serves.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -166,13 +168,42 @@ def _database_lock(dsn: str, name: str) -> Any:
     return conn
 
 
+class _Terminated(BaseException):
+    """SIGTERM before the node serves (see :func:`run_node`)."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
 def run_node(name: str, bus: str, data: str | None = None, dsn: str | None = None,
              joins: tuple[str, ...] = (), secret_file: str | None = None,
              metrics: str | None = None, fronts: Fronts | None = None,
              advertise_dsn: str | None = None) -> int:
     """Start a node in the foreground until SIGTERM/SIGINT; returns the exit code
     (``fronts``: its HTTP API, RESP port and dashboard, :mod:`pgq.fronts`;
-    ``advertise_dsn``: see :func:`advertised`)."""
+    ``advertise_dsn``: see :func:`advertised`).
+
+    SIGTERM's default action killed a node that was still starting (an
+    embedded server's initdb takes seconds) without its clean-up: the
+    PostgreSQL it had launched ran on, and node.json said "starting" for
+    ever. Until the node serves (anyio then takes the signal), SIGTERM
+    raises here like SIGINT does, and the start's clean-up runs."""
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main else None
+    try:
+        return _run_node(name, bus, data, dsn, joins, secret_file, metrics, fronts, advertise_dsn)
+    except _Terminated:
+        log.info("%s: stopped by SIGTERM while starting", name)
+        return 128 + signal.SIGTERM
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous or signal.SIG_DFL)
+
+
+def _run_node(name: str, bus: str, data: str | None, dsn: str | None, joins: tuple[str, ...],
+              secret_file: str | None, metrics: str | None, fronts: Fronts | None,
+              advertise_dsn: str | None) -> int:
     from pgq import embedded
     from pgq.migrate import migrate
 
