@@ -83,8 +83,15 @@ class LocalNode:
         log.close()
 
     def postmaster_pid(self) -> int | None:
-        postmaster = embedded.read_postmaster(self.postgres / "data")
-        return None if postmaster is None else postmaster.pid
+        """The pid of the node's live postmaster. postmaster.pid outlives a
+        killed server, and its pid may since belong to another process
+        (kill_postgres signalled whatever had it): the process must be a
+        postmaster of this data directory (embedded._owns)."""
+        data = self.postgres / "data"
+        postmaster = embedded.read_postmaster(data)
+        if postmaster is None or embedded._owns(postmaster, data) is False:
+            return None
+        return postmaster.pid
 
     def alive(self) -> bool:
         """Does the node process run (a stopped one counts)?"""
@@ -92,14 +99,7 @@ class LocalNode:
 
     def postgres_running(self) -> bool:
         """Does the node's postmaster run (a zombie does not count)?"""
-        pid = self.postmaster_pid()
-        if pid is None:
-            return False
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            return False
-        return state != "Z"
+        return self.postmaster_pid() is not None
 
     def kill_postgres(self, sig: int = signal.SIGKILL) -> bool:
         """Signal the node's postmaster (False if none runs)."""

@@ -76,3 +76,25 @@ def test_a_running_node_is_not_started_twice(one_node):
     assert node.process is first and node.alive()
     cluster.close()
     assert first is not None and first.poll() is not None  # close() stopped it
+
+
+def test_kill_postgres_leaves_a_process_that_took_a_stale_pid_alone(tmp_path):
+    # postmaster.pid outlives a killed server, and its pid may belong to
+    # another process since: kill_postgres signalled whatever had it.
+    import signal
+    import subprocess
+
+    from pgq.localcluster import LocalNode
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        node = LocalNode("n1", tmp_path / "n1", 7999, tmp_path / "secret", None)
+        data = node.postgres / "data"
+        data.mkdir(parents=True)
+        (data / "postmaster.pid").write_text(f"{other.pid}\n{data}\n1764000000\n5432\n/tmp\n*\n  1 2\nready\n")
+        assert node.postmaster_pid() is None and not node.postgres_running()
+        assert node.kill_postgres(signal.SIGKILL) is False
+        assert other.poll() is None  # still running
+    finally:
+        other.kill()
+        other.wait(10)
