@@ -412,11 +412,16 @@ _HBA_SOURCE = re.compile(r"(all|samehost|samenet|[0-9A-Fa-f.:]{2,45}(/[0-9]{1,3}
 
 
 def _listen_addresses(host: str) -> str:
-    listen = os.environ.get("PGQ_EMBEDDED_LISTEN") or host
+    chosen = os.environ.get("PGQ_EMBEDDED_LISTEN")
+    listen = chosen or host
     if not _LISTEN.match(listen):
+        # Name what was given: without the variable the address is the
+        # caller's host (a node's bus host), and naming the variable sent
+        # the user looking for a setting they never made.
+        what = f"PGQ_EMBEDDED_LISTEN={listen!r}" if chosen else f"the server's host {listen!r}"
         raise EmbeddedServerError(
-            f"PGQ_EMBEDDED_LISTEN={listen!r} is not a listen address: give '*', an IP "
-            "address or host name, or a comma-separated list of them")
+            f"{what} is not a listen address: give '*', an IP address or host name, or a "
+            "comma-separated list of them")
     return listen
 
 

@@ -477,3 +477,18 @@ def test_without_proc_a_live_pid_is_not_taken_for_gone(monkeypatch, tmp_path):
     child.wait()
     gone = embedded.Postmaster(child.pid, str(tmp_path), 0, 5432, "ready")
     assert embedded._owns(gone, tmp_path) is False
+
+
+def test_a_bad_listen_address_names_where_it_came_from(monkeypatch):
+    # A node's bus host that no server can listen on was reported as
+    # "PGQ_EMBEDDED_LISTEN=... is not a listen address", a variable the
+    # user never set.
+    monkeypatch.delenv("PGQ_EMBEDDED_LISTEN", raising=False)
+    with pytest.raises(EmbeddedServerError, match="the server's host 'no such host'") as raised:
+        embedded._listen_addresses("no such host")
+    assert "PGQ_EMBEDDED_LISTEN" not in str(raised.value)
+    monkeypatch.setenv("PGQ_EMBEDDED_LISTEN", "a b")
+    with pytest.raises(EmbeddedServerError, match="PGQ_EMBEDDED_LISTEN='a b' is not a listen address"):
+        embedded._listen_addresses("127.0.0.1")
+    monkeypatch.setenv("PGQ_EMBEDDED_LISTEN", "*")
+    assert embedded._listen_addresses("127.0.0.1") == "*"
