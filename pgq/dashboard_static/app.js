@@ -4,6 +4,7 @@
 "use strict";
 (() => {
   const POLL_MS = 2000;
+  const DEAD_PAGE = 100;  // dead letters a page shows
   const TOKEN_KEY = "pgq-dashboard-token";
   const actionsEnabled = document.body.dataset.actions === "true";
   // Beyond loopback every read needs the token too (pgq.dashboard: private).
@@ -243,8 +244,14 @@
     return el("section", {id: "job"}, parts);
   }
 
-  function deadView(data) {
+  function deadView(data, after) {
     const items = data.dead_letters;
+    // Pages of DEAD_PAGE, oldest first: the count in the menu may be far
+    // more than one page shows.
+    const pages = el("p", {class: "pages"},
+      after && after !== "0" ? el("a", {href: "#dead", id: "dead-first"}, "← first page") : null,
+      after && after !== "0" && data.next ? " · " : null,
+      data.next ? el("a", {href: "#dead/" + data.next, id: "dead-next"}, "next " + DEAD_PAGE + " →") : null);
     const rows = items.map((d) => el("tr", {"data-dead": d.id},
       el("td", {}, jobLink(d.id)), el("td", {}, queueLink(d.queue)), el("td", {class: "reason"}, d.reason),
       el("td", {class: "num"}, fmt(d.deliveries)), el("td", {}, when(d.died_at)),
@@ -253,7 +260,8 @@
       el("h2", {}, "Dead letters"),
       items.length
         ? table(["Job", "Queue", "Reason", "Deliveries", "Died", "Body", ""], rows, {id: "dead-letters"})
-        : el("p", {class: "muted", id: "no-dead"}, "No dead letters."));
+        : el("p", {class: "muted", id: "no-dead"}, after && after !== "0" ? "No more dead letters." : "No dead letters."),
+      pages);
   }
 
   function nodesView() {
@@ -303,8 +311,10 @@
         if (!data.job || data.job.state === "acked") finishedJobs.set(where.arg, data);  // nothing will change
         return data;
       }
-      case "dead":
-        return api("api/dead-letters?count=100");
+      case "dead": {  // #dead/SEQ: the page after that dead letter
+        const after = /^\d+$/.test(where.arg) ? where.arg : "0";
+        return api("api/dead-letters?count=" + DEAD_PAGE + "&after=" + after);
+      }
       default:
         return null;  // queues and nodes come from the overview
     }
@@ -314,7 +324,7 @@
     switch (where.name) {
       case "queue": return queueView(where.arg, data);
       case "job": return jobView(where.arg, data);
-      case "dead": return deadView(data);
+      case "dead": return deadView(data, where.arg);
       case "nodes": return nodesView();
       default: return queuesView();
     }
