@@ -131,7 +131,7 @@ class Parser:
                 return None
             text, used = line
             del self._buffer[:used]
-            return text.removesuffix(b"\r").split()
+            return split_inline(text.removesuffix(b"\r"))
         if self._args is None:
             head = self._line(0)
             if head is None:
@@ -159,6 +159,70 @@ class Parser:
         del self._buffer[:self._position]
         self._args = None
         return args
+
+
+_SPACE = frozenset(b" \t\n\r\v\f\0")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_ESCAPES = {ord("n"): ord("\n"), ord("r"): ord("\r"), ord("t"): ord("\t"), ord("b"): 8, ord("a"): 7}
+
+
+def split_inline(line: bytes) -> list[bytes]:
+    """An inline command's arguments, as Redis reads them (``sdssplitargs``):
+    words between blanks; "double quotes" with escapes (\\n \\r \\t \\b
+    \\a \\xHH, any other character escaped as itself) and 'single quotes'
+    (only \\' escaped) make one argument each, spaces and all. A closing
+    quote must end its argument; an unbalanced quote is a ProtocolError.
+    Splitting on blanks only made ``ADDJOB q "hello world" 0`` (typed in
+    redis-cli or telnet) add the body '"hello' with a timeout of 'world"'."""
+    args: list[bytes] = []
+    i, end = 0, len(line)
+    while True:
+        while i < end and line[i] in _SPACE:
+            i += 1
+        if i == end:
+            return args
+        current = bytearray()
+        quote = 0  # the open quote's byte, 0: none
+        while True:
+            c = line[i] if i < end else None
+            if quote == ord('"'):
+                if c is None:
+                    raise ProtocolError("unbalanced quotes in request")
+                if c == ord("\\") and i + 3 < end and line[i + 1] == ord("x") \
+                        and line[i + 2] in _HEX and line[i + 3] in _HEX:
+                    current.append(int(line[i + 2:i + 4], 16))
+                    i += 3
+                elif c == ord("\\") and i + 1 < end:
+                    i += 1
+                    current.append(_ESCAPES.get(line[i], line[i]))
+                elif c == ord('"'):
+                    if i + 1 < end and line[i + 1] not in _SPACE:
+                        raise ProtocolError("unbalanced quotes in request")
+                    i += 1
+                    break
+                else:
+                    current.append(c)
+            elif quote == ord("'"):
+                if c is None:
+                    raise ProtocolError("unbalanced quotes in request")
+                if c == ord("\\") and i + 1 < end and line[i + 1] == ord("'"):
+                    i += 1
+                    current.append(ord("'"))
+                elif c == ord("'"):
+                    if i + 1 < end and line[i + 1] not in _SPACE:
+                        raise ProtocolError("unbalanced quotes in request")
+                    i += 1
+                    break
+                else:
+                    current.append(c)
+            elif c is None or c in _SPACE:
+                break
+            elif c in (ord('"'), ord("'")):
+                quote = c
+            else:
+                current.append(c)
+            i += 1
+        args.append(bytes(current))
 
 
 def _number(text: bytes, limit: int, what: str, minimum: int | None = None) -> int:

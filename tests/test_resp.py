@@ -365,6 +365,17 @@ def test_the_parser_takes_pieces_inline_commands_and_refuses_garbage():
         b"*6\r\n+OK\r\n-ERR x\r\n:3\r\n$1\r\nb\r\n$-1\r\n*-1\r\n"
 
 
+def test_inline_commands_read_quotes_as_redis_does():
+    # Split on blanks only, `ADDJOB q "hello world" 0` from redis-cli or
+    # telnet added the body '"hello' with the timeout 'world"'.
+    assert Parser().feed(b'ADDJOB q "hello world" 0\r\n') == [[b"ADDJOB", b"q", b"hello world", b"0"]]
+    assert Parser().feed(b"ADDJOB q 'it\\'s' 0\n") == [[b"ADDJOB", b"q", b"it's", b"0"]]
+    assert Parser().feed(b'X "\\x41\\n\\t\\"\\\\" "" \'\\n\'\n') == [[b"X", b'A\n\t"\\', b"", b"\\n"]]
+    for unbalanced in (b'ADDJOB q "open\n', b"ADDJOB q 'open\n", b'ADDJOB q "a"b 0\n'):
+        with pytest.raises(ProtocolError, match="unbalanced quotes in request"):
+            Parser().feed(unbalanced)
+
+
 def test_a_request_larger_than_the_limit_is_refused_as_it_arrives(monkeypatch):
     import pgq.resp
 
