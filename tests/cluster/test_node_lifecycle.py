@@ -133,9 +133,15 @@ def test_sigterm_while_a_node_starts_runs_its_clean_up(node_dir):
                                 "--secret-file", str(secret)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        # The embedded server is being made: its home exists, the node does not serve yet.
-        wait_until(lambda: (NodeDirectory(data).read() or {}).get("state") == "starting"
-                   and (data / "postgres").exists(), 60, message="n3 to be starting")
+        # Its embedded server's initdb is at work (a second or more here, and
+        # the server's start and the migration follow): the signal lands
+        # seconds before the node could serve, whatever the machine's load.
+        def initdb_at_work() -> bool:
+            home = data / "postgres"
+            return (NodeDirectory(data).read() or {}).get("state") == "starting" and \
+                home.is_dir() and any(p.name.startswith(embedded.PARTIAL_PREFIX) for p in home.iterdir())
+
+        wait_until(initdb_at_work, 60, every=0.02, message="n3's initdb")
         process.send_signal(signal.SIGTERM)
         out, _ = process.communicate(timeout=60)
     finally:
