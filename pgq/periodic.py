@@ -24,25 +24,35 @@ Invariants, and why:
   the tick in one place, the *tick home*: the database of the live node
   (not leaving) with the lowest ID, as its own database's membership sees
   it (``pgq.periodic_claims``, ``CLAIM_CLUSTER_TICK``: moved forward
-  only). Only the winner adds the job, on its own node (give the jobs
-  ``replicate`` so they survive it). A scheduler whose home is its own
-  database claims in the transaction that adds the job; another node's
-  claims over the DSN the home advertised (``--advertise-dsn``) while it
-  holds its own row's lock, then adds and commits. Hence, and why:
+  only). The scheduler adds the job on its own node first, in a savepoint
+  of the transaction that holds its schedule's row, then claims: won, it
+  commits; lost, the job is rolled back. A home that is its own database
+  claims in that transaction; another node's, over the DSN the home
+  advertised (``--advertise-dsn``), after checking that the DSN reaches
+  that node's database. Hence, and why:
 
-  - a scheduler that dies between the home's claim and its own commit
-    loses that tick (two databases commit apart; a lost tick is the
-    failure a periodic task survives, a doubled one may not be);
+  - an add that is refused (a paused queue, NOREPL) claims nothing, so
+    another node's scheduler adds the tick's job;
+  - a claim is the claimer's to win again (its reply, or its own commit,
+    was lost): that node's next look adds the job, within ``catch_up``;
+    if the node never comes back, the tick is lost (a lost tick is the
+    failure a periodic task survives; a doubled one may not be);
   - while the nodes' views of the membership differ (a node just failed
     or came back), two homes may each grant a tick once, and a new home
     that never saw a schedule's claims grants the catch-up tick again if
     the claimer's own scheduler missed it;
-  - a home that cannot be reached gives no tick until it can or the
-    membership drops it (the tick is late, not lost: it is tried again
-    at the next look, within ``catch_up``);
-  - a home that advertised no DSN, or whose schema predates the claims,
-    cannot be shared: each node then adds its own job a tick, as before
-    (the worker logs a warning).
+  - a node whose process is not running sees the membership as it left
+    it (its own row says alive): its schedulers add nothing until it runs
+    again, and the other nodes' schedulers add the ticks;
+  - a home that does not answer (its PostgreSQL unreachable from here
+    while the bus says it lives) holds the tick back, a warning at each
+    look, until it answers or the membership drops it: each look tries it
+    once (5 s to connect, 5 s for the claim), not once per schedule;
+  - a home whose DSN is missing, reaches another database, or predates
+    the claims (schema 0018) cannot share ticks: each node then adds its
+    own job a tick (warned once per home). So do nodes of an earlier
+    version, whatever the home, and they do not say so: upgrade the
+    workers of every node together.
 * **Missed ticks are coalesced.** After downtime (no scheduler running, a
   node down), the scheduler adds one job for the latest missed tick if it
   is at most ``catch_up`` seconds old (an hour by default, per schedule),
@@ -230,6 +240,7 @@ class TickHome:
     myself: bool  # the database this scheduler runs on
     dsn: str | None  # the DSN it advertised (None: this node's, or none advertised)
     me: str  # this node's ID (the claim names it)
+    stale: bool = False  # this node has peers and its process is not running: its view is old
 
 
 def tick_home(conn: psycopg.Connection[Any]) -> TickHome | None:
@@ -238,8 +249,8 @@ def tick_home(conn: psycopg.Connection[Any]) -> TickHome | None:
     row = conn.execute(sql.TICK_HOME).fetchone()
     if row is None:
         return None
-    node, myself, dsn, me = row
-    return TickHome(node, bool(myself), dsn, me or "")
+    node, myself, dsn, me, stale = row
+    return TickHome(node, bool(myself), dsn, me or "", bool(stale))
 
 
 def save(conn: psycopg.Connection[Any], schedule: Schedule, now: dt.datetime | None = None) -> None:
@@ -277,6 +288,10 @@ def remove(conn: psycopg.Connection[Any], name: str) -> bool:
     return conn.execute(sql.REMOVE_SCHEDULE, {"name": name}).rowcount > 0
 
 
+class _TickTaken(Exception):
+    """Another node's scheduler claimed the tick (rolls the job back)."""
+
+
 class Scheduler:
     """Adds the due jobs of every schedule of a database (see the module doc)."""
 
@@ -284,12 +299,14 @@ class Scheduler:
         self.client = client  # a pgq.Client on the database
         self.next_in = 60.0  # after fire_due: seconds until the next tick of any schedule
         self._unshared: set[str] = set()  # tick homes that cannot share ticks (warned once)
+        self._silent: set[str] = set()  # tick homes that did not answer in this look
 
     def fire_due(self, now: dt.datetime | None = None) -> list[tuple[str, dt.datetime, str]]:
         """Add the job of every due tick (by the database's clock unless
         ``now`` is given); ``(schedule, tick, job id)`` of each job this call
         added (another scheduler may have added some)."""
         added = []
+        self._silent.clear()
         # Autocommit: each schedule's tick is its own transaction, so one
         # whose add is refused (a paused queue, NOREPL) is logged and
         # retried at the next look, and the others' jobs are added (one
@@ -321,7 +338,12 @@ class Scheduler:
               tick: dt.datetime) -> str | None:
         """Claim ``tick`` and add its job, in one transaction: the job's ID,
         or None if another scheduler claimed it first (or the schedule
-        changed since it was read: the next look reads it again)."""
+        changed since it was read: the next look reads it again).
+
+        In a cluster the job is added first, in a savepoint, and the tick
+        claimed at the home last: an add that is refused (a paused queue,
+        NOREPL) then claims nothing, and another node's scheduler adds the
+        tick's job; a claim that is lost drops the job."""
         with conn.transaction():
             row = conn.execute(sql.CLAIM_TICK, {
                 "name": schedule.name, "tick": tick, "cron": schedule.cron, "tz": schedule.tz,
@@ -329,44 +351,65 @@ class Scheduler:
                 "options": json.dumps(schedule.options)}).fetchone()
             if row is None:
                 return None
-            if not self._claim_in_cluster(conn, schedule.name, tick):
+            home = tick_home(conn)
+            if home is not None and home.stale:
+                raise PgqError("this node's process is not running, so its view of the cluster "
+                               "is old: its schedulers add no periodic jobs until it runs (the "
+                               "other nodes' schedulers do)")
+            try:
+                with conn.transaction():  # a savepoint
+                    job_id: str = self.client.add_job(schedule.queue, schedule.body, conn=conn,
+                                                      **schedule.add_options())
+                    if home is not None and not self._claim_at(conn, home, schedule.name, tick):
+                        raise _TickTaken
+            except _TickTaken:
                 return None  # another node's scheduler took it: last_tick moves, no job
-            job_id: str = self.client.add_job(schedule.queue, schedule.body, conn=conn,
-                                              **schedule.add_options())
             return job_id
 
-    def _claim_in_cluster(self, conn: psycopg.Connection[Any], name: str,
-                          tick: dt.datetime) -> bool:
+    def _claim_at(self, conn: psycopg.Connection[Any], home: TickHome, name: str,
+                  tick: dt.datetime) -> bool:
         """Claim ``tick`` at the tick home (see the module doc): True if this
-        scheduler won it, or if this database is no node of a cluster, or
-        if the home cannot share its ticks. A home that does not answer is
-        a PgqError: the caller's transaction rolls back, and the tick is
-        tried again at the next look."""
-        home = tick_home(conn)
-        if home is None:
-            return True
+        node won it (or won it before: a claim whose reply, or whose job's
+        commit, was lost is this node's to add again), or if the home
+        cannot share its ticks. A home that does not answer is a PgqError:
+        the caller's transaction rolls back, and the tick is tried again at
+        the next look (once per look: the other schedules of the look do
+        not wait for it again)."""
         claim = {"name": name, "tick": tick, "node": home.me}
         if home.myself:
             return conn.execute(sql.CLAIM_CLUSTER_TICK, claim).fetchone() is not None
         if home.dsn is None:
-            self._cannot_share(home, "it advertised no DSN (--advertise-dsn)")
-            return True
+            return self._cannot_share(home, "it advertised no DSN (--advertise-dsn)")
+        if home.node in self._silent:
+            raise PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer "
+                           "earlier in this look; the tick is tried again at the next look")
         try:
             with psycopg.connect(home.dsn, autocommit=True, connect_timeout=HOME_TIMEOUT) as remote:
                 remote.execute(f"SET statement_timeout = '{HOME_TIMEOUT}s'")
+                found = remote.execute(sql.NODE_ID).fetchone()
+                if found is None or found[0] != home.node:
+                    # Two nodes that advertise "localhost" reach their own
+                    # databases: each claim won there, every node added.
+                    return self._cannot_share(
+                        home, f"the DSN it advertised reaches another database (node "
+                              f"{str(found[0] if found else None)[:8]}): set --advertise-dsn")
                 return remote.execute(sql.CLAIM_CLUSTER_TICK, claim).fetchone() is not None
-        except psycopg.errors.UndefinedTable:
-            self._cannot_share(home, "its pgq is older (no pgq.periodic_claims)")
-            return True
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
+                psycopg.errors.InvalidSchemaName):
+            return self._cannot_share(home, "its database has no pgq.periodic_claims (an older pgq)")
         except psycopg.Error as exc:
+            self._silent.add(home.node)
             raise PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer "
                            f"({first_line(exc)}); the tick is tried again at the next look") from None
 
-    def _cannot_share(self, home: TickHome, why: str) -> None:
+    def _cannot_share(self, home: TickHome, why: str) -> bool:
+        """Warn (once per home) that ``home`` cannot share ticks; each node
+        then adds its own job a tick, as before schema 0018: True."""
         if home.node not in self._unshared:
             self._unshared.add(home.node)
             log.warning("periodic: the cluster's tick home, node %s, cannot share ticks: %s. "
                         "Each node adds its own job a tick", home.node[:8], why)
+        return True
 
     def seconds_to_next(self, now: dt.datetime | None = None) -> float:
         """Until the next tick of any schedule (at most 60 s: schedules change)."""

@@ -1141,16 +1141,27 @@ VALUES (%(name)s, %(tick)s, %(node)s)
 ON CONFLICT (name) DO UPDATE
 SET last_tick = excluded.last_tick, claimed_by = excluded.claimed_by, updated_at = pgq.now()
 WHERE c.last_tick < excluded.last_tick
+   -- the claimer again: its reply or its job's commit was lost (a node's
+   -- schedulers take a tick one at a time, under their schedule's lock)
+   OR (c.last_tick = excluded.last_tick AND c.claimed_by = excluded.claimed_by)
 RETURNING claimed_by
 """
+
+# Which node's database a connection reached (a claim at the tick home
+# checks it: an advertised "localhost" reaches the claimer's own).
+NODE_ID = "SELECT pgq.meta_value('node_id')"
 
 # The tick home: the live node (not leaving) with the lowest ID, this one
 # included, as this database's membership sees it; with the DSN it
 # advertised (NULL: this node, or a peer that advertised none). No row:
-# not a node of a cluster.
+# not a node of a cluster. ``stale``: this node has peers and its process
+# does not run (no fresh heartbeat), so the statuses are as it left them
+# (its own row says 'alive' whatever).
 TICK_HOME = """
-SELECT c.id, c.myself, n.dsn, pgq.meta_value('node_id') AS me
-FROM pgq.cluster_nodes c LEFT JOIN pgq.nodes n ON n.id = c.id AND NOT c.myself
+SELECT c.id, c.myself, n.dsn, s.node_id AS me,
+       s.member AND NOT s.active AND EXISTS (SELECT 1 FROM pgq.nodes WHERE status <> 'left') AS stale
+FROM pgq.cluster_state s,
+     pgq.cluster_nodes c LEFT JOIN pgq.nodes n ON n.id = c.id AND NOT c.myself
 WHERE c.status = 'alive' AND NOT c.leaving
 ORDER BY c.id COLLATE "C" LIMIT 1
 """

@@ -157,8 +157,10 @@ def two_nodes(server) -> Iterator[list[str]]:
     try:
         for me, dsn in enumerate(dsns):
             with psycopg.connect(dsn, autocommit=True) as conn:
+                # A heartbeat far ahead: "its node process runs" for the whole test.
                 conn.execute("INSERT INTO pgq.meta (key, value) VALUES ('bus_host', '127.0.0.1'), "
-                             "('bus_port', %s) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                             "('bus_port', %s), ('heartbeat_at', '2100-01-01T00:00:00Z') "
+                             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                              (str(7800 + me),))
                 conn.execute("UPDATE pgq.meta SET value = %s WHERE key = 'node_id'", (ids[me],))
                 conn.execute("INSERT INTO pgq.nodes (id, host, port, status, dsn) "
@@ -209,21 +211,21 @@ def test_one_job_per_tick_in_a_cluster_whichever_nodes_hold_the_schedule(two_nod
 
 
 def test_a_tick_home_that_does_not_answer_delays_the_tick(two_nodes, caplog):
-    start = at("2026-11-25T08:52")
+    _save(two_nodes[1:], _every5("late", "late-ticks"), _every5("later", "late-ticks"))
     with psycopg.connect(two_nodes[1], autocommit=True) as conn:
-        periodic.save(conn, periodic.Schedule("late", "*/5 * * * *", "late-ticks",
-                                                options={"replicate": 1}), start)
         conn.execute("UPDATE pgq.nodes SET dsn = 'host=127.0.0.1 port=1 dbname=gone connect_timeout=2'")
     with pgq.Client(two_nodes[1]) as client:
         scheduler = periodic.Scheduler(client)
         with caplog.at_level("WARNING", logger="pgq"):
             assert scheduler.fire_due(at("2026-11-25T08:55")) == []
-        assert "tick home, node aaaaaaaa, did not answer" in caplog.text
+        assert "tick home, node aaaaaaaa, did not answer (" in caplog.text
+        # once a look: the second schedule did not wait for it again
+        assert "tick home, node aaaaaaaa, did not answer earlier in this look" in caplog.text
         assert client.qlen("late-ticks") == 0
         with psycopg.connect(two_nodes[1], autocommit=True) as conn:  # answers again
             conn.execute("UPDATE pgq.nodes SET dsn = %s", (two_nodes[0],))
-        assert [t for _, t, _ in scheduler.fire_due(at("2026-11-25T08:56"))] == [at("2026-11-25T08:55")]
-        assert client.qlen("late-ticks") == 1
+        assert [t for _, t, _ in scheduler.fire_due(at("2026-11-25T08:56"))] == [at("2026-11-25T08:55")] * 2
+        assert client.qlen("late-ticks") == 2
 
 
 def test_a_tick_home_without_a_dsn_leaves_each_node_its_own_tick(two_nodes, caplog):
@@ -243,6 +245,73 @@ def test_a_tick_home_without_a_dsn_leaves_each_node_its_own_tick(two_nodes, capl
     finally:
         for c in clients:
             c.close()
+
+
+def _every5(name: str, queue: str) -> periodic.Schedule:
+    # replicate=1: no node process runs here to make copies
+    return periodic.Schedule(name, "*/5 * * * *", queue, options={"replicate": 1})
+
+
+def _save(dsns: list[str], *schedules: periodic.Schedule) -> None:
+    for dsn in dsns:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for schedule in schedules:
+                periodic.save(conn, schedule, at("2026-11-25T08:52"))
+
+
+def test_an_add_a_node_refuses_leaves_the_tick_to_another_node(two_nodes, caplog):
+    # The claim was made before the add: node B won the tick at the home,
+    # its add was refused (a paused queue), and no node added the job.
+    _save(two_nodes, _every5("refused", "refused-q"))
+    with pgq.Client(two_nodes[0]) as a, pgq.Client(two_nodes[1]) as b:
+        b.pause("refused-q", "in")
+        with caplog.at_level("WARNING", logger="pgq"):
+            assert periodic.Scheduler(b).fire_due(at("2026-11-25T08:55")) == []
+        assert "could not add its job" in caplog.text
+        assert [t for _, t, _ in periodic.Scheduler(a).fire_due(at("2026-11-25T08:55:30"))] == \
+            [at("2026-11-25T08:55")]
+        assert (a.qlen("refused-q"), b.qlen("refused-q")) == (1, 0)
+
+
+def test_a_claim_is_its_claimers_to_win_again(two_nodes):
+    # Node B claimed 08:55 at the home, and its own commit was lost (a
+    # crash, a dropped reply): B's next look adds the job; A's adds none.
+    _save(two_nodes, _every5("again", "again-q"))
+    with psycopg.connect(two_nodes[0], autocommit=True) as home:
+        home.execute("INSERT INTO pgq.periodic_claims (name, last_tick, claimed_by) "
+                     "VALUES ('again', %s, %s)", (at("2026-11-25T08:55"), "b" * 40))
+    with pgq.Client(two_nodes[0]) as a, pgq.Client(two_nodes[1]) as b:
+        assert periodic.Scheduler(a).fire_due(at("2026-11-25T08:55:10")) == []
+        assert len(periodic.Scheduler(b).fire_due(at("2026-11-25T08:55:20"))) == 1
+        assert (a.qlen("again-q"), b.qlen("again-q")) == (0, 1)
+
+
+def test_a_dsn_that_reaches_another_database_shares_no_tick(two_nodes, caplog):
+    # Nodes that advertise "localhost" reach their own databases: each won
+    # its own claim there, silently.
+    _save(two_nodes, _every5("local", "local-q"))
+    with psycopg.connect(two_nodes[1], autocommit=True) as conn:
+        conn.execute("UPDATE pgq.nodes SET dsn = %s", (two_nodes[1],))  # B's own, as A's
+    with pgq.Client(two_nodes[1]) as b:
+        with caplog.at_level("WARNING", logger="pgq"):
+            assert len(periodic.Scheduler(b).fire_due(at("2026-11-25T08:55"))) == 1
+        assert "reaches another database (node bbbbbbbb)" in caplog.text
+    with psycopg.connect(two_nodes[1]) as conn:
+        assert conn.execute("SELECT count(*) FROM pgq.periodic_claims").fetchone() == (0,)
+
+
+def test_a_node_whose_process_is_down_leaves_its_ticks_to_the_others(two_nodes, caplog):
+    # A's own row says "alive" whatever: with its process down it took
+    # itself for the home while the others had moved on, and both added.
+    _save(two_nodes, _every5("down", "down-q"))
+    with psycopg.connect(two_nodes[0], autocommit=True) as conn:
+        conn.execute("UPDATE pgq.meta SET value = '2000-01-01T00:00:00Z' WHERE key = 'heartbeat_at'")
+    with pgq.Client(two_nodes[0]) as a, pgq.Client(two_nodes[1]) as b:
+        with caplog.at_level("WARNING", logger="pgq"):
+            assert periodic.Scheduler(a).fire_due(at("2026-11-25T08:55")) == []
+        assert "this node's process is not running" in caplog.text
+        assert len(periodic.Scheduler(b).fire_due(at("2026-11-25T08:55"))) == 1
+        assert (a.qlen("down-q"), b.qlen("down-q")) == (0, 1)
 
 
 def test_ticks_follow_the_databases_clock_not_this_machines(client, dsn):
