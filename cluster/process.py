@@ -173,6 +173,9 @@ class _Terminated(BaseException):
 
 
 def _terminated(signum: int, frame: Any) -> None:
+    # Once: a second SIGTERM during the clean-up (pg_ctl stop) cut it
+    # short, and the server this start launched ran on.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise _Terminated
 
 
@@ -317,6 +320,9 @@ def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int
     try:
         anyio.run(main)
     except BaseExceptionGroup as group:  # the node stopped itself (another took its database)
+        if group.subgroup(_Terminated) is not None:
+            # SIGTERM before anyio's receiver took the signal, raised in a task
+            raise _Terminated from None
         stopped = group.subgroup(PgqError)
         if stopped is None:
             raise
