@@ -14,13 +14,16 @@ Routes:
 ``GET /static/{app.js,style.css}``         its script and style
 ``GET /api/overview``                      queues with rates, this node, the nodes,
                                            the dead letter count (polled)
-``GET /api/queues/{queue}``                QSTAT and the first queued jobs (QPEEK)
+``GET /api/queues/{queue}``                QSTAT and the first queued jobs (QPEEK);
+                                           also ``/api/queue?name=`` (the page's: "." and
+                                           ".." are path segments a browser resolves)
 ``GET /api/jobs/{id}``                     SHOW, the job's history, its dead letter
 ``GET /api/dead-letters``                  a page of dead letters (``queue``,
                                            ``after``, ``count``)
 ``POST /api/dead-letters/requeue``         action: requeue ``ids`` (or a ``queue``'s, 1,000 at a
                                            time: ``more`` says if some are left)
-``POST /api/queues/{queue}/pause``         action: ``state`` none, in, out or all
+``POST /api/queues/{queue}/pause``         action: ``state`` none, in, out or all (also
+                                           ``/api/queue/pause?name=``)
                                            (broadcast to the cluster)
 ``GET /health``                            liveness (no database)
 =========================================  ==========================================
@@ -251,6 +254,19 @@ def _created_at(ctime: Any) -> str | None:
     return datetime.fromtimestamp(ctime / 1e9, UTC).isoformat()
 
 
+def _queue_name(request: Request) -> str:
+    """The queue of /api/queues/{queue}, or of /api/queue?name=. The page
+    uses the second: a browser resolves a path segment "." or ".." (and
+    "%2e") before sending it, so queues of those names could not be opened
+    from it, nor paused."""
+    if "queue" in request.path_params:
+        return str(request.path_params["queue"])
+    name = request.query_params.get("name")
+    if name is None:
+        raise BadRequest('say which queue: "name"')
+    return name
+
+
 def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
     text = request.query_params.get(name)
     if text is None or text == "":
@@ -368,7 +384,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         })
 
     async def queue(request: Request) -> Response:
-        name = request.path_params["queue"]
+        name = _queue_name(request)
         stats = await client.qstat(name)
         if stats is None:
             raise errors.NoJobError(f"queue {name!r} is not known on this node")
@@ -424,7 +440,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         state = data.get("state")
         if state not in PAUSE_STATES:
             raise BadRequest(f'"state" must be one of {", ".join(PAUSE_STATES)}')
-        name = request.path_params["queue"]
+        name = _queue_name(request)
         return JSONResponse({"queue": name, "paused": await client.pause(name, state, "bcast")})
 
     async def health(request: Request) -> Response:
@@ -447,6 +463,8 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         Route("/api/dead-letters/requeue", handle(requeue, action=True), methods=["POST"]),
         Route("/api/queues/{queue:path}/pause", handle(pause, action=True), methods=["POST"]),
         Route("/api/queues/{queue:path}", handle(queue), methods=["GET"]),
+        Route("/api/queue/pause", handle(pause, action=True), methods=["POST"]),  # ?name=
+        Route("/api/queue", handle(queue), methods=["GET"]),  # ?name=: what the page uses
         Route("/api/jobs/{id:path}", handle(job), methods=["GET"]),
         Route("/health", handle(health, data=False), methods=["GET"]),
     ]

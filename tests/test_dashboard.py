@@ -243,6 +243,22 @@ def test_a_queues_requeue_says_when_dead_letters_are_left(boards, client, monkey
     assert too_many.status_code == 400 and "at most 3" in too_many.json()["message"]
 
 
+def test_queues_named_dot_and_dotdot_are_reached_by_name(boards, client):
+    # A browser resolves a path segment "." or ".." before sending it: the
+    # page could neither open nor pause those queues. It uses ?name= now.
+    client.add_job(".", "dot", retry=30)
+    client.add_job("..", "dotdot", retry=30)
+    board = boards(TOKEN)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert board.get("/api/queue", params={"name": "."}).json()["queue"]["name"] == "."
+    assert [j["body"] for j in board.get("/api/queue?name=..").json()["jobs"]] == ["dotdot"]
+    paused = board.post("/api/queue/pause?name=..", json={"state": "all"}, headers=auth).json()
+    assert paused == {"queue": "..", "paused": "all"} and client.pause("..", "state") == "all"
+    assert client.pause(".", "state") == "none"
+    nameless = board.get("/api/queue")
+    assert nameless.status_code == 400 and '"name"' in nameless.json()["message"]
+
+
 def test_the_page_is_locked_down(boards):
     page = boards().get("/")
     assert page.status_code == 200 and 'data-actions="false"' in page.text
@@ -568,6 +584,16 @@ def test_dead_letters_are_paged_in_the_browser(dsn, client, tmp_path, page):
         assert first | {rows.nth(0).get_attribute("data-dead")} == set(jobs)
         page.click("#dead-first")
         expect(page.locator("#dead-letters tbody tr")).to_have_count(100)
+
+
+@needs_browser
+def test_a_queue_named_dot_opens_in_the_browser(dsn, client, tmp_path, page):
+    client.add_job(".", "dot", retry=30)
+    expect.set_options(timeout=20_000)
+    with _dashboard_process(dsn, "127.0.0.1", tmp_path) as base:
+        page.goto(base + "/")
+        page.click('tr[data-queue="."] a.queue-link')
+        expect(page.locator('section[data-queue="."] #queue-jobs tbody tr')).to_have_count(1)
 
 
 @needs_browser

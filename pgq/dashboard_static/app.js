@@ -162,7 +162,7 @@
 
   function pauseButtons(name, paused) {
     if (!actionsEnabled) return null;
-    const set = (state) => () => act("api/queues/" + encodeURIComponent(name) + "/pause", {state},
+    const set = (state) => () => act("api/queue/pause?name=" + encodeURIComponent(name), {state},
       (data) => `Queue ${data.queue} is now paused: ${data.paused}`);
     return paused === "none"
       ? el("button", {type: "button", class: "pause", onclick: set("all")}, "Pause")
@@ -304,7 +304,8 @@
   async function load(where) {
     switch (where.name) {
       case "queue":
-        return api("api/queues/" + encodeURIComponent(where.arg));
+        // ?name=: a path segment "." or ".." is resolved by the browser
+        return api("api/queue?name=" + encodeURIComponent(where.arg));
       case "job": {
         if (finishedJobs.has(where.arg)) return finishedJobs.get(where.arg);
         const data = await api("api/jobs/" + encodeURIComponent(where.arg));
