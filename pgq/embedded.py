@@ -400,7 +400,7 @@ def _free_port(preferred: int | None, host: str = "127.0.0.1") -> int:
     if preferred and ports.bindable(host, preferred, reuse_address=True) is not None:
         return preferred
     try:  # not one an outgoing connection may take before the postmaster binds it
-        return ports.free_port(host, reuse_address=True)
+        return ports.free_port(host, reuse_address=True, servers=True)
     except OSError:
         raise EmbeddedServerError(f"no free TCP port on {host}") from None
 

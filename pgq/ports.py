@@ -10,6 +10,12 @@ with "Address already in use". A busy test run (two workers, clusters of
 five) made that happen. Below the range no connection takes a port
 without asking for it, so only another server probing at the same moment
 could, and a random choice among some twenty thousand makes that rare.
+
+Embedded PostgreSQL servers draw from above the range (``servers=True``,
+61000-65535 by default), everything else from below it: a local cluster
+picks its nodes' bus ports first and starts their embedded servers next,
+and a server that drew a bus port picked but not yet bound made that
+node fail to start. The two pools never meet.
 """
 
 from __future__ import annotations
@@ -34,21 +40,22 @@ def _ephemeral() -> tuple[int, int]:
         return _DEFAULT_EPHEMERAL
 
 
-def _candidates() -> range | None:
+def _candidates(servers: bool = False) -> range | None:
     low, high = _ephemeral()
-    if low - _LOWEST >= 1000:
-        return range(_LOWEST, low)
-    if 65535 - high >= 1000:
-        return range(high + 1, 65536)
-    return None  # the range covers (almost) every port: no choice but bind(0)
+    below = range(_LOWEST, low) if low - _LOWEST >= 1000 else None
+    above = range(high + 1, 65536) if 65535 - high >= 1000 else None
+    if servers:
+        return above or below
+    return below or above  # None: the range covers (almost) every port: bind(0)
 
 
-def free_port(host: str = "127.0.0.1", reuse_address: bool = False) -> int:
+def free_port(host: str = "127.0.0.1", reuse_address: bool = False, servers: bool = False) -> int:
     """A port that nothing listens on at ``host`` now, outside the ephemeral
     range when the range leaves room. ``reuse_address``: probe as a server
     that binds with SO_REUSEADDR does (PostgreSQL: a port with connections
-    in TIME_WAIT is free for it)."""
-    candidates = _candidates()
+    in TIME_WAIT is free for it). ``servers``: from the embedded servers'
+    pool, above the range (see the module doc)."""
+    candidates = _candidates(servers)
     tries = [_random.choice(candidates) for _ in range(100)] if candidates else []
     for port in [*tries, 0]:
         bound = bindable(host, port, reuse_address)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from pgq import ports
 
 
@@ -26,5 +28,16 @@ def test_a_port_in_use_is_never_handed_out(monkeypatch):
         taken.listen()
         used = taken.getsockname()[1]
         # every candidate is that port: the probe must move on (to bind(0))
-        monkeypatch.setattr(ports, "_candidates", lambda: range(used, used + 1))
+        monkeypatch.setattr(ports, "_candidates", lambda servers=False: range(used, used + 1))
         assert ports.free_port() != used
+
+
+def test_embedded_servers_draw_from_a_pool_of_their_own():
+    # A local cluster picks its bus ports, then starts its nodes' embedded
+    # servers: one that drew a bus port not yet bound made that node fail.
+    low, high = ports._ephemeral()
+    if 65535 - high < 1000 or low - 10000 < 1000:
+        pytest.skip("this machine's ephemeral range leaves room for one pool only")
+    servers = {ports.free_port("127.0.0.1", servers=True) for _ in range(50)}
+    others = {ports.free_port("127.0.0.1") for _ in range(50)}
+    assert min(servers) > high and max(others) < low
