@@ -374,6 +374,18 @@ def test_inline_commands_read_quotes_as_redis_does():
     for unbalanced in (b'ADDJOB q "open\n', b"ADDJOB q 'open\n", b'ADDJOB q "a"b 0\n'):
         with pytest.raises(ProtocolError, match="unbalanced quotes in request"):
             Parser().feed(unbalanced)
+    # Blanks are skipped between arguments, but only space, tab, CR, LF
+    # (and NUL) end a word, as in Redis; with or without quotes on the line.
+    assert Parser().feed(b"\vQLEN a\vb \f c\n") == [[b"QLEN", b"a\vb", b"c"]]
+    assert Parser().feed(b'\vQLEN a\vb \f "c"\n') == [[b"QLEN", b"a\vb", b"c"]]
+
+
+def test_an_inline_line_longer_than_64_kib_is_refused_even_whole():
+    # Only a line still waiting for its end was measured: a line of 1 MiB
+    # pipelined behind a blocked GETJOB was split on the shared event loop.
+    with pytest.raises(ProtocolError, match="too big inline request"):
+        Parser().feed(b"PING " + b"x" * (64 * 1024) + b"\r\n")
+    assert Parser().feed(b"PING " + b"x" * 60_000 + b"\r\n") == [[b"PING", b"x" * 60_000]]
 
 
 def test_a_request_larger_than_the_limit_is_refused_as_it_arrives(monkeypatch):
