@@ -428,10 +428,11 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         # One transaction of at most REQUEUE_BATCH: a queue's dead letters
         # beyond it stay, and "more" says so (the cap was silent: a click on
         # a queue of 5,000 requeued 1,000 and said nothing of the rest).
-        count = len(ids) if ids else REQUEUE_BATCH
-        if count > REQUEUE_BATCH:
+        if ids is not None and len(ids) > REQUEUE_BATCH:
             raise BadRequest(f'at most {REQUEUE_BATCH} "ids" at a time')
-        new_ids = await client.requeue_dead_letters(queue_name, ids=ids, count=count)
+        new_ids = await client.requeue_dead_letters(queue_name, ids=ids, count=REQUEUE_BATCH)
+        # "more": some are left, or another call is requeueing them (locked
+        # rows are skipped): the page says so, a script may call again.
         more = ids is None and bool(await client.dead_letters(queue_name, count=1))
         return JSONResponse({"requeued": new_ids, "more": more})
 

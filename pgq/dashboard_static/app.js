@@ -244,13 +244,18 @@
     return el("section", {id: "job"}, parts);
   }
 
+  // The page of #dead/SEQ starts after dead letter SEQ ("0": the first page).
+  function deadAfter(arg) {
+    return /^\d+$/.test(arg) && BigInt(arg) > 0n ? String(BigInt(arg)) : "0";
+  }
+
   function deadView(data, after) {
     const items = data.dead_letters;
     // Pages of DEAD_PAGE, oldest first: the count in the menu may be far
     // more than one page shows.
     const pages = el("p", {class: "pages"},
-      after && after !== "0" ? el("a", {href: "#dead", id: "dead-first"}, "← first page") : null,
-      after && after !== "0" && data.next ? " · " : null,
+      after !== "0" ? el("a", {href: "#dead", id: "dead-first"}, "← first page") : null,
+      after !== "0" && data.next ? " · " : null,
       data.next ? el("a", {href: "#dead/" + data.next, id: "dead-next"}, "next " + DEAD_PAGE + " →") : null);
     const rows = items.map((d) => el("tr", {"data-dead": d.id},
       el("td", {}, jobLink(d.id)), el("td", {}, queueLink(d.queue)), el("td", {class: "reason"}, d.reason),
@@ -260,7 +265,7 @@
       el("h2", {}, "Dead letters"),
       items.length
         ? table(["Job", "Queue", "Reason", "Deliveries", "Died", "Body", ""], rows, {id: "dead-letters"})
-        : el("p", {class: "muted", id: "no-dead"}, after && after !== "0" ? "No more dead letters." : "No dead letters."),
+        : el("p", {class: "muted", id: "no-dead"}, after !== "0" ? "No more dead letters." : "No dead letters."),
       pages);
   }
 
@@ -312,10 +317,8 @@
         if (!data.job || data.job.state === "acked") finishedJobs.set(where.arg, data);  // nothing will change
         return data;
       }
-      case "dead": {  // #dead/SEQ: the page after that dead letter
-        const after = /^\d+$/.test(where.arg) ? where.arg : "0";
-        return api("api/dead-letters?count=" + DEAD_PAGE + "&after=" + after);
-      }
+      case "dead":  // #dead/SEQ: the page after that dead letter
+        return api("api/dead-letters?count=" + DEAD_PAGE + "&after=" + deadAfter(where.arg));
       default:
         return null;  // queues and nodes come from the overview
     }
@@ -325,7 +328,7 @@
     switch (where.name) {
       case "queue": return queueView(where.arg, data);
       case "job": return jobView(where.arg, data);
-      case "dead": return deadView(data, where.arg);
+      case "dead": return deadView(data, deadAfter(where.arg));
       case "nodes": return nodesView();
       default: return queuesView();
     }
