@@ -12,7 +12,8 @@ without asking for it, so only another server probing at the same moment
 could, and a random choice among some twenty thousand makes that rare.
 
 Embedded PostgreSQL servers draw from above the range (``servers=True``,
-61000-65535 by default), everything else from below it: a local cluster
+61000-65535 by default on Linux; where /proc does not give the range,
+from below it too), everything else from below it: a local cluster
 picks its nodes' bus ports first and starts their embedded servers next,
 and a server that drew a bus port picked but not yet bound made that
 node fail to start. The two pools never meet.
@@ -32,18 +33,25 @@ _random = random.SystemRandom()
 
 
 def _ephemeral() -> tuple[int, int]:
+    return _read_ephemeral() or _DEFAULT_EPHEMERAL
+
+
+def _read_ephemeral() -> tuple[int, int] | None:
+    """The kernel's ephemeral range, None where /proc does not say (macOS,
+    BSD: 49152-65535 there, so no pool above it may be assumed)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as handle:
             low, high = (int(part) for part in handle.read().split())
         return low, high
     except (OSError, ValueError):
-        return _DEFAULT_EPHEMERAL
+        return None
 
 
 def _candidates(servers: bool = False) -> range | None:
     low, high = _ephemeral()
     below = range(_LOWEST, low) if low - _LOWEST >= 1000 else None
-    above = range(high + 1, 65536) if 65535 - high >= 1000 else None
+    known = _read_ephemeral() is not None
+    above = range(high + 1, 65536) if known and 65535 - high >= 1000 else None
     if servers:
         return above or below
     return below or above  # None: the range covers (almost) every port: bind(0)

@@ -41,3 +41,11 @@ def test_embedded_servers_draw_from_a_pool_of_their_own():
     servers = {ports.free_port("127.0.0.1", servers=True) for _ in range(50)}
     others = {ports.free_port("127.0.0.1") for _ in range(50)}
     assert min(servers) > high and max(others) < low
+
+
+def test_without_proc_servers_stay_below_the_assumed_range(monkeypatch):
+    # macOS and the BSDs hand out 49152-65535 as ephemeral ports: a pool
+    # "above 60999", assumed from Linux's defaults, lies inside theirs.
+    monkeypatch.setattr(ports, "_read_ephemeral", lambda: None)
+    for _ in range(20):
+        assert ports.free_port("127.0.0.1", servers=True) < 32768
