@@ -76,10 +76,11 @@ runs it against a database.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -343,7 +344,10 @@ class Scheduler:
         In a cluster the job is added first, in a savepoint, and the tick
         claimed at the home last: an add that is refused (a paused queue,
         NOREPL) then claims nothing, and another node's scheduler adds the
-        tick's job; a claim that is lost drops the job."""
+        tick's job; a claim that is lost drops the job. The home is reached
+        (and checked) before the add, so the add's outbox event waits for
+        one statement at the home only (a node's drain counts an event's
+        age: one held back for seconds looked like a stuck node)."""
         with conn.transaction():
             row = conn.execute(sql.CLAIM_TICK, {
                 "name": schedule.name, "tick": tick, "cron": schedule.cron, "tz": schedule.tz,
@@ -355,61 +359,97 @@ class Scheduler:
             if home is not None and home.stale:
                 raise PgqError("this node's process is not running, so its view of the cluster "
                                "is old: its schedulers add no periodic jobs until it runs (the "
-                               "other nodes' schedulers do)")
-            try:
-                with conn.transaction():  # a savepoint
-                    job_id: str = self.client.add_job(schedule.queue, schedule.body, conn=conn,
-                                                      **schedule.add_options())
-                    if home is not None and not self._claim_at(conn, home, schedule.name, tick):
-                        raise _TickTaken
-            except _TickTaken:
-                return None  # another node's scheduler took it: last_tick moves, no job
-            return job_id
+                               "other nodes' schedulers add the ticks of the schedules they "
+                               "hold; a schedule held here only waits for it)")
+            with self._home(conn, home) as claim:
+                try:
+                    with conn.transaction():  # a savepoint
+                        job_id: str = self.client.add_job(schedule.queue, schedule.body,
+                                                          conn=conn, **schedule.add_options())
+                        if claim is not None and not claim(schedule.name, tick):
+                            raise _TickTaken
+                except _TickTaken:
+                    return None  # another node's scheduler took it: last_tick moves, no job
+                return job_id
 
-    def _claim_at(self, conn: psycopg.Connection[Any], home: TickHome, name: str,
-                  tick: dt.datetime) -> bool:
-        """Claim ``tick`` at the tick home (see the module doc): True if this
-        node won it (or won it before: a claim whose reply, or whose job's
-        commit, was lost is this node's to add again), or if the home
-        cannot share its ticks. A home that does not answer is a PgqError:
-        the caller's transaction rolls back, and the tick is tried again at
-        the next look (once per look: the other schedules of the look do
-        not wait for it again)."""
-        claim = {"name": name, "tick": tick, "node": home.me}
+    @contextlib.contextmanager
+    def _home(self, conn: psycopg.Connection[Any],
+              home: TickHome | None) -> Iterator[Callable[[str, dt.datetime], bool] | None]:
+        """How to claim a tick at the tick home (see the module doc): a
+        function (name, tick) -> won, or None when there is nothing to claim
+        (no cluster) or the home cannot share its ticks. A claim won before
+        by this node is won again (its reply, or its job's commit, was
+        lost). A home that does not answer is a PgqError: the caller's
+        transaction rolls back, and the tick is tried again at the next
+        look (once per look: the look's other schedules do not wait for it
+        again)."""
+        if home is None:
+            yield None
+            return
+        params = {"node": home.me}
         if home.myself:
-            return conn.execute(sql.CLAIM_CLUSTER_TICK, claim).fetchone() is not None
+            yield lambda name, tick: conn.execute(
+                sql.CLAIM_CLUSTER_TICK, {**params, "name": name, "tick": tick}).fetchone() is not None
+            return
         if home.dsn is None:
-            return self._cannot_share(home, "it advertised no DSN (--advertise-dsn)")
+            self._cannot_share(home, "it advertised no DSN (--advertise-dsn)")
+            yield None
+            return
         if home.node in self._silent:
             raise PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer "
                            "earlier in this look; the tick is tried again at the next look")
         try:
-            with psycopg.connect(home.dsn, autocommit=True, connect_timeout=HOME_TIMEOUT) as remote:
-                remote.execute(f"SET statement_timeout = '{HOME_TIMEOUT}s'")
-                found = remote.execute(sql.NODE_ID).fetchone()
-                if found is None or found[0] != home.node:
-                    # Two nodes that advertise "localhost" reach their own
-                    # databases: each claim won there, every node added.
-                    return self._cannot_share(
-                        home, f"the DSN it advertised reaches another database (node "
-                              f"{str(found[0] if found else None)[:8]}): set --advertise-dsn")
-                return remote.execute(sql.CLAIM_CLUSTER_TICK, claim).fetchone() is not None
-        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
-                psycopg.errors.InvalidSchemaName):
-            return self._cannot_share(home, "its database has no pgq.periodic_claims (an older pgq)")
+            remote = psycopg.connect(home.dsn, autocommit=True, connect_timeout=HOME_TIMEOUT)
         except psycopg.Error as exc:
             self._silent.add(home.node)
             raise PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer "
                            f"({first_line(exc)}); the tick is tried again at the next look") from None
+        with remote:
+            why = self._not_shareable(remote, home)
+            if why is not None:
+                self._cannot_share(home, why)
+                yield None
+                return
 
-    def _cannot_share(self, home: TickHome, why: str) -> bool:
+            def claim(name: str, tick: dt.datetime) -> bool:
+                try:
+                    row = remote.execute(sql.CLAIM_CLUSTER_TICK,
+                                         {**params, "name": name, "tick": tick}).fetchone()
+                except psycopg.Error as exc:
+                    raise PgqError(f"the cluster's tick home, node {home.node[:8]}, could not "
+                                   f"claim the tick ({first_line(exc)}); it is tried again at "
+                                   "the next look") from None
+                return row is not None
+
+            yield claim
+
+    def _not_shareable(self, remote: psycopg.Connection[Any], home: TickHome) -> str | None:
+        """Why the database ``remote`` reached cannot take ``home``'s claims
+        (None: it can). Two nodes that advertise "localhost" reach their own
+        databases: each claim won there, and every node added a job."""
+        try:
+            remote.execute(f"SET statement_timeout = '{HOME_TIMEOUT}s'")
+            found = remote.execute(sql.NODE_ID).fetchone()
+            remote.execute(sql.HAS_CLAIMS).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedFunction,
+                psycopg.errors.InvalidSchemaName):
+            return "its database has no pgq.periodic_claims (an older pgq)"
+        except psycopg.Error as exc:
+            self._silent.add(home.node)
+            raise PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer "
+                           f"({first_line(exc)}); the tick is tried again at the next look") from None
+        if found is None or found[0] != home.node:
+            return (f"the DSN it advertised reaches another database (node "
+                    f"{str(found[0] if found else None)[:8]}): set --advertise-dsn")
+        return None
+
+    def _cannot_share(self, home: TickHome, why: str) -> None:
         """Warn (once per home) that ``home`` cannot share ticks; each node
-        then adds its own job a tick, as before schema 0018: True."""
+        then adds its own job a tick, as before schema 0018."""
         if home.node not in self._unshared:
             self._unshared.add(home.node)
             log.warning("periodic: the cluster's tick home, node %s, cannot share ticks: %s. "
                         "Each node adds its own job a tick", home.node[:8], why)
-        return True
 
     def seconds_to_next(self, now: dt.datetime | None = None) -> float:
         """Until the next tick of any schedule (at most 60 s: schedules change)."""

@@ -1150,6 +1150,7 @@ RETURNING claimed_by
 # Which node's database a connection reached (a claim at the tick home
 # checks it: an advertised "localhost" reaches the claimer's own).
 NODE_ID = "SELECT pgq.meta_value('node_id')"
+HAS_CLAIMS = "SELECT 1 FROM pgq.periodic_claims LIMIT 1"  # schema 0018 or later
 
 # The tick home: the live node (not leaving) with the lowest ID, this one
 # included, as this database's membership sees it; with the DSN it
