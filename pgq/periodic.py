@@ -293,6 +293,10 @@ class _TickTaken(Exception):
     """Another node's scheduler claimed the tick (rolls the job back)."""
 
 
+class _NodeDown(PgqError):
+    """This node has peers and its process does not run: no tick is added."""
+
+
 class Scheduler:
     """Adds the due jobs of every schedule of a database (see the module doc)."""
 
@@ -323,6 +327,9 @@ class Scheduler:
                     job_id = self._fire(conn, schedule, tick)
                 except psycopg.OperationalError:
                     raise  # the connection: no schedule can go on
+                except _NodeDown as exc:  # so it is for every schedule: one warning a look
+                    log.warning("periodic: no job added for the due ticks of this look: %s", exc)
+                    break
                 except (PgqError, psycopg.Error) as exc:
                     log.warning("periodic: %s could not add its job for its tick %s: %s",
                                 schedule.name, tick.isoformat(), exc)
@@ -357,7 +364,7 @@ class Scheduler:
                 return None
             home = tick_home(conn)
             if home is not None and home.stale:
-                raise PgqError("this node's process is not running, so its view of the cluster "
+                raise _NodeDown("this node's process is not running, so its view of the cluster "
                                "is old: its schedulers add no periodic jobs until it runs (the "
                                "other nodes' schedulers add the ticks of the schedules they "
                                "hold; a schedule held here only waits for it)")
