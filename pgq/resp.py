@@ -198,36 +198,27 @@ def split_inline(line: bytes) -> list[bytes]:
         quote = 0  # the open quote's byte, 0: none
         while True:
             c = line[i] if i < end else None
-            if quote == ord('"'):
+            if quote:
                 if c is None:
                     raise ProtocolError("unbalanced quotes in request")
-                if c == ord("\\") and i + 3 < end and line[i + 1] == ord("x") \
-                        and line[i + 2] in _HEX and line[i + 3] in _HEX:
+                if c == quote:  # must end its argument
+                    if i + 1 < end and line[i + 1] not in _SPACE:
+                        raise ProtocolError("unbalanced quotes in request")
+                    i += 1
+                    break
+                if c != ord("\\") or i + 1 == end:
+                    current.append(c)
+                elif quote == ord("'"):  # only \' is an escape
+                    if line[i + 1] == ord("'"):
+                        i += 1
+                    current.append(line[i])
+                elif line[i + 1] == ord("x") and i + 3 < end and line[i + 2] in _HEX \
+                        and line[i + 3] in _HEX:
                     current.append(int(line[i + 2:i + 4], 16))
                     i += 3
-                elif c == ord("\\") and i + 1 < end:
+                else:
                     i += 1
                     current.append(_ESCAPES.get(line[i], line[i]))
-                elif c == ord('"'):
-                    if i + 1 < end and line[i + 1] not in _SPACE:
-                        raise ProtocolError("unbalanced quotes in request")
-                    i += 1
-                    break
-                else:
-                    current.append(c)
-            elif quote == ord("'"):
-                if c is None:
-                    raise ProtocolError("unbalanced quotes in request")
-                if c == ord("\\") and i + 1 < end and line[i + 1] == ord("'"):
-                    i += 1
-                    current.append(ord("'"))
-                elif c == ord("'"):
-                    if i + 1 < end and line[i + 1] not in _SPACE:
-                        raise ProtocolError("unbalanced quotes in request")
-                    i += 1
-                    break
-                else:
-                    current.append(c)
             elif c is None or c in _WORD_END:
                 break
             elif c in (ord('"'), ord("'")):
