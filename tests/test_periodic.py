@@ -31,6 +31,19 @@ def at(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text).replace(tzinfo=UTC)
 
 
+def fire_together(schedulers: list[periodic.Scheduler], now: dt.datetime,
+                  timeout: float = 60) -> list[tuple[str, dt.datetime, str]]:
+    """Every scheduler's fire_due(now) at once, each in a thread; the jobs
+    they added, all together."""
+    added: list[tuple[str, dt.datetime, str]] = []
+    threads = [threading.Thread(target=lambda s=s: added.extend(s.fire_due(now))) for s in schedulers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    return added
+
+
 def test_ticks_follow_the_time_zone_across_a_dst_change():
     # 03:00 in Paris is 01:00 UTC in winter and 01:00 UTC again after the
     # October change (CEST -> CET moves it from 01:00 UTC to 02:00 UTC)
@@ -123,13 +136,7 @@ def test_one_job_per_tick_however_many_schedulers_run(client, dsn):
                                               options={"retry": 30}), start)
     schedulers = [periodic.Scheduler(client) for _ in range(4)]
     assert schedulers[0].fire_due(start) == []  # a new schedule starts with its next tick
-    added: list[tuple[str, dt.datetime, str]] = []
-    threads = [threading.Thread(target=lambda s=s: added.extend(s.fire_due(at("2026-11-25T08:55"))))
-               for s in schedulers]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
+    added = fire_together(schedulers, at("2026-11-25T08:55"))
     assert [(name, tick) for name, tick, _ in added] == [("every5", at("2026-11-25T08:55"))]
     assert client.qlen("ticks") == 1 and client.show(added[0][2])["retry"] == 30
     assert schedulers[1].fire_due(at("2026-11-25T08:59")) == []  # same tick: nothing more
@@ -187,13 +194,7 @@ def test_one_job_per_tick_in_a_cluster_whichever_nodes_hold_the_schedule(two_nod
                 home = periodic.tick_home(conn)
                 assert home is not None and home.node == "a" * 40
         schedulers = [periodic.Scheduler(c) for c in clients for _ in range(2)]
-        added: list[tuple[str, dt.datetime, str]] = []
-        threads = [threading.Thread(target=lambda s=s: added.extend(s.fire_due(at("2026-11-25T08:55"))))
-                   for s in schedulers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(30)
+        added = fire_together(schedulers, at("2026-11-25T08:55"))
         assert [(name, tick) for name, tick, _ in added] == [("every5", at("2026-11-25T08:55"))]
         assert sum(c.qlen("ticks") for c in clients) == 1
         # Node B alone at the next tick: it claims at A's database, adds on its own.

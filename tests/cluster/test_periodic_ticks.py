@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 
 import pgq
 from pgq import periodic
 from pgq.testing import run_jobs
 
+from ..test_periodic import fire_together
 from .conftest import wait_until
 
 # A tick a year: the workers' own schedulers (run_jobs) must find no real
@@ -38,14 +38,8 @@ def test_workers_declaring_a_schedule_on_every_node_add_one_job_a_tick(make_clus
         assert "tick home" not in caplog.text  # the ticks can be shared: nothing to warn about
         (last,), = cluster[0].sql("SELECT last_tick FROM pgq.periodic")
         tick = periodic.next_tick(YEARLY, "UTC", last)
-        added: list[tuple[str, dt.datetime, str]] = []
         schedulers = [periodic.Scheduler(client) for client in clients for _ in range(2)]
-        threads = [threading.Thread(target=lambda s=s: added.extend(s.fire_due(tick + dt.timedelta(seconds=1))))
-                   for s in schedulers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        added = fire_together(schedulers, tick + dt.timedelta(seconds=1))
         assert [(name, when) for name, when, _ in added] == [("reports", tick)]
         job_id = added[0][2]
         holders = {node.name for node in cluster
