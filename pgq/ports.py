@@ -48,9 +48,9 @@ def _read_ephemeral() -> tuple[int, int] | None:
 
 
 def _candidates(servers: bool = False) -> range | None:
-    low, high = _ephemeral()
+    known = _read_ephemeral()
+    low, high = known or _DEFAULT_EPHEMERAL
     below = range(_LOWEST, low) if low - _LOWEST >= 1000 else None
-    known = _read_ephemeral() is not None
     above = range(high + 1, 65536) if known and 65535 - high >= 1000 else None
     if servers:
         return above or below
