@@ -403,14 +403,11 @@ class Scheduler:
             yield None
             return
         if home.node in self._silent:
-            raise PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer "
-                           "earlier in this look; the tick is tried again at the next look")
+            raise _no_answer(home, "earlier in this look")
         try:
             remote = psycopg.connect(home.dsn, autocommit=True, connect_timeout=HOME_TIMEOUT)
         except psycopg.Error as exc:
-            self._silent.add(home.node)
-            raise PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer "
-                           f"({first_line(exc)}); the tick is tried again at the next look") from None
+            raise self._silenced(home, exc) from None
         with remote:
             why = self._not_shareable(remote, home)
             if why is not None:
@@ -442,13 +439,16 @@ class Scheduler:
                 psycopg.errors.InvalidSchemaName):
             return "its database has no pgq.periodic_claims (an older pgq)"
         except psycopg.Error as exc:
-            self._silent.add(home.node)
-            raise PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer "
-                           f"({first_line(exc)}); the tick is tried again at the next look") from None
+            raise self._silenced(home, exc) from None
         if found is None or found[0] != home.node:
             return (f"the DSN it advertised reaches another database (node "
                     f"{str(found[0] if found else None)[:8]}): set --advertise-dsn")
         return None
+
+    def _silenced(self, home: TickHome, exc: psycopg.Error) -> PgqError:
+        """``home`` did not answer: not tried again in this look."""
+        self._silent.add(home.node)
+        return _no_answer(home, f"({first_line(exc)})")
 
     def _cannot_share(self, home: TickHome, why: str) -> None:
         """Warn (once per home) that ``home`` cannot share ticks; each node
@@ -462,6 +462,11 @@ class Scheduler:
         """Until the next tick of any schedule (at most 60 s: schedules change)."""
         with psycopg.connect(self.client.dsn) as conn:
             return _until_next(load(conn), now or database_now(conn))
+
+
+def _no_answer(home: TickHome, how: str) -> PgqError:
+    return PgqError(f"the cluster's tick home, node {home.node[:8]}, did not answer {how}; "
+                    "the tick is tried again at the next look")
 
 
 def _until_next(schedules: list[tuple[Schedule, dt.datetime | None]], now: dt.datetime) -> float:
