@@ -180,17 +180,26 @@ def two_nodes(server) -> Iterator[list[str]]:
                 admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+def _every5(name: str, queue: str) -> periodic.Schedule:
+    # replicate=1: no node process runs here to make copies
+    return periodic.Schedule(name, "*/5 * * * *", queue, options={"replicate": 1})
+
+
+def _save(dsns: list[str], *schedules: periodic.Schedule) -> None:
+    for dsn in dsns:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            for schedule in schedules:
+                periodic.save(conn, schedule, at("2026-11-25T08:52"))
+
+
 def test_one_job_per_tick_in_a_cluster_whichever_nodes_hold_the_schedule(two_nodes):
     # Each node's database kept its own schedules: workers declaring one
     # schedule on every node added a job per node at every tick.
-    start = at("2026-11-25T08:52")
-    # replicate=1: no node process runs here to make copies
-    schedule = periodic.Schedule("every5", "*/5 * * * *", "ticks", b"go", options={"replicate": 1})
+    _save(two_nodes, _every5("every5", "ticks"))
     clients = [pgq.Client(dsn) for dsn in two_nodes]
     try:
         for dsn in two_nodes:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                periodic.save(conn, schedule, start)
+            with psycopg.connect(dsn) as conn:
                 home = periodic.tick_home(conn)
                 assert home is not None and home.node == "a" * 40
         schedulers = [periodic.Scheduler(c) for c in clients for _ in range(2)]
@@ -230,11 +239,9 @@ def test_a_tick_home_that_does_not_answer_delays_the_tick(two_nodes, caplog):
 
 
 def test_a_tick_home_without_a_dsn_leaves_each_node_its_own_tick(two_nodes, caplog):
-    start = at("2026-11-25T08:52")
+    _save(two_nodes, _every5("own", "own-ticks"))
     for dsn in two_nodes:
         with psycopg.connect(dsn, autocommit=True) as conn:
-            periodic.save(conn, periodic.Schedule("own", "*/5 * * * *", "own-ticks",
-                                                    options={"replicate": 1}), start)
             conn.execute("UPDATE pgq.nodes SET dsn = NULL")
     clients = [pgq.Client(dsn) for dsn in two_nodes]
     try:
@@ -246,18 +253,6 @@ def test_a_tick_home_without_a_dsn_leaves_each_node_its_own_tick(two_nodes, capl
     finally:
         for c in clients:
             c.close()
-
-
-def _every5(name: str, queue: str) -> periodic.Schedule:
-    # replicate=1: no node process runs here to make copies
-    return periodic.Schedule(name, "*/5 * * * *", queue, options={"replicate": 1})
-
-
-def _save(dsns: list[str], *schedules: periodic.Schedule) -> None:
-    for dsn in dsns:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            for schedule in schedules:
-                periodic.save(conn, schedule, at("2026-11-25T08:52"))
 
 
 def test_an_add_a_node_refuses_leaves_the_tick_to_another_node(two_nodes, caplog):
