@@ -1238,6 +1238,15 @@ def enqueue_jobs(session: Session, ids: list[str]) -> Command[int]:
     return (yield from _requeue(session, ids, nack=False))
 
 
+def give_back_jobs(session: Session, ids: list[str]) -> Command[int]:
+    """Put back in their queue jobs claimed for a caller that never got
+    them (pgq.cancelsafe): as ENQUEUE, and the at-most-once ones with their
+    delivery undone (sql.GIVE_BACK_AT_MOST_ONCE). Returns how many went back."""
+    requeued = yield from _requeue(session, ids, nack=False)
+    given, _woken = yield Query(sql.GIVE_BACK_AT_MOST_ONCE, {"ids": ids}, Result.ROW)
+    return requeued + int(given)
+
+
 def dead_letter_jobs(session: Session, ids: list[str], reason: str) -> Command[int]:
     """Give up on jobs: done everywhere like an ACK, kept in pgq.dead_letters."""
     moved, events, _rang = yield Query(sql.DEAD_LETTER, {

@@ -167,9 +167,12 @@ def test_a_cancelled_command_runs_what_follows_its_rollback_before_it_stops(dsn,
 # a TaskGroup, web frameworks) goes through anyio's shields (pgq.cancelsafe).
 
 @pytest.mark.parametrize("path", ["combined claim", "blocked GET"])
-async def test_a_get_cancelled_by_asyncio_after_its_claim_puts_the_job_back(dsn, monkeypatch, path):
+@pytest.mark.parametrize("retry", [300, 0])
+async def test_a_get_cancelled_by_asyncio_after_its_claim_puts_the_job_back(dsn, monkeypatch, path,
+                                                                           retry):
     # The cancellation landed after the claim committed: the job went to
-    # nobody and stayed leased for its whole retry (300 s here).
+    # nobody and stayed leased for its whole retry (300 s here); a retry-0
+    # job was never delivered at all (ENQUEUE refuses a delivered one).
     import asyncio
 
     from pgq import statements
@@ -191,25 +194,28 @@ async def test_a_get_cancelled_by_asyncio_after_its_claim_puts_the_job_back(dsn,
             consumer[0].cancel()  # asyncio's own, as wait_for's timeout does
         return reply
 
-    queue = f"native-{path.split()[0]}"
+    queue = f"native-{path.split()[0]}-{retry}"
     async with pgq.AsyncClient(dsn) as client, pgq.AsyncClient(dsn) as producer:
         async def get() -> list[pgq.Job]:
             consumer.append(asyncio.current_task())
             return await client.get_job(queue, timeout=20)
 
         if path == "combined claim":
-            job_id = await producer.add_job(queue, b"x", retry=300)
+            job_id = await producer.add_job(queue, b"x", retry=retry)
             monkeypatch.setattr(AsyncDriver, "_handle", cancelled_after_a_claim)
             task = asyncio.create_task(get())
         else:
             task = asyncio.create_task(get())
             await async_wait_until(lambda: _blocked_async(client, 1), 10)
             monkeypatch.setattr(AsyncDriver, "_handle", cancelled_after_a_claim)
-            job_id = await producer.add_job(queue, b"x", retry=300)
+            job_id = await producer.add_job(queue, b"x", retry=retry)
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(task, 20)  # not swallowed: the task stops
         monkeypatch.setattr(AsyncDriver, "_handle", handle)
-        assert (await producer.show(job_id))["state"] == "queued"
+        shown = await producer.show(job_id)
+        assert shown["state"] == "queued"
+        if retry == 0:  # its delivery undone: no consumer saw it
+            assert shown["deliveries"] == 0 and shown["additional_deliveries"] == 0
         assert [j.id for j in await producer.get_job(queue, nohang=True)] == [job_id]
 
 
