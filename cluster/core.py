@@ -70,6 +70,7 @@ REPLJOB_BATCH = 500
 BATCH_BYTES = 4 * 1024 * 1024  # job bodies per REPLJOB / YOURJOBS message (frames stay small)
 OUTBOX_BATCH = 2000
 MESSAGE_BATCH = 2000  # ids per DELJOB / SETACK message
+UNPARK_BATCH = 2000  # parked copies brought back per statement (requeue.py)
 PERIODS = {"tick": 0.05, "persist": 0.25, "replicate": 0.025, "collect_acks": 0.1,
            "timers": 0.1, "federate": 0.1, "drain_outbox": 0.2}
 HEARTBEAT_EVERY = 1.0
@@ -201,6 +202,7 @@ class NodeCore:
         self._handed_over = True  # a previous run may have left handed-over jobs
         self._members_dirty = True
         self._forgotten: list[str] = []
+        self._unpark: set[str] = set()  # holders whose parked copies come back (requeue.py)
         self._beat_at = float("-inf")
         self._advert_at = float("-inf")
         self._ack_prune_at = 0.0
@@ -253,6 +255,12 @@ class NodeCore:
             self.acks.add(job_id, None if dummy and not nodes else set(nodes or ()), now,
                           everyone=self._all_known())
         yield _rows(sql.POSTPONE_OVERDUE_TIMERS, {"after": ANNOUNCE_AHEAD + RESTART_GRACE})
+        # Copies parked on a node not known alive: it may have died, or left,
+        # while this one was down (its death would never be seen now).
+        alive = [node_id, *self._alive()]
+        while len((yield _rows(sql.UNPARK_UNLESS_ALIVE, {"alive": alive, "limit": UNPARK_BATCH}))) \
+                == UNPARK_BATCH:
+            pass  # the next batch
         for host, port in joins:
             self._act(self.membership.join(host, port, now))
 
@@ -303,6 +311,8 @@ class NodeCore:
                 if member.status == "left" and member.id != self.node_id:
                     self._forgotten.append(member.id)
                     self.adverts.pop(member.id, None)
+                if member.status != "alive" and member.id != self.node_id:
+                    self._unpark.add(member.id)  # suspect, dead or gone: see timers()
                 if member.status == "alive" and member.id != self.node_id and \
                         (previous is None or previous.status != "alive"
                          or member.incarnation > previous.incarnation):
@@ -663,6 +673,10 @@ class NodeCore:
         """Announce re-queue timers due soon (WILLQUEUE), fire the due ones
         (QUEUED): :mod:`.requeue`."""
         assert self.requeues is not None
+        if self._unpark:  # copies parked on holders no longer alive: one retry again
+            done = yield _rows(sql.UNPARK, {"holders": sorted(self._unpark), "limit": UNPARK_BATCH})
+            if len(done) < UNPARK_BATCH:
+                self._unpark.clear()
         rows = yield _rows(sql.TIMERS, {"ahead": ANNOUNCE_AHEAD})
         holders = {job_id: tuple(nodes) for _kind, job_id, nodes, _c, _due in rows}
         soon = [(job_id, nodes, due) for kind, job_id, nodes, _c, due in rows if kind == "soon"]

@@ -19,6 +19,26 @@ Disque's answer, kept here:
   the job queued too (both fired together), keeps it only if it wins the
   tie-break (the lower node id keeps it, in SQL: ``APPLY_QUEUED``).
 
+**Parked copies** (pgq's, schema 0019). The holder that has the job
+queued keeps watch: at every retry it says QUEUED again, so that a copy
+queued elsewhere meanwhile (announcements lost) yields. In Disque each
+QUEUED postpones every other copy's timer by one retry: with a backlog
+older than the retry that is a row written on every holder for every
+queued job at every retry, and node processes that fell behind fired their
+timers unannounced (thousands of duplicate deliveries in a long ``make
+demo``). Here a copy that hears QUEUED is *parked* on the sender:
+
+* its timer goes ``PARKED_RETRIES`` retries out, and the sender's next
+  QUEUEDs leave its row alone until half of that is left (in SQL:
+  ``APPLY_QUEUED``);
+* it comes back to one retry as soon as this node's membership sees the
+  sender suspect, dead or gone, and at start for every sender not known
+  alive (``UNPARK``): so a job whose queueing holder died is queued
+  elsewhere about one retry after the death is suspected, as in Disque;
+* a QUEUED that arrives late (the sender no longer has the job queued) or
+  a sender whose process runs on without its database delays the job by
+  at most ``PARKED_RETRIES`` retries: the parked timer still fires.
+
 Invariants:
 
 * A timer is announced once per due time: an announcement is repeated only
@@ -37,9 +57,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["Requeues", "ANNOUNCE_AHEAD"]
+__all__ = ["Requeues", "ANNOUNCE_AHEAD", "PARKED_RETRIES"]
 
 ANNOUNCE_AHEAD = 0.5  # seconds before a timer fires that its WILLQUEUE goes out
+PARKED_RETRIES = 10  # a parked copy's timer, in retries (see "Parked copies")
 
 
 class Requeues:

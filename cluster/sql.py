@@ -18,6 +18,8 @@ from typing import Any, NamedTuple
 from pgq import contracts
 from pgq.contracts import JOBS_CHANNEL, REPLICATION_CHANNEL_PREFIX
 
+from .requeue import PARKED_RETRIES
+
 # ------------------------------------------------------------------- identity
 
 IDENTITY = """
@@ -435,12 +437,25 @@ SELECT a.id, 'acked', a.nodes FROM pgq.acks a WHERE a.id = ANY (%(ids)s::text[])
 """
 
 # QUEUED from `sender`: another holder queued these. Count the (re-)queue,
-# postpone our own re-queue by retry, and if we have it queued too keep it
-# only if we win the tie-break (the lower node id keeps it, as in Disque).
-# A copy we keep is returned: the node answers QUEUED at once, so that the
-# sender (the loser) yields, and the copy keeps watch (see TIMERS) in
-# case that answer is lost. Without it the winner stayed silent and both
-# kept the job queued for good (found by the simulation, seed 13).
+# and if we have it queued too keep it only if we win the tie-break (the
+# lower node id keeps it, as in Disque). A copy we keep is returned: the
+# node answers QUEUED at once, so that the sender (the loser) yields, and
+# the copy keeps watch (see TIMERS) in case that answer is lost. Without it
+# the winner stayed silent and both kept the job queued for good (found by
+# the simulation, seed 13).
+#
+# A copy that ends active here is parked on the sender (schema 0019,
+# pgq.cluster.requeue): its timer goes PARKED_RETRIES retries out (Disque
+# postpones it by one), and the sender's next QUEUEDs (its watch sends one
+# every retry) leave the row alone until half of that is left (_STILL_PARKED:
+# nothing to count, no holder to learn). The node brings a parked copy back
+# to one retry when the sender turns suspect, dead or gone (UNPARK).
+_YIELDS = "(j.state = 'active' OR %(sender)s < %(myself)s)"
+_STILL_PARKED = f"""(
+    j.state = 'active' AND j.parked_on = %(sender)s AND %(counter)s = ''
+    AND j.cluster_requeue_at > pgq.now() + {PARKED_RETRIES / 2} * j.retry * interval '1 second'
+    AND coalesce(j.nodes_delivered @> g.named, false))"""
+
 APPLY_QUEUED = f"""
 WITH {_GIVEN_HOLDERS}
 UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS},
@@ -451,12 +466,43 @@ UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS},
     requeue_at = CASE WHEN j.state = 'queued' AND %(sender)s < %(myself)s THEN NULL
                       ELSE j.requeue_at END,
     cluster_requeue_at = CASE
-        WHEN j.retry > 0 THEN pgq.now() + (j.retry + random() * 0.5) * interval '1 second'
-        ELSE j.cluster_requeue_at END
+        WHEN j.retry = 0 THEN j.cluster_requeue_at
+        WHEN {_YIELDS}
+            THEN pgq.now() + ({PARKED_RETRIES} * j.retry + random() * 0.5) * interval '1 second'
+        ELSE pgq.now() + (j.retry + random() * 0.5) * interval '1 second' END,
+    parked_on = CASE WHEN j.retry > 0 AND {_YIELDS} THEN %(sender)s END
 FROM given g
-WHERE j.id = g.id AND j.state <> 'wait-repl'
+WHERE j.id = g.id AND j.state <> 'wait-repl' AND NOT {_STILL_PARKED}
 RETURNING j.id, j.state = 'queued' AS kept, j.nodes_delivered
 """
+
+# Copies parked on holders that turned suspect, dead or gone: back to one
+# retry (or sooner, as it was), so that one of them queues the job if nobody
+# else has it queued (WILLQUEUE first, as any timer). Not a NACK's back-off
+# (requeue_counts false: that timer is the NACK's delay, never shortened).
+# At most `limit` rows a statement: the node runs it until one comes back
+# short. A row another transaction holds is skipped (its own timer still
+# bounds the wait: PARKED_RETRIES retries).
+def _unpark(parked: str) -> str:
+    return f"""
+UPDATE pgq.jobs j SET parked_on = NULL,
+    cluster_requeue_at = CASE WHEN j.state = 'active' AND j.requeue_counts AND j.retry > 0
+                                   AND j.cluster_requeue_at IS NOT NULL
+        THEN least(j.cluster_requeue_at,
+                   pgq.now() + (j.retry + random() * 0.5) * interval '1 second')
+        ELSE j.cluster_requeue_at END
+WHERE j.ctid = ANY (ARRAY(
+    SELECT ctid FROM pgq.jobs
+    WHERE parked_on IS NOT NULL AND {parked}
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED))
+RETURNING 1
+"""
+
+
+UNPARK = _unpark("parked_on = ANY (%(holders)s::text[])")
+# At start: every copy parked on a node this one does not know alive (it
+# may have died, or left, while this node was down).
+UNPARK_UNLESS_ALIVE = _unpark("NOT (parked_on = ANY (%(alive)s::text[]))")
 
 # QUEUED or WORKING named jobs acknowledged here: the sender still has a
 # copy (it missed our SETACK, which backs off up to minutes): it is told now.

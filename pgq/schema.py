@@ -108,6 +108,10 @@ jobs = Table(
     Column("priority", Integer, nullable=False, server_default=text("0")),
     # Idempotency key: no second live job with this key in the queue (schema 0013).
     Column("key", Text(collation=C)),
+    # The holder this copy is parked on: it has the job queued, so this
+    # copy's timer waits ten retries, or until that holder is suspect
+    # (schema 0019, pgq.cluster.requeue).
+    Column("parked_on", Text),
     PrimaryKeyConstraint("id", name="jobs_pkey"),
     CheckConstraint("state = ANY (ARRAY['wait-repl'::text, 'active'::text, 'queued'::text])",
                     name="jobs_state_check"),
@@ -124,6 +128,7 @@ jobs = Table(
     Index("jobs_cluster_timer_idx", "cluster_requeue_at",
           postgresql_where=text("cluster_requeue_at IS NOT NULL")),
     Index("jobs_wait_repl_idx", "ctime", postgresql_where=text("state = 'wait-repl'::text")),
+    Index("jobs_parked_idx", "parked_on", postgresql_where=text("parked_on IS NOT NULL")),
     # Queued copies of replicated jobs whose watch the node has yet to arm (schema 0009).
     Index("jobs_unwatched_idx", "id",
           postgresql_where=text("state = 'queued'::text AND cluster_requeue_at IS NULL "

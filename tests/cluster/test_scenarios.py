@@ -86,6 +86,69 @@ def test_a_holder_requeues_once_the_queueing_node_crashed(sim_databases):
     assert got[0].id == job and got[0].additional_deliveries == 1
 
 
+def parked(s: Scenario, job: str, on: str) -> list[str]:
+    """The nodes whose copy of the job is parked on node ``on`` (schema 0019)."""
+    holder = s.node(on).node_id
+    return sorted(name for name in s.names if name != on and s.sql(
+        name, "SELECT 1 FROM pgq.jobs WHERE id = %s AND parked_on = %s AND state = 'active'",
+        (job, holder)))
+
+
+def timer_in(s: Scenario, name: str, job: str) -> float:
+    """Virtual seconds until the re-queue timer of node ``name``'s copy."""
+    due = s.sql(name, "SELECT extract(epoch FROM cluster_requeue_at)::float8 FROM pgq.jobs "
+                      "WHERE id = %s", (job,))[0][0]
+    return due - s.node(name).clock.wall()
+
+
+def test_copies_park_on_the_queueing_holder_and_its_watch_rewrites_none_of_them(sim_databases):
+    """Disque's QUEUED postpones every other copy by one retry: with the
+    holder's watch saying QUEUED at every retry, a row written on every
+    holder for every queued job at every retry. A copy parked on the holder
+    waits ten retries, and the watch leaves it alone for five."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=1)
+    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 4.0, "both copies parked on n1")
+    versions = {name: s.sql(name, "SELECT xmin::text FROM pgq.jobs WHERE id = %s", (job,))
+                for name in ("n2", "n3")}
+    # Three retries: n1's watch says QUEUED three times, and the copies stay
+    # as they were (no row version), their timers still about ten retries out.
+    s.holds(lambda: s.queued_on(job) == ["n1"], 3.0, "one queued copy, on n1")
+    assert {name: s.sql(name, "SELECT xmin::text FROM pgq.jobs WHERE id = %s", (job,))
+            for name in ("n2", "n3")} == versions
+    due = [timer_in(s, name, job) for name in ("n2", "n3")]
+    assert all(5 < d <= 10.5 for d in due), due
+
+
+def test_copies_parked_on_a_holder_that_crashed_queue_the_job_a_retry_after_its_suspicion(
+        sim_databases):
+    """A parked copy waits ten retries; its holder turning suspect brings it
+    back to one: the job is queued elsewhere about as soon as in Disque
+    (suspicion in about 1.5 s, then the retry of 1 s and its announcement)."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=1)
+    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 4.0, "both copies parked on n1")
+    s.crash("n1")  # its database keeps its queued copy, out of reach of consumers elsewhere
+    queued = s.until(lambda: [n for n in s.queued_on(job) if n != "n1"], 5.0,
+                     "another holder to queue the job")
+    assert len(queued) == 1
+    got = s.get(queued[0], withcounters=True)
+    assert got[0].id == job and got[0].additional_deliveries == 1
+
+
+def test_a_node_starting_brings_back_copies_parked_on_a_node_it_does_not_know_alive(
+        sim_databases):
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=1)
+    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 4.0, "both copies parked on n1")
+    s.crash("n2")
+    # As if the holder it is parked on had left the cluster, forgotten since.
+    s.sql("n2", "UPDATE pgq.jobs SET parked_on = 'gone' WHERE id = %s", (job,))
+    s.restart("n2")  # its start brings the copy back at once (before any step of it ran)
+    assert s.sql("n2", "SELECT parked_on FROM pgq.jobs WHERE id = %s", (job,)) == [(None,)]
+    assert timer_in(s, "n2", job) <= 1.5
+
+
 def test_an_unacked_delivery_is_requeued_on_exactly_one_node(sim_databases):
     s = cluster(sim_databases)
     job = s.add("n2", b"x", replicate=3, retry=1)
