@@ -36,6 +36,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -60,14 +61,17 @@ class HandlerThreads:
         self.abandoned = 0  # calls still running whose awaiting task gave up
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in one of the threads; its result, or its exception."""
+        """``fn(*args)`` in one of the threads, in a copy of the caller's
+        context (its context variables: the worker's tracing span, a
+        logging or error-reporting scope); its result, or its exception."""
         done = anyio.Event()
         box: dict[str, Any] = {}
         wake = _waker(done)
+        context = contextvars.copy_context()
 
         def call() -> None:
             try:
-                box["result"] = fn(*args)
+                box["result"] = context.run(fn, *args)
             except BaseException as exc:  # handed to the awaiting task
                 box["error"] = exc
             finally:

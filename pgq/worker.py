@@ -226,6 +226,7 @@ class Worker:
         self.stats = WorkerStats()
         self.job_log_level = _log_level(job_log_level)  # one line per finished job, at this level
         self._extending: dict[str, anyio.Event] = {}  # WORKING in flight, by job
+        self._settling: set[str] = set()  # failed jobs being NACKed or dead-lettered
         # Results (schema 0011): what a handler returns, or the error that
         # sent its job to the dead letters, kept `keep_results` seconds.
         self.keep_results = keep_results
@@ -532,20 +533,26 @@ class Worker:
             self._idle.popleft().set()
 
     async def _drain(self, jobs: anyio.abc.TaskGroup) -> None:
-        """Shutdown: in-flight jobs get `grace` seconds; the rest are NACKed."""
+        """Shutdown: in-flight jobs get `grace` seconds; the rest go back to
+        their queue (an interruption is no failure: no nack is counted, so
+        it never brings a job nearer its dead letter by ``max_nacks``)."""
         with anyio.move_on_after(self.grace):
             # a shutdown-only poll of the jobs' ends
             while self._in_flight and not self._grace_over.is_set():  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         if self._in_flight:
-            left = dict(self._in_flight)
-            # A NACK never queues an at-most-once job again (it was
-            # delivered): it stayed active until its TTL and vanished, with
-            # a log line saying NACKed. Those go to the dead letters.
-            once = [i for i, job in left.items() if job.retry == 0]
-            again = [i for i, job in left.items() if job.retry != 0]
-            log.info("worker: %d job(s) still running after %g s: %d NACKed, %d at-most-once "
-                     "dead-lettered", len(left), self.grace, len(again), len(once))
+            left = {i: job for i, job in self._in_flight.items() if i not in self._settling}
+            # Claimed but never started: no handler saw them, so an
+            # at-most-once one goes back too, its delivery undone
+            # (commands.give_back_jobs). Started: an at-least-once job goes
+            # back as ENQUEUE does; an at-most-once one must not run again
+            # (it stayed active until its TTL and vanished, while the log
+            # said NACKed): to the dead letters.
+            unstarted = {job.id for job in self._ready}
+            once = [i for i, job in left.items() if job.retry == 0 and i not in unstarted]
+            back = [i for i in left if i not in once]
+            log.info("worker: %d job(s) still running after %g s: %d put back in their queue, "
+                     "%d at-most-once dead-lettered", len(left), self.grace, len(back), len(once))
             jobs.cancel_scope.cancel()
             with anyio.CancelScope(shield=True):
                 # No WORKING for them from now on, and none still in flight:
@@ -557,14 +564,15 @@ class Worker:
                     if (extending := self._extending.get(job_id)) is not None:
                         await extending.wait()
                 try:
-                    if again:
-                        await self.client.nack_job(*again)
+                    if back:
+                        await self.client._run(self.client.ids_command("give_back_jobs",
+                                                                       tuple(back)))
                     if once:
                         await self.client.dead_letter(
                             *once, reason=f"interrupted: still running {self.grace:g} s after the "
                                           "worker was told to stop (at-most-once: not delivered again)")
                 except (PgqError, psycopg.Error) as exc:  # they come back after their retry
-                    log.warning("worker: could not NACK the interrupted jobs: %s", exc)
+                    log.warning("worker: could not put back the interrupted jobs: %s", exc)
             for job in left.values():
                 self.stats.count(job.queue, "interrupted")
                 self._done(job, "interrupted")
@@ -629,11 +637,15 @@ class Worker:
                     value = await task.handler(job)
                 else:
                     value = await self._threads.run(task.handler, job)
+                    if inspect.isawaitable(value):  # an async def behind a plain wrapper
+                        value = await value  # (unawaited, the job was acknowledged undone)
                 return _Returned(value)
         except anyio.get_cancelled_exc_class() as exc:
             if _cancelling():
                 raise
             raise _handler_failed(exc) from exc
+        except _JobFailed:  # said already (a transactional ACK that found no job)
+            raise
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             raise _handler_failed(exc) from exc
         assert deadline.cancelled_caught and timeout is not None
@@ -655,7 +667,7 @@ class Worker:
                 if self.keep_results is not None:
                     await self.client._run(self.client.store_result_command(
                         job.id, *self._result_of(job, value), self.keep_results), conn=conn)
-                await self.client.ack_job(job.id, conn=conn)
+                _acked_or_roll_back(job, await self.client.ack_job(job.id, conn=conn))
             return
 
         abandoned = threading.Event()
@@ -670,10 +682,17 @@ class Worker:
             with self._sync_pool.connection() as conn:
                 value = task.handler(job, conn)
                 go_on()
+                if inspect.isawaitable(value):
+                    close = getattr(value, "close", None)
+                    if close is not None:
+                        close()  # never awaited: no warning for it
+                    raise TypeError(f"the transactional handler of {job.queue!r} is a plain "
+                                    "function that returned an awaitable: declare it "
+                                    "'async def' (its writes were rolled back)")
                 if self.keep_results is not None:
                     client._run(client.store_result_command(
                         job.id, *self._result_of(job, value), self.keep_results), conn=conn)
-                client.ack_job(job.id, conn=conn)
+                _acked_or_roll_back(job, client.ack_job(job.id, conn=conn))
                 go_on()
 
         try:
@@ -763,6 +782,7 @@ class Worker:
             log.warning("worker: job %s of %s failed (%s)", job.id, job.queue, reason)
         if (extending := self._extending.get(job.id)) is not None:
             await extending.wait()
+        self._settling.add(job.id)  # a shutdown leaves it to this (its back-off stands)
         try:
             outcome = await self._settle_failure(job, opts, reason, failure.trace, over, policy, nacks)
         except (PgqError, psycopg.Error) as exc:
@@ -772,6 +792,8 @@ class Worker:
             log.warning("worker: could not record the failure of job %s (it will be delivered "
                         "again after its retry): %s", job.id, exc)
             outcome = "failed"
+        finally:
+            self._settling.discard(job.id)
         self.stats.count(job.queue, outcome)
         self._done(job, outcome)
 
@@ -805,7 +827,7 @@ class Worker:
         except Exception as exc:
             log.warning("worker: the result of job %s could not be encoded: %s", job.id, exc)
             return None, _safe_text(f"the handler returned a value that could not be kept: "
-                                    f"{type(exc).__name__}: {exc}")
+                                    f"{type(exc).__name__}: {_str_of(exc)}")
 
     async def _keep(self, job: Job, value: bytes | None, error: str | None) -> None:
         """Store a result before the ACK (a crash between them reruns the
@@ -884,6 +906,15 @@ def _log_level(level: object) -> int:
                                f"'INFO'), not {level!r}")
 
 
+def _acked_or_roll_back(job: Job, acked: int) -> None:
+    """A transactional handler's ACK found no job: its lease had lapsed and
+    another delivery of it was acknowledged first. Its writes must not
+    count twice: raising rolls the transaction back."""
+    if not acked:
+        raise _JobFailed(f"job {job.id} was acknowledged elsewhere while this delivery ran "
+                         "(its lease had lapsed): its writes were rolled back")
+
+
 def _cancelling() -> bool:
     """This task is being cancelled (the worker stops), as opposed to a
     CancelledError the handler's own code raised (an awaited task that
@@ -896,7 +927,18 @@ def _handler_failed(exc: BaseException) -> _JobFailed:
     # Safe from the start: the log line too (a lone surrogate in a handler's
     # error made every UTF-8 log handler fail on it).
     trace = _safe_text("".join(traceback.format_exception(exc)).rstrip())
-    return _JobFailed(_safe_text(f"{type(exc).__name__}: {exc}"), trace)
+    return _JobFailed(_safe_text(f"{type(exc).__name__}: {_str_of(exc)}"), trace)
+
+
+def _str_of(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when the exception's own ``__str__``
+    raises (or returns no str): formatted bare, such an error escaped the
+    job's failure handling and ended the worker, its jobs left claimed."""
+    try:
+        text = str(exc)
+    except Exception as inner:
+        return f"<its message could not be made: {type(inner).__name__}>"
+    return text
 
 
 def _name_of(handler: Handler) -> str:

@@ -312,6 +312,68 @@ def test_transactional_mode_commits_writes_and_ack_together(dsn, client, db):
     assert [d["id"] for d in client.dead_letters("tx")] == [bad]
 
 
+@pytest.mark.parametrize("kind", ["def", "async def"])
+def test_a_transactional_handler_whose_job_was_acknowledged_elsewhere_rolls_back(client, db,
+                                                                                kind):
+    """Its lease lapsed and another delivery was acknowledged first: this
+    ACK finds no job, and the writes must not count twice (they committed)."""
+    db.execute(f"CREATE TABLE late_{kind.split()[0]} (body text)")
+    job_id = client.add_job(f"late-{kind}", b"x", retry=30)
+
+    def work(job, conn):
+        conn.execute(f"INSERT INTO late_{kind.split()[0]} VALUES ('written')")
+        client.ack_job(job.id)  # the other delivery, done with meanwhile
+
+    async def async_work(job, conn):
+        await conn.execute(f"INSERT INTO late_{kind.split()[0]} VALUES ('written')")
+        await anyio.to_thread.run_sync(client.ack_job, job.id)
+
+    worker = pgq.Worker(client, queues=[f"late-{kind}"], transactional=True,
+                        handler=work if kind == "def" else async_work)
+    stats = run_until(worker, lambda: worker.stats.failed == 1)
+    assert stats.succeeded == 0
+    assert db.execute(f"SELECT count(*) FROM late_{kind.split()[0]}").fetchone() == (0,)
+    assert client.show(job_id) is None
+
+
+def test_a_handler_error_whose_message_cannot_be_made_fails_its_job_not_the_worker(client):
+    class Coded(Exception):
+        def __str__(self) -> str:
+            return {1: "known"}[2]  # raises KeyError
+
+    client.add_job("coded", b"bad", retry=30)
+    client.add_job("coded", b"good", retry=30)
+
+    def handler(job):
+        if job.body == b"bad":
+            raise Coded()
+
+    worker = pgq.Worker(client, queues=["coded"], handler=handler, concurrency=1,
+                        max_nacks=1)
+    stats = run_until(worker, lambda: worker.stats.dead == 1 and worker.stats.succeeded == 1)
+    [dead] = client.dead_letters("coded")
+    assert dead["reason"].startswith("Coded: <its message could not be made: KeyError>")
+    assert stats.claimed == 2
+
+
+def test_a_plain_function_returning_a_coroutine_has_it_awaited_before_the_ack(client):
+    """An async def behind a plain wrapper (a decorator, a lambda): the
+    coroutine it returned went unawaited and the job was acknowledged undone."""
+    ran: list[str] = []
+
+    async def work(job):
+        await anyio.lowlevel.checkpoint()
+        ran.append(job.id)
+        return "done"
+
+    job_id = client.add_job("wrapped", b"x", retry=30)
+    worker = pgq.Worker(client, queues=["wrapped"], handler=lambda job: work(job),
+                        keep_results=60)
+    run_until(worker, lambda: worker.stats.succeeded == 1)
+    assert ran == [job_id]
+    assert client.wait_result(job_id, timeout=0) == (b'"done"', None)
+
+
 def test_a_transactional_handler_given_up_rolls_back_and_keeps_its_result(client, db):
     """A `def` handler past its timeout keeps running in its thread while its
     job is NACKed and runs again: that thread must roll back, or its writes
@@ -458,7 +520,9 @@ def test_an_at_most_once_job_interrupted_at_shutdown_is_dead_lettered_not_lost(c
     """A NACK never queues a delivered at-most-once job again: interrupted
     after the grace, it stayed active until its TTL and vanished, while the
     log said NACKed. It goes to the dead letters; an at-least-once job
-    beside it is NACKed (queued again at once)."""
+    beside it is queued again at once, without a nack counted (an
+    interruption is no failure: it brought the job nearer its dead letter
+    under max_nacks at every deploy)."""
     once = client.add_job("cut", b"once", retry=0)
     again = client.add_job("cut", b"again", retry=60)
     started = threading.Event()
@@ -476,8 +540,8 @@ def test_an_at_most_once_job_interrupted_at_shutdown_is_dead_lettered_not_lost(c
     assert stats.interrupted == 2
     assert [d["id"] for d in client.dead_letters("cut")] == [once]
     assert "interrupted" in client.dead_letters("cut")[0]["reason"]
-    [queued] = client.get_job("cut", nohang=True)
-    assert queued.id == again
+    [queued] = client.get_job("cut", nohang=True, withcounters=True)
+    assert queued.id == again and queued.nacks == 0
 
 
 def test_by_default_a_failing_job_is_dead_lettered_after_5_deliveries_with_its_traceback(
@@ -609,3 +673,27 @@ def test_requeued_dead_letters_commit_durably_on_a_cluster_node(dsn, db):
         assert len(client.requeue_dead_letters("q")) == 1
     assert db.execute("SELECT count(*) FROM pgq.outbox").fetchone()[0] > 0  # the doorbell's case
     assert db.execute("SELECT setting FROM pgq.test_commit_settings").fetchall() == [("on",)]
+
+
+def test_a_def_handler_runs_in_the_context_of_the_worker(client):
+    """Context variables (a tracing span, a logging or error-reporting scope)
+    reach a plain `def` handler's thread, as they reach an async one."""
+    import contextvars
+
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id", default="none")
+    seen: list[str] = []
+    client.add_job("ctx", b"x", retry=30)
+    worker = pgq.Worker(client, queues=["ctx"], handler=lambda job: seen.append(request_id.get()))
+
+    def serve() -> None:
+        request_id.set("set by the worker's caller")
+        worker.run(install_signal_handlers=False)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        wait_until(lambda: worker.stats.succeeded == 1, 20)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert seen == ["set by the worker's caller"]
