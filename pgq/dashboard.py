@@ -82,7 +82,7 @@ from starlette.routing import Route
 
 from . import errors
 from .aio import AsyncClient
-from .httpjson import BadRequest, error_response, hosts_for, json_body, status_of
+from .httpjson import BadRequest, BodyBudget, error_response, hosts_for, json_body, status_of
 from .jsonable import jsonable
 
 __all__ = ["create_app", "PAUSE_STATES", "hosts_for"]
@@ -469,7 +469,9 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         Route("/api/jobs/{id:path}", handle(job), methods=["GET"]),
         Route("/health", handle(health, data=False), methods=["GET"]),
     ]
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] if allowed_hosts else []
+    middleware = [Middleware(BodyBudget)]
+    if allowed_hosts:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
     return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
 
 

@@ -36,10 +36,12 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -50,8 +52,8 @@ from starlette.routing import Route
 
 from . import errors
 from .aio import AsyncClient
-from .arguments import MAX_COUNT, MAX_PRIORITY, MAX_REPLICATE, seconds
-from .httpjson import BadRequest, Busy, error_response, json_body, status_of
+from .arguments import MAX_COUNT, MAX_IDS, MAX_PRIORITY, MAX_REPLICATE, seconds
+from .httpjson import BadRequest, BodyBudget, Busy, error_response, json_body, status_of
 from .job import Job
 from .jsonable import body_fields, jsonable
 
@@ -127,7 +129,9 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         # Starlette decodes a header's bytes as latin-1: encoding them back
         # gives the bytes the client sent (a UTF-8 token's, say).
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode("latin-1"),
+        # Only HTTP's blanks are stripped: str.strip() also took a UTF-8
+        # token's last byte when it was 0x85 or 0xA0 (latin-1 spaces).
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(" \t").encode("latin-1"),
                                                                   (token or "").encode())
 
     def guarded(handler: Handler, public: bool = False) -> Handler:
@@ -143,6 +147,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                 response.headers["WWW-Authenticate"] = "Bearer"
                 return response
             try:
+                _utf8_path(request)
                 return await handler(request)
             except BadRequest as exc:
                 response = error_response(exc.kind, str(exc), exc.status)
@@ -174,6 +179,9 @@ def create_app(client: AsyncClient, token: str | None = None, *,
             items = data["jobs"]
             if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
                 raise BadRequest('"jobs" must be a list of objects')
+            if len(items) > MAX_IDS:
+                raise BadRequest(f'"jobs" holds at most {MAX_IDS:,} jobs: add more in several '
+                                 'requests')
             for item in items:
                 _known(item, _ITEM_FIELDS, "an item of \"jobs\" (options go beside \"jobs\")")
             if "key" in data:
@@ -189,8 +197,10 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                 # while adding (PAUSED, MAXLEN) leaves the items before it.
                 each = [(_body_of(i), {**options, **{k: i[k] for k in ("key", "priority") if k in i}})
                         for i in items]
-                for body, item_options in each:
+                for n, (body, item_options) in enumerate(each):
                     client.add_call(queue, [body], **{**_CALL_DEFAULTS, **item_options})
+                    if n % 1000 == 999:  # ~20 us an item: others' requests go on meanwhile
+                        await anyio.lowlevel.checkpoint()
                 ids = []
                 try:
                     for body, item_options in each:
@@ -229,13 +239,23 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         withcounters = data.get("withcounters", True)
         if not isinstance(withcounters, bool):
             raise BadRequest('"withcounters" must be true or false')
+        gone = anyio.Event()  # set by _while_connected when the client leaves
+
         async def leased() -> Response:
             jobs = await client.get_job(*queues, count=data.get("count", 1),
                                         timeout=timeout or None, nohang=not timeout,
                                         withcounters=withcounters)
+            if jobs and gone.is_set():
+                # The client left while the claim ran (the claim is never
+                # stopped half-way: its jobs come back): nobody reads them.
+                # Left leased, they waited out their retry, and a retry-0
+                # job was lost. Back in their queue, as for a cancelled GET.
+                with anyio.CancelScope(shield=True):
+                    await client._give_back(jobs)
+                return Response(status_code=499)
             return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
 
-        return await _while_connected(request, leased) if timeout else await leased()
+        return await _while_connected(request, leased, gone) if timeout else await leased()
 
     async def ack(request: Request) -> Response:
         return JSONResponse({"acked": await client.ack_job(request.path_params["id"])})
@@ -304,13 +324,15 @@ def create_app(client: AsyncClient, token: str | None = None, *,
     ]
     # On loopback only loopback Host names: a page that rebinds its own name
     # to 127.0.0.1 passes the Origin check (its Origin is its Host).
-    middleware = [Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts)] \
-        if allowed_hosts else []
+    middleware = [Middleware(BodyBudget)]
+    if allowed_hosts:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=allowed_hosts))
     return Starlette(routes=routes, middleware=middleware,
                      exception_handlers={HTTPException: _http_error, Exception: _server_error})
 
 
-async def _while_connected(request: Request, waiting: Handler0) -> Response:
+async def _while_connected(request: Request, waiting: Handler0,
+                           gone: anyio.Event | None = None) -> Response:
     """Run a request that may wait (a blocking lease, a wait), cancelled
     when its client goes away: the server does not cancel it, so a lease
     whose client had left went on waiting, holding its place among the
@@ -325,6 +347,8 @@ async def _while_connected(request: Request, waiting: Handler0) -> Response:
             # The body is read: the next message is the client leaving.
             while (await request.receive())["type"] != "http.disconnect":
                 pass
+            if gone is not None:
+                gone.set()
             tasks.cancel_scope.cancel()
 
         tasks.start_soon(watch)
@@ -336,6 +360,20 @@ async def _while_connected(request: Request, waiting: Handler0) -> Response:
     if failure is not None:
         raise failure
     return response
+
+
+def _utf8_path(request: Request) -> None:
+    """The path names queues and jobs: bytes that are not UTF-8 are refused.
+    The server decodes them with replacement, so "caf%E9" and "caf%E8" both
+    named the queue "caf\ufffd"."""
+    raw = request.scope.get("raw_path")
+    if raw is None:
+        return
+    try:
+        urllib.parse.unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the path is not UTF-8 once its %-escapes are decoded: encode queue "
+                         "names and job IDs as UTF-8") from None
 
 
 def _same_origin(request: Request) -> bool:
@@ -365,7 +403,10 @@ _ERROR = {"description": "refused", "content": {"application/json": {"schema": {
                    "message": {"type": "string"},
                    "ids": {"type": "array", "items": {"type": "string"},
                            "description": "an add of items with keys or priorities refused "
-                                          "part-way: the IDs of the items added before"}}}}}}
+                                          "part-way: the IDs of the items added before"},
+                   "withdrawn": {"type": "array", "items": {"type": "string"},
+                                 "description": "NoReplError: the IDs whose partial copies "
+                                                "were withdrawn"}}}}}}
 _PARAMETERS = {name: [{"name": name, "in": "path", "required": True, "schema": {"type": "string"},
                        "description": what}]
                for name, what in (("queue", "a queue name, percent-encoded"),
@@ -383,8 +424,11 @@ def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200",
                                         "404": {**_ERROR, "description": "no such job or queue"},
                                         "409": {**_ERROR, "description": "refused: queue paused "
                                                 "or full, too late, node leaving"},
+                                        "413": {**_ERROR, "description": "a request body over "
+                                                "64 MiB: send it in several requests"},
                                         "503": {**_ERROR, "description": "no replicas or no "
-                                                "database"}}}
+                                                "database; or busy reading other large bodies "
+                                                "(Retry-After: send it again)"}}}
     if path is not None:
         op["parameters"] = _PARAMETERS[path]
     if body is not None:
@@ -409,10 +453,14 @@ OPENAPI: dict[str, Any] = {
     "paths": {
         "/v1/queues/{queue}/jobs": {"post": _op("Add one job, or many (jobs)", {
             "type": "object", "additionalProperties": False, "properties": {
-                **_JOB_PROPERTIES, "jobs": {"type": "array", "items": _JOB_IN},
+                **_JOB_PROPERTIES,
+                "jobs": {"type": "array", "items": _JOB_IN, "maxItems": MAX_IDS},
                 "replicate": {"type": "integer", "minimum": 1, "maximum": MAX_REPLICATE},
                 "maxlen": {"type": "integer", "minimum": 1},
-                **{k: _SECONDS for k in ("delay", "retry", "ttl", "timeout")},
+                **{k: _SECONDS for k in ("delay", "retry")},
+                "ttl": {"type": "number", "exclusiveMinimum": 0},
+                "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
+                            "description": "seconds to wait for the copies"},
                 "async": {"type": "boolean"}}},
             ok="201", path="queue")},
         "/v1/lease": {"post": _op("Get jobs from queues, left to right", {
@@ -440,7 +488,8 @@ OPENAPI: dict[str, Any] = {
         "/metrics": {"get": {**_op("Prometheus metrics"), "responses": {
             "200": {"description": "metrics", "content": {"text/plain": {"schema": {
                 "type": "string"}}}},
-            "401": {**_ERROR, "description": "token missing or wrong"}}}},
+            "401": {**_ERROR, "description": "token missing or wrong"},
+            "403": {**_ERROR, "description": "from a web page of another origin"}}}},
         "/openapi.json": {"get": {"summary": "This document", "security": [],
                                   "responses": {"200": {"description": "OpenAPI 3.1"}}}},
     },

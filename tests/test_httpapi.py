@@ -189,6 +189,14 @@ def test_odd_input_gets_a_json_4xx_never_a_500(api):
          400, "InvalidTypeError"),
         ("GET", "/v1/nothing", None, None, 404, "not_found"),
         ("DELETE", "/v1/lease", None, None, 405, "method_not_allowed"),
+        # a field given twice: json.loads kept the last, and A was dropped with a 201
+        ("POST", "/v1/queues/q/jobs", None, b'{"jobs": [{"body": "A"}], "jobs": [{"body": "B"}]}',
+         400, "bad_request"),
+        ("POST", "/v1/queues/q/jobs", None, b'{"body": "a", "body": "b"}', 400, "bad_request"),
+        # a path that is not UTF-8: "caf%E9" and "caf%E8" both named "caf\ufffd"
+        ("POST", "/v1/queues/caf%E9/jobs", {"body": "x"}, None, 400, "bad_request"),
+        ("GET", "/v1/queues/%FF", None, None, 400, "bad_request"),
+        ("POST", "/v1/queues/q/jobs", {"jobs": [{}] * 100_001}, None, 400, "bad_request"),
     ]
     for method, path, body, raw, status, kind in cases:
         got_status, error = call(api, method, path, body, raw=raw)
@@ -342,6 +350,25 @@ def test_a_token_that_is_not_ascii_works_from_the_environment_too(serve):
     assert status_with(secret.encode("latin-1", "replace")) == 401
 
 
+@pytest.mark.parametrize("secret", ["voilà", "tokenÅ"])
+def test_a_token_ending_in_a_byte_latin1_calls_a_space_works(serve, secret):
+    """UTF-8 'à' ends in 0xA0 and 'Å' in 0x85: read as latin-1, str.strip()
+    took them for blanks, and such a token never matched."""
+    import http.client
+    import os
+
+    served = serve(env={**os.environ, "PGQ_HTTP_TOKEN": secret})
+    host, port = served.base.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+    try:
+        connection.putrequest("GET", "/v1/queues/utf")
+        connection.putheader("Authorization", b"Bearer " + secret.encode())
+        connection.endheaders()
+        assert connection.getresponse().status == 404  # past the token check: no such queue
+    finally:
+        connection.close()
+
+
 def test_a_client_gone_before_its_body_arrived_is_no_server_error(serve, tmp_path):
     """A client that sends half its body and leaves: Starlette raised
     ClientDisconnect, which became a 500 and a traceback in the log."""
@@ -438,3 +465,94 @@ def test_items_added_before_a_refusal_are_named(api):
     assert "items 1-2 of 3" in error["message"]
     leased = call(api, "POST", "/v1/lease", {"queues": ["capped"], "count": 5})[1]["jobs"]
     assert sorted(j["id"] for j in leased) == sorted(error["ids"])
+
+
+def test_a_lease_whose_client_left_while_its_claim_ran_puts_the_jobs_back(dsn):
+    """The claim is never stopped half-way (its jobs come back from it), and
+    the response then went to a closed connection: the jobs waited out their
+    retry, and a retry-0 job was lost. In process, so that the client leaves
+    exactly while the claim runs."""
+    import anyio
+
+    from pgq import AsyncClient
+    from pgq.httpapi import create_app
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            job_id = await client.add_job("left-mid", b"x", retry=0)
+            app = create_app(client)
+            leave, left = anyio.Event(), anyio.Event()
+            claim = client.get_job
+
+            async def get_job(*queues, **options):
+                with anyio.CancelScope(shield=True):  # as the claim itself: nothing stops it
+                    leave.set()
+                    await left.wait()  # the server has seen the client leave
+                    return await claim(*queues, **options)
+
+            client.get_job = get_job  # type: ignore[method-assign]
+            body = json.dumps({"queues": ["left-mid"], "timeout": 30}).encode()
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive():
+                if messages:
+                    return messages.pop()
+                await leave.wait()
+                left.set()
+                return {"type": "http.disconnect"}
+
+            sent = []
+
+            async def send(message):
+                sent.append(message)
+
+            scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+                     "path": "/v1/lease", "raw_path": b"/v1/lease", "query_string": b"",
+                     "root_path": "", "headers": [(b"host", b"127.0.0.1")],
+                     "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+            await app(scope, receive, send)
+            assert sent[0]["status"] == 499  # nobody there to read it
+            shown = await client.show(job_id)
+            assert shown["state"] == "queued" and shown["deliveries"] == 0
+
+    anyio.run(main)
+
+
+def test_a_parsed_body_counts_in_the_budget_until_its_request_is_answered():
+    """A 64 MiB body parses to about 1.3 GiB, alive while its jobs are
+    checked and added; released when parsing ended, a second and a third
+    such request went in beside it."""
+    import anyio
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from pgq import httpjson
+
+    async def handler(request):
+        await httpjson.json_body(request)
+        return JSONResponse({"counted": httpjson._in_flight})
+
+    app = Starlette(routes=[Route("/", handler, methods=["POST"])],
+                    middleware=[Middleware(httpjson.BodyBudget)])
+    body = json.dumps({"body": "x" * (3 * httpjson.SMALL_BODY)}).encode()
+
+    async def main() -> None:
+        sent = []
+
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+                 "path": "/", "raw_path": b"/", "query_string": b"", "root_path": "",
+                 "headers": [], "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+        await app(scope, receive, send)
+        counted = json.loads(sent[1]["body"])["counted"]
+        assert counted == len(body) - httpjson.SMALL_BODY  # still held while it was answered
+        assert httpjson._in_flight == 0  # and released after
+
+    anyio.run(main)
