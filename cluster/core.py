@@ -674,9 +674,12 @@ class NodeCore:
         (QUEUED): :mod:`.requeue`."""
         assert self.requeues is not None
         if self._unpark:  # copies parked on holders no longer alive: one retry again
-            done = yield _rows(sql.UNPARK, {"holders": sorted(self._unpark), "limit": UNPARK_BATCH})
+            holders = sorted(self._unpark)
+            done = yield _rows(sql.UNPARK, {"holders": holders, "limit": UNPARK_BATCH})
             if len(done) < UNPARK_BATCH:
-                self._unpark.clear()
+                # (not clear(): a holder suspected while the statement ran
+                # was not in it)
+                self._unpark.difference_update(holders)
         rows = yield _rows(sql.TIMERS, {"ahead": ANNOUNCE_AHEAD})
         holders = {job_id: tuple(nodes) for _kind, job_id, nodes, _c, _due in rows}
         soon = [(job_id, nodes, due) for kind, job_id, nodes, _c, due in rows if kind == "soon"]
@@ -702,6 +705,13 @@ class NodeCore:
     def _on_queued(self, peer: str, message: m.Queued) -> Step:
         rows = yield _rows(sql.APPLY_QUEUED, {**self._named(message), "counter": message.counter,
                                               "sender": peer, "myself": self.node_id})
+        assert self.membership is not None
+        sender = self.membership.get(peer)
+        if sender is None or sender.status != "alive":
+            # A QUEUED that waited in our inbox while its sender turned
+            # suspect or dead parked copies on it after its UNPARK, and no
+            # later change of that member would bring them back.
+            self._unpark.add(peer)
         kept = [(job_id, tuple(nodes or ())) for job_id, still_queued, nodes in rows if still_queued]
         if kept:  # we keep them queued (tie-break): the sender must yield
             self.send(peer, m.Queued(tuple(i for i, _ in kept), "", tuple(n for _, n in kept)))

@@ -28,16 +28,20 @@ queued job at every retry, and node processes that fell behind fired their
 timers unannounced (thousands of duplicate deliveries in a long ``make
 demo``). Here a copy that hears QUEUED is *parked* on the sender:
 
-* its timer goes ``PARKED_RETRIES`` retries out, and the sender's next
-  QUEUEDs leave its row alone until half of that is left (in SQL:
-  ``APPLY_QUEUED``);
+* its timer goes ``PARKED_RETRIES`` retries out (never past half the TTL
+  left: the default retry is a tenth of the TTL, and a timer past the
+  expiry would never fire), and the sender's next QUEUEDs leave its row
+  alone until less than half of that is left (in SQL: ``APPLY_QUEUED``);
 * it comes back to one retry as soon as this node's membership sees the
   sender suspect, dead or gone, and at start for every sender not known
   alive (``UNPARK``): so a job whose queueing holder died is queued
   elsewhere about one retry after the death is suspected, as in Disque;
-* a QUEUED that arrives late (the sender no longer has the job queued) or
-  a sender whose process runs on without its database delays the job by
-  at most ``PARKED_RETRIES`` retries: the parked timer still fires.
+* a QUEUED from a sender this node does not see alive parks nothing for
+  long: the sender's copies are brought back at the next timers step;
+* a QUEUED that arrives late (the sender no longer has the job queued), a
+  sender whose process runs on without its database, or a DELJOB run on
+  the sender alone (not broadcast, as in Disque) delay the job by at most
+  the parked timer: ``PARKED_RETRIES`` retries or half the TTL left.
 
 Invariants:
 

@@ -445,16 +445,24 @@ SELECT a.id, 'acked', a.nodes FROM pgq.acks a WHERE a.id = ANY (%(ids)s::text[])
 # the simulation, seed 13).
 #
 # A copy that ends active here is parked on the sender (schema 0019,
-# pgq.cluster.requeue): its timer goes PARKED_RETRIES retries out (Disque
-# postpones it by one), and the sender's next QUEUEDs (its watch sends one
-# every retry) leave the row alone until half of that is left (_STILL_PARKED:
-# nothing to count, no holder to learn). The node brings a parked copy back
-# to one retry when the sender turns suspect, dead or gone (UNPARK).
+# pgq.cluster.requeue): its timer goes _PARKED seconds out (Disque postpones
+# it by one retry), and the sender's next QUEUEDs (its watch sends one every
+# retry) leave the row alone until less than half of that is left
+# (_STILL_PARKED: nothing to count, no holder to learn). The node brings a
+# parked copy back to one retry when the sender turns suspect, dead or gone
+# (UNPARK). A parked copy re-queues as a timer does (requeue_counts): a
+# NACK's back-off it replaced is moot, its job queued at the sender.
 _YIELDS = "(j.state = 'active' OR %(sender)s < %(myself)s)"
-_STILL_PARKED = f"""(
+# PARKED_RETRIES retries, but never past half the TTL left (nor below one
+# retry): the default retry is a tenth of the TTL, and a timer past the
+# expiry never fires, so a copy whose sender stopped holding the job queued
+# unseen (its database down, a local DELJOB there) must fire before.
+_PARKED = (f"least({PARKED_RETRIES} * j.retry, greatest(j.retry, "
+           "extract(epoch FROM j.expires_at - pgq.now()) / 2))")
+_STILL_PARKED = f"""coalesce(
     j.state = 'active' AND j.parked_on = %(sender)s AND %(counter)s = ''
-    AND j.cluster_requeue_at > pgq.now() + {PARKED_RETRIES / 2} * j.retry * interval '1 second'
-    AND coalesce(j.nodes_delivered @> g.named, false))"""
+    AND j.cluster_requeue_at > pgq.now() + {_PARKED} / 2 * interval '1 second'
+    AND j.nodes_delivered @> g.named, false)"""
 
 APPLY_QUEUED = f"""
 WITH {_GIVEN_HOLDERS}
@@ -467,10 +475,10 @@ UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS},
                       ELSE j.requeue_at END,
     cluster_requeue_at = CASE
         WHEN j.retry = 0 THEN j.cluster_requeue_at
-        WHEN {_YIELDS}
-            THEN pgq.now() + ({PARKED_RETRIES} * j.retry + random() * 0.5) * interval '1 second'
+        WHEN {_YIELDS} THEN pgq.now() + ({_PARKED} + random() * 0.5) * interval '1 second'
         ELSE pgq.now() + (j.retry + random() * 0.5) * interval '1 second' END,
-    parked_on = CASE WHEN j.retry > 0 AND {_YIELDS} THEN %(sender)s END
+    parked_on = CASE WHEN j.retry > 0 AND {_YIELDS} THEN %(sender)s END,
+    requeue_counts = j.requeue_counts OR (j.retry > 0 AND {_YIELDS})
 FROM given g
 WHERE j.id = g.id AND j.state <> 'wait-repl' AND NOT {_STILL_PARKED}
 RETURNING j.id, j.state = 'queued' AS kept, j.nodes_delivered

@@ -14,6 +14,7 @@ import dataclasses
 import os
 
 import pytest
+from pgq.cluster import messages as m
 from pgq.cluster.mock_transport import NetworkFaults
 from pgq.cluster.scenario import Scenario
 
@@ -134,6 +135,49 @@ def test_copies_parked_on_a_holder_that_crashed_queue_the_job_a_retry_after_its_
     assert len(queued) == 1
     got = s.get(queued[0], withcounters=True)
     assert got[0].id == job and got[0].additional_deliveries == 1
+
+
+def test_a_parked_copy_fires_before_its_job_expires_when_its_holder_lost_it_unseen(
+        sim_databases):
+    """Ten retries of the default retry (a tenth of the TTL) is the whole
+    TTL: a copy parked that long never fired (a timer past the expiry does
+    not), and a job whose queued copy went away unseen (a DELJOB on that
+    node alone, its database down under a running process) expired with
+    two copies alive. A parked timer stays within half the TTL left."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=5, ttl=40)
+    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 8.0, "both copies parked on n1")
+    assert all(timer_in(s, name, job) < 20.6 for name in ("n2", "n3"))
+    s.sql("n1", "DELETE FROM pgq.jobs WHERE id = %s", (job,))  # gone there, nobody told
+    queued = s.until(lambda: [n for n in s.queued_on(job) if n != "n1"], 25.0,
+                     "another holder to queue the job before it expires")
+    assert len(queued) == 1 and s.get(queued[0])[0].id == job
+
+
+def test_a_queued_from_a_holder_seen_dead_parks_nothing_for_long(sim_databases):
+    """A QUEUED that waited in the inbox while its sender died parked the
+    copy again after its UNPARK, and no later change of that member would
+    bring it back."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=5)
+    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 8.0, "both copies parked on n1")
+    s.crash("n1")
+    s.until(lambda: s.sees("n2", "n1") == "dead" and s.sees("n3", "n1") == "dead", 30.0,
+            "n2 and n3 to see n1 dead")
+    [winner] = s.until(lambda: [n for n in s.queued_on(job) if n != "n1"], 10.0,
+                       "another holder to queue the job")
+    other = "n3" if winner == "n2" else "n2"
+    # n1's last QUEUED, applied late: the other copy parks on a node it sees dead
+    core = s.node(other).core
+    assert core is not None
+    holders = ",".join(sorted(s.node(n).node_id for n in s.names))
+    s.sim._node_step(s.node(other), core._on_queued(s.node("n1").node_id,
+                                                    m.Queued((job,), "", (holders,))), "late")
+    assert parked(s, job, "n1") == [other]
+    # brought back at the next timers step (not parked at all: the winner's
+    # watch parks it on the winner only at its next QUEUED, a retry later)
+    s.until(lambda: s.sql(other, "SELECT parked_on IS NULL FROM pgq.jobs WHERE id = %s",
+                          (job,))[0][0], 1.0, "the copy brought back at the next timers step")
 
 
 def test_a_node_starting_brings_back_copies_parked_on_a_node_it_does_not_know_alive(
