@@ -227,6 +227,7 @@ class Worker:
         self.job_log_level = _log_level(job_log_level)  # one line per finished job, at this level
         self._extending: dict[str, anyio.Event] = {}  # WORKING in flight, by job
         self._settling: set[str] = set()  # failed jobs being NACKed or dead-lettered
+        self._cut: dict[str, Job] = {}  # jobs whose runner was cancelled before they ended
         # Results (schema 0011): what a handler returns, or the error that
         # sent its job to the dead letters, kept `keep_results` seconds.
         self.keep_results = keep_results
@@ -356,6 +357,7 @@ class Worker:
         self._acks: list[str] = []
         self._acks_ready = anyio.Event()
         self._in_flight: dict[str, Job] = {}
+        self._cut = {}
         self._leases = LeaseSchedule()
         self._leases_changed = anyio.Event()
         # Connections: one claims, one acks, one extends leases; failures
@@ -366,27 +368,45 @@ class Worker:
             self.client = client
             log.info("worker ready: queues %s, concurrency %d, node %s, %s",
                      ", ".join(self.tasks), self.concurrency, client.node_id, redact(client.dsn))
-            async with anyio.create_task_group() as tasks:
-                if install_signal_handlers:
-                    tasks.start_soon(self._signals)
-                tasks.start_soon(self._watch_stop_flag)
-                tasks.start_soon(self._flush_acks_forever)
-                tasks.start_soon(self._keep_leases)
-                if self.schedules:
-                    await anyio.to_thread.run_sync(self._save_schedules)
-                if self.scheduler:
-                    tasks.start_soon(self._schedule_forever)
-                async with anyio.create_task_group() as jobs:
-                    for _ in range(self.concurrency):
-                        jobs.start_soon(self._runner)
-                    await self._claim_until_stopped()
-                    await self._drain(jobs)
-                    jobs.cancel_scope.cancel()  # the runners, idle by now
-                if not await self._flush_acks():
-                    log.warning("worker: %d finished job(s) left unacknowledged: they will be "
-                                "delivered again after their retry", len(self._acks))
-                tasks.cancel_scope.cancel()
+            try:
+                await self._serve(install_signal_handlers)
+            except anyio.get_cancelled_exc_class():
+                # The run itself was cancelled (an app's shutdown cancelling
+                # the task of run_async()): no drain, but nothing left behind
+                # either. The jobs in flight used to go to nobody until their
+                # retry (a retry-0 one for good), and the finished ones'
+                # pending ACKs were dropped (so they ran again).
+                with anyio.CancelScope(shield=True):
+                    # (the runners' own clean-up took their jobs out of
+                    # _in_flight: they are in _cut)
+                    if left := {**self._cut, **self._unsettled()}:
+                        await self._interrupt(left, "the worker's run was cancelled")
+                    await self._flush_acks()
+                raise
         return self.stats
+
+    async def _serve(self, install_signal_handlers: bool) -> None:
+        """The run: claims, runners, ACKs, leases, schedules; then the drain."""
+        async with anyio.create_task_group() as tasks:
+            if install_signal_handlers:
+                tasks.start_soon(self._signals)
+            tasks.start_soon(self._watch_stop_flag)
+            tasks.start_soon(self._flush_acks_forever)
+            tasks.start_soon(self._keep_leases)
+            if self.schedules:
+                await anyio.to_thread.run_sync(self._save_schedules)
+            if self.scheduler:
+                tasks.start_soon(self._schedule_forever)
+            async with anyio.create_task_group() as jobs:
+                for _ in range(self.concurrency):
+                    jobs.start_soon(self._runner)
+                await self._claim_until_stopped()
+                await self._drain(jobs)
+                jobs.cancel_scope.cancel()  # the runners, idle by now
+            if not await self._flush_acks():
+                log.warning("worker: %d finished job(s) left unacknowledged: they will be "
+                            "delivered again after their retry", len(self._acks))
+            tasks.cancel_scope.cancel()
 
     def _save_schedules(self) -> None:
         """The schedules this worker declares, into its database (before it
@@ -541,41 +561,52 @@ class Worker:
             while self._in_flight and not self._grace_over.is_set():  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         if self._in_flight:
-            left = {i: job for i, job in self._in_flight.items() if i not in self._settling}
-            # Claimed but never started: no handler saw them, so an
-            # at-most-once one goes back too, its delivery undone
-            # (commands.give_back_jobs). Started: an at-least-once job goes
-            # back as ENQUEUE does; an at-most-once one must not run again
-            # (it stayed active until its TTL and vanished, while the log
-            # said NACKed): to the dead letters.
-            unstarted = {job.id for job in self._ready}
-            once = [i for i, job in left.items() if job.retry == 0 and i not in unstarted]
-            back = [i for i in left if i not in once]
-            log.info("worker: %d job(s) still running after %g s: %d put back in their queue, "
-                     "%d at-most-once dead-lettered", len(left), self.grace, len(back), len(once))
+            left = self._unsettled()
+            log.info("worker: %d job(s) still running after %g s", len(left), self.grace)
             jobs.cancel_scope.cancel()
-            with anyio.CancelScope(shield=True):
-                # No WORKING for them from now on, and none still in flight:
-                # one landing after the NACK put the job back out of the
-                # queue for a whole retry (as _failed waits for it too).
-                for job_id in left:
-                    self._leases.discard(job_id)
-                for job_id in left:
-                    if (extending := self._extending.get(job_id)) is not None:
-                        await extending.wait()
-                try:
-                    if back:
-                        await self.client._run(self.client.ids_command("give_back_jobs",
-                                                                       tuple(back)))
-                    if once:
-                        await self.client.dead_letter(
-                            *once, reason=f"interrupted: still running {self.grace:g} s after the "
-                                          "worker was told to stop (at-most-once: not delivered again)")
-                except (PgqError, psycopg.Error) as exc:  # they come back after their retry
-                    log.warning("worker: could not put back the interrupted jobs: %s", exc)
-            for job in left.values():
-                self.stats.count(job.queue, "interrupted")
-                self._done(job, "interrupted")
+            await self._interrupt(left, f"still running {self.grace:g} s after the worker was "
+                                        "told to stop")
+
+    def _unsettled(self) -> dict[str, Job]:
+        """The jobs in flight but those a failure is settling (their NACK's
+        back-off stands)."""
+        return {i: job for i, job in self._in_flight.items() if i not in self._settling}
+
+    async def _interrupt(self, left: dict[str, Job], why: str) -> None:
+        """Jobs this worker will not finish (a drain's end, a cancelled run).
+        Claimed but never started: no handler saw them, so an at-most-once
+        one goes back too, its delivery undone (commands.give_back_jobs).
+        Started: an at-least-once job goes back as ENQUEUE does; an
+        at-most-once one must not run again (a NACK left it active until its
+        TTL, while the log said NACKed): to the dead letters. Shielded: a
+        cancelled run still does it."""
+        for job_id in left:
+            self._cut.pop(job_id, None)  # handled here, once
+        unstarted = {job.id for job in self._ready}
+        once = [i for i, job in left.items() if job.retry == 0 and i not in unstarted]
+        back = [i for i in left if i not in once]
+        log.info("worker: %d job(s) put back in their queue, %d at-most-once dead-lettered",
+                 len(back), len(once))
+        with anyio.CancelScope(shield=True):
+            # No WORKING for them from now on, and none still in flight: one
+            # landing after the job went back put it out of the queue for a
+            # whole retry (as _failed waits for it too).
+            for job_id in left:
+                self._leases.discard(job_id)
+            for job_id in left:
+                if (extending := self._extending.get(job_id)) is not None:
+                    await extending.wait()
+            try:
+                if back:
+                    await self.client._run(self.client.ids_command("give_back_jobs", tuple(back)))
+                if once:
+                    await self.client.dead_letter(
+                        *once, reason=f"interrupted: {why} (at-most-once: not delivered again)")
+            except (PgqError, psycopg.Error) as exc:  # they come back after their retry
+                log.warning("worker: could not put back the interrupted jobs: %s", exc)
+        for job in left.values():
+            self.stats.count(job.queue, "interrupted")
+            self._done(job, "interrupted")
 
     # ------------------------------------------------------------ one job
 
@@ -605,6 +636,9 @@ class Worker:
                 self._ack_later(job.id)
             self.stats.count(job.queue, "succeeded")
             self._done(job, "succeeded")
+        except anyio.get_cancelled_exc_class():
+            self._cut[job.id] = job  # cut off unfinished: a cancelled run puts it back
+            raise
         finally:
             self._in_flight.pop(job.id, None)
             self._room.set()

@@ -697,3 +697,36 @@ def test_a_def_handler_runs_in_the_context_of_the_worker(client):
         worker.stop()
         thread.join(30)
     assert seen == ["set by the worker's caller"]
+
+
+def test_a_cancelled_run_puts_its_jobs_back_and_sends_its_acks(client):
+    """An app's shutdown cancels the task of run_async(): no drain then, but
+    the job in flight went to nobody until its retry and the finished one's
+    pending ACK was dropped."""
+    slow = client.add_job("cancelled-run", b"slow", retry=300)
+    fast = client.add_job("cancelled-run", b"fast", retry=300)
+    started, release = threading.Event(), threading.Event()
+
+    def handler(job):
+        if job.body == b"slow":
+            started.set()
+            release.wait(30)
+
+    worker = pgq.Worker(client, queues=["cancelled-run"], handler=handler, concurrency=2)
+
+    async def main() -> None:
+        task = asyncio.create_task(worker.run_async(install_signal_handlers=False))
+        while not (started.is_set() and worker.stats.succeeded == 1):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)  # a poll of the worker's progress
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(main())
+    finally:
+        release.set()  # the abandoned handler thread ends
+    assert client.show(fast) is None  # acknowledged
+    shown = client.show(slow)
+    assert shown["state"] == "queued" and shown["nacks"] == 0
+    assert worker.stats.interrupted == 1
