@@ -22,8 +22,10 @@ Why it is shaped so:
   client's semantics and its group commit (concurrent requests share
   statements and commits) and adds none of its own.
 * Errors are typed, never a traceback: bad JSON or arguments are 400 with
-  the client's message, an unknown job 404, a paused or full queue 409, no
-  replicas or no database 503; the body is ``{"error": kind, "message"}``.
+  the client's message, an unknown job's status 404, a paused or full queue
+  409, no replicas, no database or no schema yet 503; the body is
+  ``{"error": kind, "message"}``. An ack, nack or working of an unknown job
+  answers its count, 0, as Disque's ACKJOB, NACK and WORKING do.
   A NOREPL also lists the jobs of the call that stayed added (``ids``: a
   client that tries again must leave them out) and those withdrawn.
 * A bearer token (``--token-file``) guards every route but ``/health`` and

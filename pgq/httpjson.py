@@ -4,7 +4,8 @@ looks the same from both.
 
 * An error is ``{"error": kind, "message": ...}``: bad input 400 (the
   client's message), an unknown job 404, a paused or full queue and the
-  other refusals 409, no replicas or no database 503, anything else 500.
+  other refusals 409, no replicas, no database or no schema yet 503,
+  anything else 500.
 * A request body is empty (``{}``) or one JSON object; anything else is a
   :class:`BadRequest` saying which.
 """
@@ -31,6 +32,7 @@ STATUS: list[tuple[type[errors.PgqError], int]] = [
     (errors.LeavingError, 409),
     (errors.NoReplError, 503),
     (errors.DatabaseUnavailableError, 503),
+    (errors.SchemaNotReadyError, 503),  # a node still migrating: try again
     (errors.InvalidArgumentError, 400),
     (errors.InvalidTypeError, 400),
     (errors.BadIdError, 400),

@@ -556,3 +556,12 @@ def test_a_parsed_body_counts_in_the_budget_until_its_request_is_answered():
         assert httpjson._in_flight == 0  # and released after
 
     anyio.run(main)
+
+
+def test_a_database_without_its_schema_yet_is_a_503_to_try_again():
+    # a node still migrating is unavailable for a moment, not a server error
+    from pgq import errors
+    from pgq.httpjson import status_of
+
+    assert status_of(errors.SchemaNotReadyError("schema 0019 needed")) == 503
+    assert status_of(errors.PgqError("anything else")) == 500
