@@ -467,13 +467,14 @@ class AsyncClient(ClientCore):
         """Put back in their queue the jobs a claim took for a caller that
         asyncio cancelled before it got them (pgq.cancelsafe): left leased,
         they waited out their retry, and a retry-0 job was never delivered
-        at all. As ENQUEUE (no nack counted: no consumer saw them); a
-        retry-0 job has its delivery undone (commands.give_back_jobs)."""
+        at all. As ENQUEUE (no nack counted: no consumer saw them), the
+        retry-0 ones included (commands.give_back_jobs)."""
         if not isinstance(jobs, list) or not jobs:
             return
         ids = [job.id for job in jobs if isinstance(job, Job)]
         try:
-            await cancelsafe.finish(self._run, self.ids_command("give_back_jobs", tuple(ids)))
+            # (complete: asyncio's cancellation that arrived meanwhile goes on)
+            await cancelsafe.complete(self._run, self.ids_command("give_back_jobs", tuple(ids)))
         except Exception as exc:  # the cancellation goes on; the lease brings them back
             log.warning("pgq: could not put back %d jobs claimed for a cancelled GET "
                         "(they are queued again when their retry runs out): %s", len(ids), exc)

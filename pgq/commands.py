@@ -1240,8 +1240,8 @@ def enqueue_jobs(session: Session, ids: list[str]) -> Command[int]:
 
 def give_back_jobs(session: Session, ids: list[str]) -> Command[int]:
     """Put back in their queue jobs claimed for a caller that never got
-    them (pgq.cancelsafe): as ENQUEUE, and the at-most-once ones with their
-    delivery undone (sql.GIVE_BACK_AT_MOST_ONCE). Returns how many went back."""
+    them (pgq.cancelsafe): as ENQUEUE, and the at-most-once ones too, which
+    ENQUEUE refuses (sql.GIVE_BACK_AT_MOST_ONCE). Returns how many went back."""
     requeued = yield from _requeue(session, ids, nack=False)
     given, _woken = yield Query(sql.GIVE_BACK_AT_MOST_ONCE, {"ids": ids}, Result.ROW)
     return requeued + int(given)

@@ -34,6 +34,7 @@ __all__ = [
     "DatabaseUnavailableError",
     "SchemaNotReadyError",
     "TaskFailedError",
+    "ResultNotKeptError",
     "TransactionAbortedError",
     "EmbeddedServerError",
     "SparkSetupError",
@@ -141,6 +142,13 @@ class IngestError(PgqError):
 class TaskFailedError(PgqError):
     """A task's job ended in the dead letters; the message is its error and
     traceback (see :meth:`pgq.Tasks.result`)."""
+
+
+class ResultNotKeptError(PgqError):
+    """A task's job succeeded and was acknowledged, but what it returned
+    could not be encoded, so no result was kept (the message says why; see
+    :meth:`pgq.Tasks.result`). Not a failure: running it again would repeat
+    work that is done."""
 
 
 def first_line(error: BaseException) -> str:

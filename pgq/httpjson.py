@@ -84,8 +84,8 @@ _HELD = "pgq.body_bytes"  # a request's counted bytes, in its scope, while BodyB
 
 class BodyBudget:
     """ASGI middleware: the bytes a request's body counted in the budget
-    (MAX_BODIES_IN_FLIGHT) stay counted until the request is answered, not
-    only while the body is read and parsed. The parsed body lives on while
+    (MAX_BODIES_IN_FLIGHT) stay counted until its answer starts, not only
+    while the body is read and parsed. The parsed body lives on while
     its jobs are checked and added (17-22 times its size): released after
     parsing, a second 64 MiB request went in beside the first one's 1.3 GiB,
     and a third, and so on."""
@@ -98,8 +98,16 @@ class BodyBudget:
             await self.app(scope, receive, send)
             return
         held = scope[_HELD] = [0]
+
+        async def sending(message: Any) -> None:
+            # Released as the answer starts: a client that does not read a
+            # large answer (the IDs of 100,000 jobs) holds no budget meanwhile.
+            if message["type"] == "http.response.start":
+                _release(held)
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, sending)
         finally:
             _release(held)
 

@@ -866,16 +866,15 @@ SELECT (SELECT count(*) FROM requeued) AS requeued,
 # Jobs a claim took for a caller that never got them (asyncio cancelled it
 # after the claim committed: pgq.cancelsafe). ENQUEUE puts back those with
 # a retry (REQUEUE); this puts back the at-most-once ones, which ENQUEUE
-# refuses once delivered: no consumer saw them, so their delivery is undone
-# (deliveries - 1) and they are queued again. Only a copy still active with
-# no timer can be such a job: a retry-0 job is never queued again once
-# delivered, so no other claim can have taken it since (ACK, DELJOB and
-# expiry remove it; NACK and ENQUEUE refuse it).
+# refuses once delivered: no consumer saw them, so they are queued again.
+# Only a copy still active with no timer can be such a job: a retry-0 job
+# is never queued again once delivered, so no other claim can have taken it
+# since (ACK, DELJOB and expiry remove it; NACK and ENQUEUE refuse it). The
+# claim still counts as a delivery (deliveries, and the queue's jobs_out: a
+# counter that must never go down, or Prometheus reads a reset).
 GIVE_BACK_AT_MOST_ONCE = f"""
 WITH given AS (
-    UPDATE pgq.jobs SET
-        state = 'queued', queued_at = pgq.now(), deliveries = deliveries - 1,
-        delivered_at = CASE WHEN deliveries > 1 THEN delivered_at END
+    UPDATE pgq.jobs SET state = 'queued', queued_at = pgq.now()
     WHERE id = ANY (%(ids)s::text[]) AND state = 'active' AND retry = 0 AND deliveries > 0
       AND requeue_at IS NULL AND cluster_requeue_at IS NULL AND expires_at > pgq.now()
     RETURNING queue

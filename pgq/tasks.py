@@ -48,7 +48,7 @@ from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from . import tracing
 from .arguments import queue_name
-from .errors import InvalidArgumentError, InvalidTypeError, TaskFailedError
+from .errors import InvalidArgumentError, InvalidTypeError, ResultNotKeptError, TaskFailedError
 from .job import Job
 
 __all__ = ["Tasks", "Task", "Serializer", "JsonSerializer", "UnknownTaskError"]
@@ -290,6 +290,8 @@ class Tasks:
         """What the task of ``job_id`` returned, waiting up to ``timeout``
         seconds for a worker to finish it. Raises :class:`TaskFailedError`
         (its error and traceback) if the job ended in the dead letters,
+        :class:`~pgq.errors.ResultNotKeptError` if it succeeded but what it
+        returned could not be encoded (a datetime for JSON, say),
         :class:`TimeoutError` if no result came in time, and
         :class:`~pgq.errors.NoJobError` if none will come (the job is gone
         with no result kept: see :meth:`pgq.Client.wait_result`). Results are
@@ -300,6 +302,10 @@ class Tasks:
                                if timeout is not None else f"no result for job {job_id}")
         value, error = stored
         if error is not None:
+            from .worker import RESULT_NOT_KEPT
+
+            if error.startswith(RESULT_NOT_KEPT):  # it succeeded: do not run it again
+                raise ResultNotKeptError(error)
             raise TaskFailedError(error)
         return None if value is None else self.serializer.loads(value)["result"]
 

@@ -228,6 +228,7 @@ class Worker:
         self._extending: dict[str, anyio.Event] = {}  # WORKING in flight, by job
         self._settling: set[str] = set()  # failed jobs being NACKed or dead-lettered
         self._cut: dict[str, Job] = {}  # jobs whose runner was cancelled before they ended
+        self._given_up: set[str] = set()  # jobs _interrupt put back or dead-lettered
         # Results (schema 0011): what a handler returns, or the error that
         # sent its job to the dead letters, kept `keep_results` seconds.
         self.keep_results = keep_results
@@ -358,6 +359,7 @@ class Worker:
         self._acks_ready = anyio.Event()
         self._in_flight: dict[str, Job] = {}
         self._cut = {}
+        self._given_up = set()
         self._leases = LeaseSchedule()
         self._leases_changed = anyio.Event()
         # Connections: one claims, one acks, one extends leases; failures
@@ -403,6 +405,8 @@ class Worker:
                 await self._claim_until_stopped()
                 await self._drain(jobs)
                 jobs.cancel_scope.cancel()  # the runners, idle by now
+            if self._cut:  # failures whose NACK the drain's end cut off: none left leased
+                await self._interrupt(dict(self._cut), "cut off as the worker stopped")
             if not await self._flush_acks():
                 log.warning("worker: %d finished job(s) left unacknowledged: they will be "
                             "delivered again after their retry", len(self._acks))
@@ -570,18 +574,20 @@ class Worker:
     def _unsettled(self) -> dict[str, Job]:
         """The jobs in flight but those a failure is settling (their NACK's
         back-off stands)."""
-        return {i: job for i, job in self._in_flight.items() if i not in self._settling}
+        return {i: job for i, job in self._in_flight.items()
+                if i not in self._settling and i not in self._given_up}
 
     async def _interrupt(self, left: dict[str, Job], why: str) -> None:
         """Jobs this worker will not finish (a drain's end, a cancelled run).
         Claimed but never started: no handler saw them, so an at-most-once
-        one goes back too, its delivery undone (commands.give_back_jobs).
+        one goes back too (commands.give_back_jobs).
         Started: an at-least-once job goes back as ENQUEUE does; an
         at-most-once one must not run again (a NACK left it active until its
         TTL, while the log said NACKed): to the dead letters. Shielded: a
         cancelled run still does it."""
-        for job_id in left:
-            self._cut.pop(job_id, None)  # handled here, once
+        for job_id in left:  # handled here, once: a runner cut off meanwhile adds none
+            self._cut.pop(job_id, None)
+            self._given_up.add(job_id)
         unstarted = {job.id for job in self._ready}
         once = [i for i, job in left.items() if job.retry == 0 and i not in unstarted]
         back = [i for i in left if i not in once]
@@ -612,6 +618,7 @@ class Worker:
 
     async def _process(self, job: Job) -> None:
         task = self.tasks[job.queue]
+        succeeded, outcome = False, None
         try:
             if job.retry:
                 self._leases.add(job.id, job.retry, time.monotonic())
@@ -630,6 +637,7 @@ class Worker:
             if failure is not None:
                 await self._failed(task, job, failure)
                 return
+            succeeded = True  # from here a cancellation still acknowledges it
             if self.keep_results is not None and outcome is not None:
                 await self._keep(job, *self._result_of(job, outcome.value))
             if outcome is not None:  # None: transactional, acknowledged already
@@ -637,7 +645,11 @@ class Worker:
             self.stats.count(job.queue, "succeeded")
             self._done(job, "succeeded")
         except anyio.get_cancelled_exc_class():
-            self._cut[job.id] = job  # cut off unfinished: a cancelled run puts it back
+            if succeeded:  # done, cut off while its result was kept: not run again
+                if outcome is not None:
+                    self._ack_later(job.id)
+            elif job.id not in self._given_up:
+                self._cut[job.id] = job  # cut off unfinished: put back at the run's end
             raise
         finally:
             self._in_flight.pop(job.id, None)
@@ -860,8 +872,7 @@ class Worker:
             return self.encode_result(value), None
         except Exception as exc:
             log.warning("worker: the result of job %s could not be encoded: %s", job.id, exc)
-            return None, _safe_text(f"the handler returned a value that could not be kept: "
-                                    f"{type(exc).__name__}: {_str_of(exc)}")
+            return None, _safe_text(f"{RESULT_NOT_KEPT}{type(exc).__name__}: {_str_of(exc)}")
 
     async def _keep(self, job: Job, value: bytes | None, error: str | None) -> None:
         """Store a result before the ACK (a crash between them reruns the
@@ -940,11 +951,18 @@ def _log_level(level: object) -> int:
                                f"'INFO'), not {level!r}")
 
 
+# The start of a kept result's error when the job succeeded but its value
+# could not be encoded (pgq.Tasks.result tells it from a failure by it).
+RESULT_NOT_KEPT = "the handler returned a value that could not be kept: "
+
+
 def _acked_or_roll_back(job: Job, acked: int) -> None:
     """A transactional handler's ACK found no job: its lease had lapsed and
     another delivery of it was acknowledged first. Its writes must not
-    count twice: raising rolls the transaction back."""
-    if not acked:
+    count twice: raising rolls the transaction back. Not for an at-most-once
+    job: it has no other delivery (its ACK finds none when it expired
+    meanwhile, and this run is its only one)."""
+    if not acked and job.retry != 0:
         raise _JobFailed(f"job {job.id} was acknowledged elsewhere while this delivery ran "
                          "(its lease had lapsed): its writes were rolled back")
 

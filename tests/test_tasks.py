@@ -200,6 +200,25 @@ def test_results_are_kept_and_waited_for(client):
     assert client.wait_result(later)[0] == b'{"result":{"sum":5}}'
 
 
+def test_a_task_whose_value_cannot_be_kept_succeeded_all_the_same(client):
+    """A task returning what JSON cannot hold (a datetime) was acknowledged,
+    done; its result said TaskFailedError, which means dead-lettered, and a
+    caller that retries on it did the work twice."""
+    import datetime
+
+    app = pgq.Tasks(client)
+
+    @app.task(queue="when", retry=30)
+    def when() -> datetime.datetime:
+        return datetime.datetime(2026, 11, 27)
+
+    job_id = when.defer()
+    stats = run_jobs(app.worker())
+    assert (stats.succeeded, stats.dead) == (1, 0) and client.show(job_id) is None
+    with pytest.raises(pgq.errors.ResultNotKeptError, match="could not be kept"):
+        app.result(job_id, timeout=0)
+
+
 def test_waiting_for_a_result_that_will_never_come_says_so(client):
     # With no timeout, result() of a job gone without a result waited for ever.
     app = pgq.Tasks(client)

@@ -336,6 +336,24 @@ def test_a_transactional_handler_whose_job_was_acknowledged_elsewhere_rolls_back
     assert client.show(job_id) is None
 
 
+def test_a_transactional_at_most_once_job_that_expired_while_it_ran_keeps_its_writes(client, db):
+    """Its ACK finds no live job (it expired meanwhile), but a retry-0 job has
+    no other delivery: this run is its only one, and its writes stand."""
+    db.execute("CREATE TABLE expired_once (body text)")
+    job_id = client.add_job("expired-once", b"x", retry=0)
+
+    def work(job, conn):
+        conn.execute("INSERT INTO expired_once VALUES ('written')")
+        db.execute("UPDATE pgq.jobs SET expires_at = now() - interval '1 second' WHERE id = %s",
+                   (job.id,))  # its TTL runs out while it runs
+
+    worker = pgq.Worker(client, queues=["expired-once"], transactional=True, handler=work)
+    stats = run_until(worker, lambda: worker.stats.succeeded + worker.stats.failed == 1)
+    assert stats.succeeded == 1
+    assert db.execute("SELECT body FROM expired_once").fetchall() == [("written",)]
+    assert client.show(job_id) is None
+
+
 def test_a_handler_error_whose_message_cannot_be_made_fails_its_job_not_the_worker(client):
     class Coded(Exception):
         def __str__(self) -> str:
