@@ -16,13 +16,14 @@ import json
 from typing import Any
 
 import anyio
+from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from . import errors
 
 __all__ = ["hosts_for", "BadRequest", "RequestTooLarge", "MAX_REQUEST_BYTES", "error_response", "status_of",
-           "json_body", "BodyBudget"]
+           "json_body", "BodyBudget", "OnlyHosts"]
 
 STATUS: list[tuple[type[errors.PgqError], int]] = [
     (errors.NoJobError, 404),
@@ -205,6 +206,34 @@ def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
                 raise _RepeatedKey(key)
             seen.add(key)
     return data
+
+
+class OnlyHosts:
+    """ASGI middleware: a request whose Host header names none of
+    ``allowed_hosts`` (:func:`hosts_for`) is refused, 400, as JSON like every
+    other error of these apps (Starlette's TrustedHostMiddleware answered in
+    plain text)."""
+
+    def __init__(self, app: Any, allowed_hosts: list[str]) -> None:
+        self.app = app
+        self.allowed = {host.lower() for host in allowed_hosts}
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            host = _host_name(Headers(scope=scope).get("host", ""))
+            if host.lower() not in self.allowed:
+                response = error_response("bad_host", "this server answers only for the Host "
+                                          f"names {', '.join(sorted(self.allowed))}", 400)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _host_name(header: str) -> str:
+    """A Host header's name, without its port ("[::1]:8080" -> "[::1]")."""
+    if header.startswith("["):
+        return header[:header.find("]") + 1]
+    return header.rpartition(":")[0] if header.count(":") == 1 else header
 
 
 def hosts_for(listen_host: str) -> list[str] | None:

@@ -304,8 +304,8 @@ def test_a_web_page_of_another_origin_is_refused(api):
     # its name as Host and as Origin, which agree: loopback names only.
     port = urllib.parse.urlsplit(api).port
     rebound = {"Host": f"rebind.example:{port}", "Origin": f"http://rebind.example:{port}"}
-    status, _ = call(api, "POST", "/v1/queues/web/jobs", {"body": "x"}, headers=rebound)
-    assert status == 400
+    status, error = call(api, "POST", "/v1/queues/web/jobs", {"body": "x"}, headers=rebound)
+    assert (status, error["error"]) == (400, "bad_host")  # as JSON, as every error
     assert call(api, "GET", "/v1/queues/web")[1]["len"] == 1  # nothing added
     assert call(api, "GET", "/health", token=None, headers={"Host": f"localhost:{port}"})[0] == 200
 
