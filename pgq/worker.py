@@ -27,7 +27,11 @@ What a worker guarantees:
   with exponential back-off (``backoff * 2**nacks``, at most
   ``max_backoff``), or, past ``max_nacks`` / ``max_deliveries`` (5 unless
   told otherwise), the job goes to the dead letters (``pgq.dead_letters``)
-  with the traceback as its reason.
+  with the traceback as its reason. An ``async def`` handler past its
+  ``timeout`` is cancelled; a ``def`` one cannot be stopped: its thread runs
+  on while the job is NACKed, so the job may run again beside it (in
+  transactional mode the late run rolls back), and the thread holds a slot
+  until it returns.
 * ``transactional=True``: the handler receives ``(job, conn)``; its writes and
   the job's ACK commit in one transaction (a failure rolls both back). The
   connection comes from a pool of the worker (at most one per slot): a
