@@ -490,7 +490,7 @@ RETURNING j.id, j.state = 'queued' AS kept, j.nodes_delivered
 # (requeue_counts false: that timer is the NACK's delay, never shortened).
 # At most `limit` rows a statement: the node runs it until one comes back
 # short. A row another transaction holds is skipped (its own timer still
-# bounds the wait: PARKED_RETRIES retries).
+# bounds the wait: _PARKED).
 def _unpark(parked: str) -> str:
     return f"""
 UPDATE pgq.jobs j SET parked_on = NULL,

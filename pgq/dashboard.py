@@ -74,14 +74,13 @@ import anyio
 import psycopg
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from starlette.applications import Starlette
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from . import errors
 from .aio import AsyncClient
-from .httpjson import BadRequest, BodyBudget, OnlyHosts, error_response, hosts_for, json_body, status_of
+from .httpjson import BadRequest, error_response, hosts_for, json_body, middleware, status_of
 from .jsonable import jsonable
 
 __all__ = ["create_app", "PAUSE_STATES", "hosts_for"]
@@ -468,10 +467,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         Route("/api/jobs/{id:path}", handle(job), methods=["GET"]),
         Route("/health", handle(health, data=False), methods=["GET"]),
     ]
-    middleware = [Middleware(BodyBudget)]
-    if allowed_hosts:
-        middleware.append(Middleware(OnlyHosts, allowed_hosts=allowed_hosts))
-    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware(allowed_hosts))
 
 
 # ----------------------------------------------------- in another thread

@@ -46,7 +46,6 @@ import anyio
 import anyio.lowlevel
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -54,7 +53,7 @@ from starlette.routing import Route
 from . import errors
 from .aio import AsyncClient
 from .arguments import MAX_COUNT, MAX_IDS, MAX_PRIORITY, MAX_REPLICATE, seconds
-from .httpjson import BadRequest, BodyBudget, Busy, OnlyHosts, error_response, json_body, status_of
+from .httpjson import BadRequest, Busy, error_response, json_body, middleware, status_of
 from .job import Job
 from .jsonable import body_fields, jsonable
 
@@ -325,10 +324,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
     ]
     # On loopback only loopback Host names: a page that rebinds its own name
     # to 127.0.0.1 passes the Origin check (its Origin is its Host).
-    middleware = [Middleware(BodyBudget)]
-    if allowed_hosts:
-        middleware.append(Middleware(OnlyHosts, allowed_hosts=allowed_hosts))
-    return Starlette(routes=routes, middleware=middleware,
+    return Starlette(routes=routes, middleware=middleware(allowed_hosts),
                      exception_handlers={HTTPException: _http_error, Exception: _server_error})
 
 

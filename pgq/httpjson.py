@@ -17,13 +17,14 @@ from typing import Any
 
 import anyio
 from starlette.datastructures import Headers
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from . import errors
 
 __all__ = ["hosts_for", "BadRequest", "RequestTooLarge", "MAX_REQUEST_BYTES", "error_response", "status_of",
-           "json_body", "BodyBudget", "OnlyHosts"]
+           "json_body", "BodyBudget", "OnlyHosts", "middleware"]
 
 STATUS: list[tuple[type[errors.PgqError], int]] = [
     (errors.NoJobError, 404),
@@ -227,6 +228,15 @@ class OnlyHosts:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def middleware(allowed_hosts: list[str] | None) -> list[Middleware]:
+    """Both apps' middleware: the body budget, and the Host check when
+    ``allowed_hosts`` names some (:func:`hosts_for`)."""
+    stack = [Middleware(BodyBudget)]
+    if allowed_hosts:
+        stack.append(Middleware(OnlyHosts, allowed_hosts=allowed_hosts))
+    return stack
 
 
 def _host_name(header: str) -> str:

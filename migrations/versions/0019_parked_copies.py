@@ -10,11 +10,11 @@ active copies with a re-queue timer. Each QUEUED the queueing holder sends
 timer by one retry: a row written on every holder for every queued job at
 every retry (a 1,000-job backlog queued on one of three nodes, retry 2 s:
 16,669 row updates on each other node in ten retries). A copy that hears
-QUEUED is now
-*parked* on the sender (``parked_on``): its timer goes ten retries out and
-later QUEUEDs from that holder leave the row alone until half of that is
-left; it comes back to one retry as soon as its membership sees the holder
-suspect, dead or gone (pgq.cluster.requeue, "Parked copies").
+QUEUED is now *parked* on the sender (``parked_on``): its timer goes ten
+retries out (at most half the TTL left) and later QUEUEDs from that holder
+leave the row alone until half of that is left; it comes back to one retry
+as soon as its membership sees the holder suspect, dead or gone
+(pgq.cluster.requeue, "Parked copies").
 """
 
 from __future__ import annotations

@@ -76,23 +76,32 @@ def test_an_unconsumed_job_stays_queued_on_one_node_only(sim_databases):
     assert got[0].id == job and got[0].additional_deliveries == 0
 
 
-def test_a_holder_requeues_once_the_queueing_node_crashed(sim_databases):
-    s = cluster(sim_databases)
-    job = s.add("n1", b"x", replicate=3, retry=1)
-    s.crash("n1")  # its database keeps its queued copy, out of reach of consumers elsewhere
-    queued = s.until(lambda: [n for n in s.queued_on(job) if n != "n1"], 5.0,
-                     "another holder to queue the job")
-    assert len(queued) == 1
-    got = s.get(queued[0], withcounters=True)
-    assert got[0].id == job and got[0].additional_deliveries == 1
-
-
 def parked(s: Scenario, job: str, on: str) -> list[str]:
     """The nodes whose copy of the job is parked on node ``on`` (schema 0019)."""
     holder = s.node(on).node_id
     return sorted(name for name in s.names if name != on and s.sql(
         name, "SELECT 1 FROM pgq.jobs WHERE id = %s AND parked_on = %s AND state = 'active'",
         (job, holder)))
+
+
+def parked_on_n1(s: Scenario, retry: float, **options) -> str:
+    """A job added on n1 (three copies), once both other copies parked on n1
+    (after their first WILLQUEUE, about one retry)."""
+    job = s.add("n1", b"x", replicate=3, retry=retry, **options)
+    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], retry + 3.0, "both copies parked on n1")
+    return job
+
+
+def requeued_elsewhere_after_n1_crashed(s: Scenario, job: str) -> None:
+    """Crash n1 (its database keeps its queued copy, out of reach of
+    consumers elsewhere): one other holder queues the job, a re-queue that
+    counts an additional delivery."""
+    s.crash("n1")
+    queued = s.until(lambda: [n for n in s.queued_on(job) if n != "n1"], 5.0,
+                     "another holder to queue the job")
+    assert len(queued) == 1
+    got = s.get(queued[0], withcounters=True)
+    assert got[0].id == job and got[0].additional_deliveries == 1
 
 
 def timer_in(s: Scenario, name: str, job: str) -> float:
@@ -102,14 +111,18 @@ def timer_in(s: Scenario, name: str, job: str) -> float:
     return due - s.node(name).clock.wall()
 
 
+def test_a_holder_requeues_once_the_queueing_node_crashed(sim_databases):
+    s = cluster(sim_databases)
+    requeued_elsewhere_after_n1_crashed(s, s.add("n1", b"x", replicate=3, retry=1))
+
+
 def test_copies_park_on_the_queueing_holder_and_its_watch_rewrites_none_of_them(sim_databases):
     """Disque's QUEUED postpones every other copy by one retry: with the
     holder's watch saying QUEUED at every retry, a row written on every
     holder for every queued job at every retry. A copy parked on the holder
     waits ten retries, and the watch leaves it alone for five."""
     s = cluster(sim_databases)
-    job = s.add("n1", b"x", replicate=3, retry=1)
-    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 4.0, "both copies parked on n1")
+    job = parked_on_n1(s, retry=1)
     versions = {name: s.sql(name, "SELECT xmin::text FROM pgq.jobs WHERE id = %s", (job,))
                 for name in ("n2", "n3")}
     # Three retries: n1's watch says QUEUED three times, and the copies stay
@@ -127,14 +140,7 @@ def test_copies_parked_on_a_holder_that_crashed_queue_the_job_a_retry_after_its_
     back to one: the job is queued elsewhere about as soon as in Disque
     (suspicion in about 1.5 s, then the retry of 1 s and its announcement)."""
     s = cluster(sim_databases)
-    job = s.add("n1", b"x", replicate=3, retry=1)
-    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 4.0, "both copies parked on n1")
-    s.crash("n1")  # its database keeps its queued copy, out of reach of consumers elsewhere
-    queued = s.until(lambda: [n for n in s.queued_on(job) if n != "n1"], 5.0,
-                     "another holder to queue the job")
-    assert len(queued) == 1
-    got = s.get(queued[0], withcounters=True)
-    assert got[0].id == job and got[0].additional_deliveries == 1
+    requeued_elsewhere_after_n1_crashed(s, parked_on_n1(s, retry=1))
 
 
 def test_a_parked_copy_fires_before_its_job_expires_when_its_holder_lost_it_unseen(
@@ -145,8 +151,7 @@ def test_a_parked_copy_fires_before_its_job_expires_when_its_holder_lost_it_unse
     node alone, its database down under a running process) expired with
     two copies alive. A parked timer stays within half the TTL left."""
     s = cluster(sim_databases)
-    job = s.add("n1", b"x", replicate=3, retry=5, ttl=40)
-    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 8.0, "both copies parked on n1")
+    job = parked_on_n1(s, retry=5, ttl=40)
     assert all(timer_in(s, name, job) < 20.6 for name in ("n2", "n3"))
     s.sql("n1", "DELETE FROM pgq.jobs WHERE id = %s", (job,))  # gone there, nobody told
     queued = s.until(lambda: [n for n in s.queued_on(job) if n != "n1"], 25.0,
@@ -159,8 +164,7 @@ def test_a_queued_from_a_holder_seen_dead_parks_nothing_for_long(sim_databases):
     copy again after its UNPARK, and no later change of that member would
     bring it back."""
     s = cluster(sim_databases)
-    job = s.add("n1", b"x", replicate=3, retry=5)
-    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 8.0, "both copies parked on n1")
+    job = parked_on_n1(s, retry=5)
     s.crash("n1")
     s.until(lambda: s.sees("n2", "n1") == "dead" and s.sees("n3", "n1") == "dead", 30.0,
             "n2 and n3 to see n1 dead")
@@ -183,8 +187,7 @@ def test_a_queued_from_a_holder_seen_dead_parks_nothing_for_long(sim_databases):
 def test_a_node_starting_brings_back_copies_parked_on_a_node_it_does_not_know_alive(
         sim_databases):
     s = cluster(sim_databases)
-    job = s.add("n1", b"x", replicate=3, retry=1)
-    s.until(lambda: parked(s, job, "n1") == ["n2", "n3"], 4.0, "both copies parked on n1")
+    job = parked_on_n1(s, retry=1)
     s.crash("n2")
     # As if the holder it is parked on had left the cluster, forgotten since.
     s.sql("n2", "UPDATE pgq.jobs SET parked_on = 'gone' WHERE id = %s", (job,))
