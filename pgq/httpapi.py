@@ -24,8 +24,11 @@ Why it is shaped so:
 * Errors are typed, never a traceback: bad JSON or arguments are 400 with
   the client's message, an unknown job's status 404, a paused or full queue
   409, no replicas, no database or no schema yet 503; the body is
-  ``{"error": kind, "message"}``. An ack, nack or working of an unknown job
-  answers its count, 0, as Disque's ACKJOB, NACK and WORKING do.
+  ``{"error": kind, "message"}``. An ack or nack of an unknown job answers
+  its count, 0, as Disque's ACKJOB and NACK do; a working of one is a 404
+  (NoJobError), as Disque's WORKING answers -NOJOB.
+* ``GET /openapi.json`` describes every answer, errors and successes
+  alike (the tests check each answer they get against it).
   A NOREPL also lists the jobs of the call that stayed added (``ids``: a
   client that tries again must leave them out) and those withdrawn.
 * A bearer token (``--token-file``) guards every route but ``/health`` and
@@ -411,9 +414,12 @@ _PARAMETERS = {name: [{"name": name, "in": "path", "required": True, "schema": {
 
 
 def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200",
-        path: str | None = None) -> dict[str, Any]:
+        path: str | None = None, reply: dict[str, Any] | None = None) -> dict[str, Any]:
+    done: dict[str, Any] = {"description": "done"}
+    if reply is not None:
+        done["content"] = {"application/json": {"schema": reply}}
     op: dict[str, Any] = {"summary": summary,
-                          "responses": {ok: {"description": "done"},
+                          "responses": {ok: done,
                                         "400": {**_ERROR, "description": "bad input"},
                                         "401": {**_ERROR, "description": "token missing or wrong"},
                                         "403": {**_ERROR, "description": "from a web page of "
@@ -433,6 +439,12 @@ def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200",
     return op
 
 
+def _reply(required: list[str], **properties: Any) -> dict[str, Any]:
+    """A JSON object answered on success (every property listed: a client
+    generated from this document reads them all)."""
+    return {"type": "object", "required": required, "properties": properties}
+
+
 _SECONDS: dict[str, Any] = {"type": "number", "minimum": 0}
 _JOB_PROPERTIES: dict[str, Any] = {
     "body": {"type": "string"}, "body_base64": {"type": "string"},
@@ -442,6 +454,37 @@ _JOB_PROPERTIES: dict[str, Any] = {
                  "description": "higher first"}}
 _JOB_IN: dict[str, Any] = {"type": "object", "properties": _JOB_PROPERTIES,
                            "additionalProperties": False}
+_INT: dict[str, Any] = {"type": "integer", "minimum": 0}
+_IDS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
+_OR_NULL = {"integer": {"type": ["integer", "null"]}, "number": {"type": ["number", "null"]},
+            "string": {"type": ["string", "null"]}}
+# A body comes back as text when it is UTF-8, else as base64 (pgq.jsonable).
+_BODY_OUT: dict[str, Any] = {
+    "body": {"type": "string", "description": "the body, when it is UTF-8 text"},
+    "body_base64": {"type": "string", "description": "the body's bytes, when they are not text"}}
+_LEASED = _reply(["id", "queue"], id={"type": "string"}, queue={"type": "string"}, **_BODY_OUT,
+                 nacks={**_INT, "description": "with withcounters (the default)"},
+                 additional_deliveries={**_INT, "description": "with withcounters (the default)"})
+_SHOWN = _reply(
+    ["id", "queue", "state"], id={"type": "string"}, queue={"type": "string"},
+    state={"type": "string", "description": "queued, active, wait-repl; acked for the "
+           "tombstone of a job acknowledged here whose other holders are still being told"},
+    repl=_OR_NULL["integer"], ttl={**_OR_NULL["number"], "description": "seconds left"},
+    ctime={**_OR_NULL["integer"], "description": "creation, nanoseconds since the epoch"},
+    delay=_OR_NULL["number"], retry=_OR_NULL["number"], nacks=_OR_NULL["integer"],
+    additional_deliveries=_OR_NULL["integer"], deliveries=_OR_NULL["integer"],
+    next_requeue_within={**_OR_NULL["number"], "description": "seconds"},
+    next_awake_within={**_OR_NULL["number"], "description": "seconds"},
+    **{**_BODY_OUT, "body": {"type": ["string", "null"], "description": "the body, when it "
+                             "is UTF-8 text (null for a tombstone)"}},
+    nodes_delivered=_IDS, nodes_confirmed=_IDS, priority=_OR_NULL["integer"],
+    key=_OR_NULL["string"])
+_QUEUE_STATS = _reply(
+    ["name", "len"], name={"type": "string"}, len=_INT,
+    age={**_SECONDS, "description": "seconds since the queue was made"},
+    idle={**_SECONDS, "description": "seconds since its last activity"}, blocked=_INT,
+    import_from=_IDS, import_rate=_INT, jobs_in=_INT, jobs_out=_INT,
+    pause={"type": "string", "enum": ["none", "in", "out", "all"]})
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "pgq", "version": "1", "description": "Disque's job queue on PostgreSQL"},
@@ -459,7 +502,8 @@ OPENAPI: dict[str, Any] = {
                 "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": MAX_WAIT,
                             "description": "seconds to wait for the copies"},
                 "async": {"type": "boolean"}}},
-            ok="201", path="queue")},
+            ok="201", path="queue", reply=_reply(["ids"], ids={**_IDS, "description":
+                                                               "the new jobs' IDs, in order"}))},
         "/v1/lease": {"post": _op("Get jobs from queues, left to right", {
             "type": "object", "required": ["queues"], "additionalProperties": False,
             "properties": {
@@ -468,26 +512,37 @@ OPENAPI: dict[str, Any] = {
                 "count": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT},
                 "timeout": {**_SECONDS, "maximum": MAX_WAIT,
                             "description": "seconds to wait for a job (0: answer at once)"},
-                "withcounters": {"type": "boolean"}}})},
-        "/v1/jobs/{id}/ack": {"post": _op("Acknowledge a job", path="id")},
+                "withcounters": {"type": "boolean"}}},
+            reply=_reply(["jobs"], jobs={"type": "array", "items": _LEASED}))},
+        "/v1/jobs/{id}/ack": {"post": _op("Acknowledge a job", path="id", reply=_reply(
+            ["acked"], acked={**_INT, "description": "1, or 0 for a job not known here"}))},
         "/v1/jobs/{id}/nack": {"post": _op("Put a job back in its queue", {
             "type": "object", "additionalProperties": False,
-            "properties": {"delay": _SECONDS}}, path="id")},
-        "/v1/jobs/{id}/working": {"post": _op("Extend a job's lease", path="id")},
+            "properties": {"delay": _SECONDS}}, path="id", reply=_reply(
+                ["nacked"], nacked={**_INT, "description": "1, or 0 for a job not known here"}))},
+        "/v1/jobs/{id}/working": {"post": _op("Extend a job's lease", path="id", reply=_reply(
+            ["retry"], retry={**_SECONDS, "description": "seconds until it is queued again "
+                              "(its RETRY)"}))},
         "/v1/jobs/{id}/wait": {"post": _op("Wait until a job is done with", {
             "type": "object", "additionalProperties": False,
             "properties": {"timeout": {**_SECONDS, "maximum": MAX_WAIT, "default": 30}}},
-            path="id")},
-        "/v1/jobs/{id}": {"get": _op("A job's status", path="id")},
-        "/v1/queues/{queue}": {"get": _op("A queue's statistics", path="queue")},
+            path="id", reply=_reply(["done"], done={"type": "boolean", "description":
+                                                     "acknowledged anywhere in the cluster"}))},
+        "/v1/jobs/{id}": {"get": _op("A job's status", path="id", reply=_SHOWN)},
+        "/v1/queues/{queue}": {"get": _op("A queue's statistics", path="queue",
+                                          reply=_QUEUE_STATS)},
         "/health": {"get": {"summary": "Liveness", "security": [],
-                            "responses": {"200": {"description": "up"}}}},
+                            "responses": {"200": {"description": "up", "content": {
+                                "application/json": {"schema": _reply(
+                                    ["status", "node"], status={"const": "ok"},
+                                    node={"type": "string", "description": "this node's ID"})}}}}}},
         "/metrics": {"get": {**_op("Prometheus metrics"), "responses": {
             "200": {"description": "metrics", "content": {"text/plain": {"schema": {
                 "type": "string"}}}},
             "401": {**_ERROR, "description": "token missing or wrong"},
             "403": {**_ERROR, "description": "from a web page of another origin"}}}},
         "/openapi.json": {"get": {"summary": "This document", "security": [],
-                                  "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+                                  "responses": {"200": {"description": "OpenAPI 3.1", "content": {
+                                      "application/json": {"schema": {"type": "object"}}}}}}},
     },
 }

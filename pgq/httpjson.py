@@ -179,7 +179,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        data = json.loads(raw, object_pairs_hook=_no_repeated_keys)
+        data = json.loads(raw, object_pairs_hook=_no_repeated_keys, parse_float=_number)
     except _RepeatedKey as exc:
         raise BadRequest(f"the request body names {str(exc)!r} twice in one object: "
                          "send each field once") from None
@@ -194,6 +194,14 @@ def _parse(raw: bytes) -> dict[str, Any]:
 
 class _RepeatedKey(ValueError):
     pass
+
+
+def _number(text: str) -> int | float:
+    """A JSON number written with a fraction or an exponent: an int when it
+    has no fractional part, as JSON Schema's "integer" says (a client's
+    encoder may write a count or a priority as 1.0 or 1e3)."""
+    value = float(text)
+    return int(value) if value.is_integer() else value
 
 
 def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

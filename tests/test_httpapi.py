@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -13,7 +14,10 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+import jsonschema
 import pytest
+
+from pgq.httpapi import OPENAPI
 
 from .cluster.conftest import free_port
 from .conftest import wait_until
@@ -27,6 +31,7 @@ def q(job_id: str) -> str:
 
 
 def call(base, method, path, body=None, token=TOKEN, raw=None, headers=None):
+    """One request; its answer is checked against the OpenAPI document."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     request = urllib.request.Request(base + path, data=data, method=method, headers=headers or {})
     if token:
@@ -35,10 +40,52 @@ def call(base, method, path, body=None, token=TOKEN, raw=None, headers=None):
         with urllib.request.urlopen(request, timeout=30) as response:
             text = response.read().decode()
             kind = response.headers.get("content-type", "")
-            return response.status, json.loads(text) if "json" in kind else text
+            status = response.status
     except urllib.error.HTTPError as exc:
         text = exc.read().decode()
-        return exc.code, json.loads(text) if "json" in exc.headers.get("content-type", "") else text
+        kind = exc.headers.get("content-type", "")
+        status = exc.code
+    reply = json.loads(text) if "json" in kind else text
+    conforms(method, path, status, kind, reply)
+    return status, reply
+
+
+def _closed(schema):
+    """``schema`` with every object that lists its properties closed to
+    others: an answer holding a field the document does not describe fails
+    (a client generated from the document would not see it)."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: _closed(value) for key, value in schema.items()}
+    if "properties" in schema:
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+def _operation(method: str, path: str):
+    path = path.partition("?")[0]
+    for template, operations in OPENAPI["paths"].items():
+        if re.fullmatch(re.sub(r"\\{\w+\\}", "[^/]+", re.escape(template)), path):
+            return operations.get(method.lower())
+    return None  # not a route: Starlette's 404
+
+
+def conforms(method: str, path: str, status: int, kind: str, reply) -> None:
+    """The answer is one the OpenAPI document describes: its status listed
+    for the operation, its body valid against that status's schema."""
+    operation = _operation(method, path)
+    if operation is None or status == 405:
+        return
+    documented = operation["responses"].get(str(status))
+    assert documented is not None, f"{method} {path} answered {status}: not in the OpenAPI document"
+    content = documented.get("content")
+    assert content, f"{method} {path}: the document does not describe the body of its {status}"
+    [media] = [m for m in content if m in kind] or [None]
+    assert media is not None, f"{method} {path} {status}: {kind} is not among {list(content)}"
+    jsonschema.validate(reply, _closed(content[media]["schema"]),
+                        cls=jsonschema.Draft202012Validator)
 
 
 class Served:
@@ -104,6 +151,9 @@ def test_add_lease_ack_nack_working_status_and_stats(api):
     assert bodies == {job: "hello", many["ids"][0]: "two", many["ids"][1]: "/wA="}
     assert leased["jobs"][0]["nacks"] == 0
     assert call(api, "POST", f"/v1/jobs/{q(job)}/working") == (200, {"retry": 30})
+    unknown = q("D-00000000-++++++++++++++++++++++++-0001")
+    status, error = call(api, "POST", f"/v1/jobs/{unknown}/working")  # Disque: -NOJOB
+    assert (status, error["error"]) == (404, "NoJobError")
     assert call(api, "POST", f"/v1/jobs/{q(many['ids'][0])}/nack", {"delay": 60}) == (200, {"nacked": 1})
     status, shown = call(api, "GET", f"/v1/jobs/{q(job)}")
     assert status == 200 and shown["state"] == "active" and shown["body"] == "hello"
@@ -202,6 +252,21 @@ def test_odd_input_gets_a_json_4xx_never_a_500(api):
         got_status, error = call(api, method, path, body, raw=raw)
         assert (got_status, error["error"]) == (status, kind) and error["message"], (path, body, raw)
     assert call(api, "GET", "/v1/queues/q")[0] == 404  # none of them added anything
+
+
+def test_whole_numbers_written_with_a_fraction_are_integers(api):
+    # JSON Schema's "integer" is any number without a fractional part: a
+    # client's encoder may write a count or a priority as 2.0 (Python's does
+    # for a float) or 3e1; they were refused as "must be an int".
+    status, added = call(api, "POST", "/v1/queues/f/jobs", raw=b'{"body": "x", "priority": 2.0, '
+                         b'"retry": 3e1, "replicate": 1.0}')
+    assert status == 201
+    status, leased = call(api, "POST", "/v1/lease", raw=b'{"queues": ["f"], "count": 1.0}')
+    assert status == 200 and [j["id"] for j in leased["jobs"]] == added["ids"]
+    shown = call(api, "GET", f"/v1/jobs/{q(added['ids'][0])}")[1]
+    assert (shown["priority"], shown["retry"]) == (2, 30)
+    status, error = call(api, "POST", "/v1/lease", raw=b'{"queues": ["f"], "count": 1.5}')
+    assert (status, error["error"]) == (400, "InvalidTypeError")
 
 
 def _reply_of(sock) -> bytes:
