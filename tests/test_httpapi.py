@@ -72,6 +72,19 @@ def _operation(method: str, path: str):
     return None  # not a route: Starlette's 404
 
 
+def test_every_schema_of_the_openapi_document_is_valid_json_schema():
+    schemas = []
+    for operations in OPENAPI["paths"].values():
+        for operation in operations.values():
+            body = operation.get("requestBody", {}).get("content", {})
+            schemas += [m["schema"] for m in body.values()]
+            for response in operation["responses"].values():
+                schemas += [m["schema"] for m in response.get("content", {}).values()]
+    assert len(schemas) > 20
+    for schema in schemas:
+        jsonschema.Draft202012Validator.check_schema(schema)
+
+
 def conforms(method: str, path: str, status: int, kind: str, reply) -> None:
     """The answer is one the OpenAPI document describes: its status listed
     for the operation, its body valid against that status's schema."""
