@@ -30,10 +30,12 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import socket
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +45,7 @@ import anyio.lowlevel
 
 from .errors import PgqError
 
-__all__ = ["Fronts", "serve_fronts", "FrontsThread"]
+__all__ = ["Fronts", "serve_fronts", "serve_until_signalled", "FrontsThread"]
 
 log = logging.getLogger("pgq.fronts")
 
@@ -83,21 +85,28 @@ def check_free(fronts: Fronts) -> None:
 
 
 # How long a graceful stop lets HTTP requests finish before it cancels them.
-# A blocking lease or wait may last up to httpapi.MAX_WAIT (300 s), and held
-# the stop of `pgq serve` or of a node that long. Cancelled, it answers
-# nothing (its client retries elsewhere); a job its claim had taken
-# already comes back after its retry, as after a client that left.
+# A blocking lease or wait (up to httpapi.MAX_WAIT, 300 s) does not wait for
+# it: the stop answers it at once as its timeout would (httpapi's
+# ``stopping``). A request cancelled at the end of the grace answers
+# nothing (its client retries elsewhere).
 HTTP_STOP_GRACE = 10
 
 
 def _uvicorn(app: Any, address: Address) -> Any:
     import uvicorn
 
+    class Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            # The signals are pgq's (serve_until_signalled): uvicorn's own
+            # capture stopped its server alone, then raised the signal again,
+            # which ended the process under the other fronts' feet.
+            yield
+
     host, port = address
     # log_config=None: uvicorn's loggers go through ours (text or JSON lines)
-    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                         log_config=None,
-                                         timeout_graceful_shutdown=HTTP_STOP_GRACE))
+    return Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                 log_config=None, timeout_graceful_shutdown=HTTP_STOP_GRACE))
 
 
 async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | None = None) -> None:
@@ -118,7 +127,8 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
                 from .httpapi import create_app
                 from .httpjson import hosts_for
 
-                api = create_app(client, fronts.token, allowed_hosts=hosts_for(fronts.http[0]))
+                api = create_app(client, fronts.token, allowed_hosts=hosts_for(fronts.http[0]),
+                                 stopping=stopping)
                 servers.append(_uvicorn(api, fronts.http))
                 tasks.start_soon(servers[-1].serve)
                 log.info("pgq HTTP API on http://%s:%d (OpenAPI: /openapi.json)", *fronts.http)
@@ -150,6 +160,35 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
             await client.close()
             if board_client is not None:
                 await board_client.close()
+
+
+async def serve_until_signalled(dsn: str | None, fronts: Fronts) -> None:
+    """:func:`serve_fronts` until SIGTERM or SIGINT, then a graceful stop:
+    requests in flight end and are answered (blocked leases and waits as at
+    their timeout), RESP replies in flight are written, or their claimed
+    jobs put back. SIGTERM's default action had ended `pgq serve --resp` at
+    once, and a GETJOB's jobs claimed then went to nobody (a RETRY 0 job for
+    good). A second signal ends the process at once (the default handlers
+    are back by then)."""
+    import signal
+
+    stopping = anyio.Event()
+    failure: Exception | None = None
+    async with anyio.create_task_group() as tasks:
+        async def watch() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                async for _ in received:
+                    stopping.set()
+                    return
+
+        tasks.start_soon(watch)
+        try:
+            await serve_fronts(dsn, fronts, stopping)
+        except Exception as exc:  # raised as itself (a port in use), not in an ExceptionGroup
+            failure = exc
+        tasks.cancel_scope.cancel()
+    if failure is not None:
+        raise failure
 
 
 async def _within(scope: anyio.CancelScope, function: Any, *args: Any) -> None:

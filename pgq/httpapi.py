@@ -123,10 +123,12 @@ Handler0 = Callable[[], Awaitable[Response]]
 
 
 def create_app(client: AsyncClient, token: str | None = None, *,
-               allowed_hosts: list[str] | None = None) -> Starlette:
+               allowed_hosts: list[str] | None = None,
+               stopping: anyio.Event | None = None) -> Starlette:
     """The HTTP API over ``client`` (see the module doc); with
     ``allowed_hosts`` (:func:`pgq.httpjson.hosts_for`) other Host headers are
-    refused (400)."""
+    refused (400). Once ``stopping`` is set (a graceful stop), blocked
+    leases and waits answer at once, as at the end of their timeout."""
 
     def authorized(request: Request) -> bool:
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
@@ -258,7 +260,9 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                 return Response(status_code=499)
             return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
 
-        return await _while_connected(request, leased, gone) if timeout else await leased()
+        return await _while_connected(request, leased, gone, stopping,
+                                      lambda: JSONResponse({"jobs": []})) \
+            if timeout else await leased()
 
     async def ack(request: Request) -> Response:
         return JSONResponse({"acked": await client.ack_job(request.path_params["id"])})
@@ -287,7 +291,8 @@ def create_app(client: AsyncClient, token: str | None = None, *,
             return JSONResponse({"done": await client.wait_job(request.path_params["id"],
                                                                timeout=timeout)})
 
-        return await _while_connected(request, waited)
+        return await _while_connected(request, waited, None, stopping,
+                                      lambda: JSONResponse({"done": False}))
 
     async def stats(request: Request) -> Response:
         info = await client.qstat(request.path_params["queue"])
@@ -332,15 +337,19 @@ def create_app(client: AsyncClient, token: str | None = None, *,
 
 
 async def _while_connected(request: Request, waiting: Handler0,
-                           gone: anyio.Event | None = None) -> Response:
+                           gone: anyio.Event | None = None, stopping: anyio.Event | None = None,
+                           stopped: Callable[[], Response] | None = None) -> Response:
     """Run a request that may wait (a blocking lease, a wait), cancelled
     when its client goes away: the server does not cancel it, so a lease
     whose client had left went on waiting, holding its place among the
     blocked GETs, and took the next job for nobody (it then waited out its
     RETRY). The cancellation lands between pgq's statements, in practice in
-    the wait; a claim already made stays made."""
+    the wait; a claim already made stays made. Cancelled as well when the
+    server stops (``stopping``), answering ``stopped()`` (nothing came):
+    the stop waited for it, then cancelled it without an answer."""
     response: Response = Response(status_code=499)  # nobody is there to read it
     failure: Exception | None = None
+    ended_by_stop = False
 
     async with anyio.create_task_group() as tasks:
         async def watch() -> None:
@@ -351,7 +360,16 @@ async def _while_connected(request: Request, waiting: Handler0,
                 gone.set()
             tasks.cancel_scope.cancel()
 
+        async def stop() -> None:
+            nonlocal ended_by_stop
+            assert stopping is not None
+            await stopping.wait()
+            ended_by_stop = True
+            tasks.cancel_scope.cancel()
+
         tasks.start_soon(watch)
+        if stopping is not None and stopped is not None:
+            tasks.start_soon(stop)
         try:
             response = await waiting()
         except Exception as exc:  # raised as itself, not in a task group's ExceptionGroup
@@ -359,6 +377,9 @@ async def _while_connected(request: Request, waiting: Handler0,
         tasks.cancel_scope.cancel()
     if failure is not None:
         raise failure
+    if ended_by_stop and response.status_code == 499 and stopped is not None \
+            and not (gone is not None and gone.is_set()):
+        return stopped()
     return response
 
 

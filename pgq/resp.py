@@ -28,6 +28,7 @@ from __future__ import annotations
 import fnmatch
 import hmac
 import logging
+import math
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -372,6 +373,12 @@ def _float(arg: bytes, what: str) -> float:
         raise _Syntax(f"ERR {what} is not a number") from None
 
 
+def _whole_retry(retry: float) -> int:
+    """A RETRY in whole seconds, as Disque's clients read it; a fraction
+    (pgq's ADDJOB takes RETRY 0.5) rounds up: 0 would read as at most once."""
+    return math.ceil(retry)
+
+
 def _job_reply(job: Job, withcounters: bool) -> list[Any]:
     reply: list[Any] = [job.queue, job.id, bytes(job.body)]
     if withcounters:
@@ -402,6 +409,10 @@ class Session:
         self.address = address  # HOST:PORT this connection reached (HELLO's own entry)
         self.authenticated = password is None
         self.resp3 = False  # after HELLO 3 (redis-py 8 asks for it on connect)
+        # Jobs GETJOB claimed for this connection whose reply is not written
+        # yet: if the connection ends first (closed, reset, the server
+        # stopping), _connection puts them back in their queue.
+        self.unsent: list[Job] = []
 
     async def run(self, args: list[bytes]) -> Any:
         name = args[0].decode(errors="replace").lower()
@@ -583,6 +594,7 @@ class Session:
         jobs = await self.client.get_job(*queues, count=count,
                                          timeout=timeout_ms / 1000 if timeout_ms else None,
                                          nohang=nohang, withcounters=withcounters)
+        self.unsent += jobs  # at once: a cancellation may land at the next await
         if not jobs:
             return NULL_ARRAY
         return [_job_reply(job, withcounters) for job in jobs]
@@ -614,7 +626,7 @@ class Session:
         if len(args) != 1:
             raise _Syntax("ERR wrong number of arguments for 'working' command")
         retry = await self.client.working(_job_id(args[0]))
-        return int(retry)
+        return _whole_retry(retry)
 
     async def show(self, args: list[bytes]) -> Any:
         if len(args) != 1:
@@ -752,7 +764,9 @@ class Session:
                 value = list(value or [])
             elif key in ("next_requeue_within", "next_awake_within") and value is not None:
                 value = int(float(value) * 1000)
-            elif key in ("ttl", "delay", "retry") and value is not None:
+            elif key == "retry" and value is not None:
+                value = _whole_retry(value)
+            elif key in ("ttl", "delay") and value is not None:
                 value = int(value)  # whole seconds, as Disque (its clients read integers)
             elif isinstance(value, float):
                 value = _number_or_null(value)
@@ -888,7 +902,8 @@ async def _run_watched(stream: Any, parser: Parser, session: Session,
     cannot make the server buffer without bound. A cancellation
     lands between the command's statements (pgq's own are shielded), in
     practice in its wait: a claim already made is not undone, and its jobs
-    are re-queued after their RETRY, as before."""
+    (Session.unsent) go back to their queue when the connection ends.
+    They waited out their RETRY, and a RETRY 0 job was never delivered."""
     import anyio
 
     gone = False
@@ -918,6 +933,24 @@ async def _connection(stream: Any, client: AsyncClient, password: str | None) ->
     session = Session(client, password, address)
     parser = Parser() if session.authenticated else \
         Parser(UNAUTHENTICATED_BULK, UNAUTHENTICATED_ARGS)
+    try:
+        await _serve_connection(stream, parser, session)
+    finally:
+        if session.unsent:
+            # Claimed for this connection and never written to it: gone,
+            # reset or stopped (the server's stop cancels a send before it
+            # writes). Back in their queue, as for a cancelled GET.
+            with anyio.CancelScope(shield=True):
+                await client._give_back(session.unsent)
+
+
+async def _serve_connection(stream: Any, parser: Parser, session: Session) -> None:
+    import anyio
+
+    async def send(data: bytes) -> None:
+        await stream.send(data)
+        session.unsent.clear()  # written: the client has them
+
     async with stream:
         while True:
             try:
@@ -930,17 +963,17 @@ async def _connection(stream: Any, client: AsyncClient, password: str | None) ->
                 try:
                     command = parser.take()
                 except ProtocolError as exc:
-                    await stream.send(bytes(out) + encode(Error(f"ERR Protocol error: {exc}")))
+                    await send(bytes(out) + encode(Error(f"ERR Protocol error: {exc}")))
                     return
                 if command is None:
                     break
                 if command[0].lower() == b"quit":
-                    await stream.send(bytes(out) + encode(Status("OK")))
+                    await send(bytes(out) + encode(Status("OK")))
                     return
                 if _may_block(command):
                     # What came before it is answered now, not after the wait.
                     if out:
-                        await stream.send(bytes(out))
+                        await send(bytes(out))
                         out = bytearray()
                     reply = await _run_watched(stream, parser, session, command)
                     if reply is _GONE:
@@ -951,7 +984,7 @@ async def _connection(stream: Any, client: AsyncClient, password: str | None) ->
                 if session.authenticated:
                     parser.max_bulk, parser.max_args = MAX_BULK, MAX_ARGS
             if out:
-                await stream.send(bytes(out))
+                await send(bytes(out))
 
 
 async def serve(client: AsyncClient, host: str, port: int, password: str | None = None,
@@ -966,6 +999,8 @@ async def serve(client: AsyncClient, host: str, port: int, password: str | None 
     async def handle(stream: Any) -> None:
         try:
             await _connection(stream, client, password)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the client went away while its reply was written: nothing is wrong here
         except Exception:  # one connection's failure is its own
             log.exception("pgq resp: a connection failed; it is closed")
 

@@ -282,6 +282,11 @@ def test_pgq_extensions_priority_key_and_waitjob(resp):
     assert r.call("WAITJOB", "D-00000000-++++++++++++++++++++++++-0001") \
         == Error("NOJOB Job not known in the context of this node.")
     assert r.call("WAITJOB", plain, "FOREVER").text.startswith("ERR syntax error")
+    # a fractional RETRY (pgq's) reads as whole seconds rounded up: 0 is at most once
+    half = r.call("ADDJOB", "px-half", "x", 0, "RETRY", 0.5).text
+    assert r.call("WORKING", half) == 1
+    shown = r.call("SHOW", half)
+    assert dict(zip(shown[::2], shown[1::2], strict=True))[b"retry"] == 1
 
 
 def test_config_and_debug_subset(resp):
@@ -581,3 +586,43 @@ def test_an_acknowledged_job_shows_with_disques_types():
         assert isinstance(fields[key], int), (key, fields[key])
     assert fields["body"] == b"" and fields["next-awake-within"] == 30_000
     assert encode(reply).count(b"$-1") == 0
+
+
+def test_jobs_claimed_for_a_getjob_the_servers_stop_cut_off_go_back(dsn, tmp_path):
+    """A GETJOB whose claim was in flight when the server stopped: the stop
+    cancelled the reply's send before it wrote, and the claimed jobs went to
+    nobody (a RETRY 0 job for good). They now go back to their queue. The
+    claim is held in flight by a lock on the queue counters (its trigger
+    waits for it) while the server is told to stop."""
+    process, port = start_server(dsn, tmp_path, None)
+    admin = psycopg.connect(dsn, autocommit=True)
+    consumer = None
+    try:
+        job = Resp(port).call("ADDJOB", "cut-off", "only once", 0, "RETRY", 0).text
+        admin.execute("BEGIN")
+        admin.execute("LOCK TABLE pgq.queue_counters IN EXCLUSIVE MODE")
+        consumer = Resp(port)
+        consumer.send("GETJOB", "TIMEOUT", 60_000, "FROM", "cut-off")
+        wait_until(lambda: psycopg.connect(dsn, autocommit=True).execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            "AND datname = current_database()").fetchone()[0] >= 1, 20,
+            message="the claim to wait for the lock")
+        process.terminate()  # a graceful stop: it waits for the claim in flight
+        admin.execute("COMMIT")
+        process.wait(30)
+        consumer.sock.settimeout(10)
+        data = b""
+        while chunk := consumer.sock.recv(65536):
+            data += chunk
+        with psycopg.connect(dsn) as conn:
+            state = conn.execute("SELECT state FROM pgq.jobs WHERE id = %s", (job,)).fetchone()
+        # Delivered (the reply written before the stop took effect) or back
+        # in its queue; never taken for nobody.
+        assert job.encode() in data or state == ("queued",), (data, state, process.stdout.read().decode()[-3000:])
+    finally:
+        admin.close()
+        if consumer is not None:
+            consumer.close()
+        if process.poll() is None:
+            process.kill()
+        process.wait(20)

@@ -31,12 +31,12 @@ def dashboard(listen: str, token_file: str | None, dsn: str | None, data: str | 
     import anyio
 
     from ..cluster.process import setup_logging
-    from ..fronts import Fronts, serve_fronts
+    from ..fronts import Fronts, serve_until_signalled
 
     token = read_token(token_file)
     fronts = Fronts(dashboard=listen_address("--listen", listen, token), dashboard_token=token)
     setup_logging("dashboard")
     try:
-        anyio.run(serve_fronts, node_dsn(data, dsn) if data else dsn, fronts)
+        anyio.run(serve_until_signalled, node_dsn(data, dsn) if data else dsn, fronts)
     except KeyboardInterrupt:
         pass

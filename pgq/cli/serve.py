@@ -23,7 +23,7 @@ def serve(http_listen: str | None, resp_listen: str | None, token_file: str | No
     import anyio
 
     from ..cluster.process import setup_logging
-    from ..fronts import serve_fronts
+    from ..fronts import serve_until_signalled
 
     if not http_listen and not resp_listen and not dashboard_listen:
         raise click.UsageError("say what to serve: --http HOST:PORT, --resp HOST:PORT and/or "
@@ -31,6 +31,7 @@ def serve(http_listen: str | None, resp_listen: str | None, token_file: str | No
     fronts = fronts_of(http_listen, resp_listen, token_file, dashboard_listen, dashboard_token_file)
     setup_logging("serve")
     try:  # PgqError (a port in use) is one line and status 1: @handles_errors
-        anyio.run(serve_fronts, node_dsn(data, dsn) if data else dsn, fronts)
+        anyio.run(serve_until_signalled, node_dsn(data, dsn) if data else dsn, fronts)
     except KeyboardInterrupt:
         pass
+
