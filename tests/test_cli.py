@@ -366,6 +366,8 @@ def test_bad_input_is_one_line_and_an_exit_status_never_a_traceback(tmp_path):
         (["serve", "--http", "127.0.0.1:0", "--token-file", str(tmp_path / "binary.token")],
          2, "is not UTF-8 text"),
         (["worker", "nomodule:f", "--metrics", "foo"], 2, "--metrics wants HOST:PORT"),
+        (["node", "start", "--name", "n", "--bus", "127.0.0.1:1", "--data", str(tmp_path / "n"),
+          "--metrics", "bogus"], 2, "--metrics wants HOST:PORT"),  # a traceback, its server left up
         (["worker", ".jobs:handle", "--queue", "q"], 2, "cannot import .jobs"),  # a TypeError
         (["node", "status", "--data", "/dev/null/n1"], 1, "cannot read /dev/null/n1"),
         (["spark", "ingest", str(tmp_path / "missing.csv"), "--queue", "q"], 2,
@@ -376,6 +378,38 @@ def test_bad_input_is_one_line_and_an_exit_status_never_a_traceback(tmp_path):
         done = pgq(*args, check=False)
         assert (done.returncode, "Traceback" in done.stderr) == (status, False), (args, done.stderr)
         assert message in done.stderr, (args, done.stderr)
+
+
+def test_data_names_the_node_even_with_pgq_dsn_set(dsn, tmp_path):
+    # click filled --dsn from $PGQ_DSN and --data was then ignored: `ack` or
+    # `migrate --data DIR` acted on the environment's database.
+    node = tmp_path / "n2"
+    node.mkdir()
+    (node / "node.json").write_text(json.dumps({"dsn": dsn}))
+    elsewhere = {**os.environ, "PGQ_DSN": "postgresql://127.0.0.1:1/elsewhere"}
+    for args in (["add", "by-data", "x"], ["qlen", "by-data"]):
+        done = subprocess.run([*PGQ, *args, "--data", str(node)], env=elsewhere,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1"
+    both = subprocess.run([*PGQ, "qlen", "by-data", "--data", str(node), "--dsn", dsn],
+                          capture_output=True, text=True, timeout=60)
+    assert both.returncode == 2 and "give one" in both.stderr, both.stderr
+
+
+def test_a_worker_configured_in_code_refuses_the_options_it_would_ignore(tmp_path):
+    # `pgq worker MODULE:WORKER --concurrency 16 --dsn ...` ran the worker's
+    # own settings and database without a word.
+    (tmp_path / "configured.py").write_text(
+        "import pgq\n"
+        "worker = pgq.Worker('postgresql://127.0.0.1:1/app', queues=['q'], handler=print)\n")
+    for extra, named in ((["--concurrency", "16"], "--concurrency"),
+                         (["--queue", "other", "--grace", "5"], "--queue, --grace"),
+                         (["--dsn", "postgresql://127.0.0.1:1/prod"], "--dsn")):
+        done = subprocess.run([*PGQ, "worker", "configured:worker", *extra], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+        assert f"configured in its code: {named} would be ignored" in done.stderr, done.stderr
 
 
 def test_a_body_that_is_not_utf8_is_added_as_its_bytes(dsn):
@@ -486,6 +520,26 @@ def test_bodies_and_names_are_never_read_as_markup(dsn, client):
 
 
 
+def test_stats_piped_prints_a_snapshot_per_interval(dsn):
+    # A live view prints only when it stops: `pgq stats | grep` showed nothing.
+    import selectors
+
+    watching = subprocess.Popen([*PGQ, "stats", "--interval", "0.2", "--dsn", dsn],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL)
+    try:
+        seen, deadline = b"", time.monotonic() + 30
+        with selectors.DefaultSelector() as selector:
+            selector.register(watching.stdout, selectors.EVENT_READ)
+            while seen.count(b"queues at") < 2 and time.monotonic() < deadline:
+                if selector.select(timeout=1):
+                    seen += os.read(watching.stdout.fileno(), 65536)
+        assert seen.count(b"queues at") >= 2, seen  # two snapshots, while it runs
+    finally:
+        watching.terminate()
+        watching.wait(20)
+
+
 def test_an_add_from_a_file_refused_part_way_prints_what_it_added(dsn, tmp_path):
     """The file goes in batches of 5,000, each its own commit: when one is
     refused, the IDs of those before it are printed (a second run would add
@@ -496,7 +550,37 @@ def test_an_add_from_a_file_refused_part_way_prints_what_it_added(dsn, tmp_path)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     ids = done.stdout.split()
     assert len(ids) == 5000 and "resume from line 5001" in done.stderr
+    assert "none of them was added" in done.stderr  # a refused chunk is one statement
     assert pgq("qlen", "cli-part", dsn=dsn).stdout.strip() == "5000"
+
+
+def test_an_add_from_a_file_names_a_line_too_large_and_survives_a_closed_stdout(dsn, tmp_path):
+    # A line over the size limit refused its whole chunk, but the note said
+    # the chunk "may have been added" and to resume after it (losing 4,999
+    # good lines), without naming the line; the hint named a Python option.
+    lines = [f"{i}" for i in range(10_000)]
+    lines[7341] = "x" * 2000
+    (tmp_path / "jobs.txt").write_text("\n".join(lines) + "\n")
+    done = pgq("add", "cli-big", "--file", str(tmp_path / "jobs.txt"), "--max-body-size", "1024",
+               dsn=dsn, check=False)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "line 7342 is 2000 bytes" in done.stderr and "--max-body-size" in done.stderr
+    assert "none of them was added): resume from line 5001" in done.stderr, done.stderr
+    assert len(done.stdout.split()) == 5000
+    assert pgq("qlen", "cli-big", dsn=dsn).stdout.strip() == "5000"
+    # `pgq add --file ... | head -1`: stdout closed after the first chunk's
+    # IDs went out; it stopped with nothing on stderr.
+    (tmp_path / "more.txt").write_text("".join(f"{i}\n" for i in range(20_000)))
+    adding = subprocess.Popen([*PGQ, "add", "cli-head", "--file", str(tmp_path / "more.txt"),
+                               "--dsn", dsn], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    adding.stdout.readline()
+    adding.stdout.close()
+    err = adding.stderr.read().decode()
+    adding.wait(60)
+    assert adding.returncode != 0 and "Traceback" not in err, err
+    added = int(pgq("qlen", "cli-head", dsn=dsn).stdout)
+    assert f"stdout was closed: {added} jobs were added" in err, (added, err)
+    assert f"resume from line {added + 1}" in err, err
 
 
 def test_listen_addresses_take_bracketed_ipv6():

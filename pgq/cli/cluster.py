@@ -20,6 +20,7 @@ from .. import contracts
 from ..errors import PgqError
 from .common import (
     SECONDS,
+    check_metrics,
     emit,
     fail,
     fronts_of,
@@ -130,6 +131,7 @@ def node_start(name: str, data: str | None, dsn: str | None, bus: str, joins: tu
     if dsn:
         libpq_url(dsn)  # a typed error now (a DSN that is not UTF-8 was a traceback)
     # (--advertise-dsn, which may be 'none', is checked by run_node before anything starts)
+    check_metrics(metrics)
     fronts = fronts_of(http_listen, resp_listen, token_file, dashboard_listen, dashboard_token_file)
     if detach:
         if not data:
@@ -190,6 +192,11 @@ def _wait_serving(directory: Any, timeout: float, child: Any = None) -> dict[str
             if directory.log_file.exists():
                 tail = "\n".join(directory.log_file.read_text(errors="replace").splitlines()[-5:])
             what = "exited" if exited else f"did not serve within {timeout:g} s"
+            if child is not None and not exited:
+                # --detach: it runs on in its own session and may serve yet
+                what += (f" (pid {child.pid} goes on starting: `pgq node wait --data "
+                         f"{directory.path}` waits more, `pgq node stop --data {directory.path}` "
+                         "stops it)")
             fail(PgqError(f"the node in {directory.path} {what}" + (f":\n{tail}" if tail else "")))
         time.sleep(0.1)
 
@@ -394,17 +401,16 @@ def cluster_leave(data: str | None, dsn: str | None, timeout: float, as_json: bo
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     deadline = time.monotonic() + timeout
-    held = -1
     interactive = sys.stderr.isatty()
     with psycopg.connect(target, autocommit=True, connect_timeout=10) as conn, \
             Progress(TextColumn("draining"), BarColumn(), MofNCompleteColumn(),
                      transient=True, disable=not interactive, console=progress_console) as progress:
         start = conn.execute(contracts.HELD_BY_NODE, {"myself": myself}).fetchone()[0]  # type: ignore[index]
         task = progress.add_task("drain", total=max(start, 1))
-        while time.monotonic() < deadline:
+        while True:  # looked at once at least: --timeout 0 said "still holds -1 jobs"
             held = conn.execute(contracts.HELD_BY_NODE, {"myself": myself}).fetchone()[0]  # type: ignore[index]
             progress.update(task, completed=max(start - held, 0))
-            if held == 0:
+            if held == 0 or time.monotonic() >= deadline:
                 break
             if not interactive:
                 click.echo(f"waiting: the node still holds {held} jobs or acks", err=True)

@@ -207,11 +207,26 @@ def _print_table(rows: list[Sequence[Any]], columns: Sequence[str], title: str |
     printer.print(out)
 
 
+def _from_environment(option: str) -> bool:
+    """Whether the command's ``option`` was filled from its environment
+    variable rather than given on the command line."""
+    context = click.get_current_context(silent=True)
+    source = context.get_parameter_source(option) if context is not None else None
+    return source is click.core.ParameterSource.ENVIRONMENT
+
+
 def node_dsn(data: str | None, dsn: str | None) -> str:
-    """The database of the node named by --data (its node.json), --dsn or $PGQ_DSN."""
+    """The database of the node named by --data (its node.json), --dsn or
+    $PGQ_DSN. --data beats $PGQ_DSN (a DSN from the environment took the
+    place of the node named on the command line, so `ack` or `migrate
+    --data DIR` acted on another database); --data with --dsn is refused."""
     from ..cluster.process import read_state
     from ..dsn import libpq_url
 
+    if dsn and data:
+        if not _from_environment("dsn"):
+            raise click.UsageError("--dsn and --data both name the database: give one")
+        dsn = None
     if dsn:
         found = dsn
     elif data:
@@ -253,6 +268,19 @@ def listen_address(option: str, text: str, secret: str | None,
         raise click.UsageError(f"{option}: listening on {host} (beyond loopback) needs a secret: "
                                f"{secret_option} FILE")
     return host, port
+
+
+def check_metrics(metrics: str | None) -> None:
+    """--metrics HOST:PORT checked before anything starts: a bad one failed
+    only once the server ran (a traceback from `pgq node start`, with the
+    embedded PostgreSQL it had started left running)."""
+    from ..metrics import parse_listen
+
+    if metrics:
+        try:
+            parse_listen(metrics)
+        except ValueError:
+            raise click.UsageError(f"--metrics wants HOST:PORT, not {metrics!r}") from None
 
 
 def read_token(token_file: str | None) -> str | None:
@@ -317,6 +345,6 @@ def client_for(dsn: str | None, data: str | None, **options: Any) -> Any:
 
     options.setdefault("connect_timeout", 0)
 
-    if data and not dsn:
-        dsn = node_dsn(data, None)
+    if data:
+        dsn = node_dsn(data, dsn)
     return Client(dsn, **options)

@@ -17,8 +17,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from ..arguments import MAX_COUNT
-from ..errors import NoReplError, PgqError
+from ..arguments import DEFAULT_MAX_BODY_SIZE, HARD_MAX_BODY_SIZE, MAX_COUNT
+from ..errors import DatabaseUnavailableError, InvalidArgumentError, NoReplError, PgqError
 from .common import (
     arg_bytes,
     client_for,
@@ -56,11 +56,14 @@ def _progress() -> Progress:
               help="Higher is delivered first (FIFO within a priority).")
 @click.option("--key", help="Idempotency key: while a job added with it lives in QUEUE, "
                             "print that job's ID instead of adding (one BODY only).")
+@click.option("--max-body-size", type=click.IntRange(1, HARD_MAX_BODY_SIZE), metavar="BYTES",
+              default=DEFAULT_MAX_BODY_SIZE, show_default=True,
+              help="Largest body accepted (up to 512 MiB).")
 @click.option("--json", "as_json", is_flag=True, help="Print the IDs as JSON.")
 @target_options
 @handles_errors
 def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl, maxlen,  # type: ignore[no-untyped-def]
-        asynchronous, timeout, priority, key, as_json, dsn, data) -> None:
+        asynchronous, timeout, priority, key, max_body_size, as_json, dsn, data) -> None:
     """Add jobs to QUEUE: each BODY argument is one job (or use --file)."""
     if not bodies and path is None:
         raise click.UsageError("give job bodies as arguments, or --file FILE")
@@ -72,11 +75,13 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
 
     ids: list[str] = []  # added and not printed yet (--json prints them all at the end)
     printed = 0  # IDs printed already (plain output: each chunk's, once committed)
+    committed = 0  # jobs added (printed or not)
     lines_done = 0
     chunk_lines = 0  # lines of the chunk being added (--file)
 
     def added(new: list[str]) -> None:
-        nonlocal printed
+        nonlocal printed, committed
+        committed += len(new)
         if as_json:
             ids.extend(new)
         elif new:
@@ -84,7 +89,7 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
             printed += len(new)
 
     try:
-        with client_for(dsn, data) as client:
+        with client_for(dsn, data, max_body_size=max_body_size) as client:
             if key is not None:
                 added([client.add_job(queue, arg_bytes(bodies[0]), key=key, **options)])
             elif bodies:
@@ -97,10 +102,19 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
                     task = progress.add_task(f"adding to {queue}", total=_size(path))
                     while chunk := list(itertools.islice(path, _FILE_CHUNK)):
                         chunk_lines = len(chunk)
-                        added(client.add_jobs(queue, [line.rstrip(b"\r\n") for line in chunk],
-                                              **options))
+                        lines = [line.rstrip(b"\r\n") for line in chunk]
+                        _check_sizes(lines, lines_done, max_body_size)
+                        new = client.add_jobs(queue, lines, **options)
                         lines_done, chunk_lines = lines_done + len(chunk), 0
                         progress.advance(task, sum(len(line) for line in chunk))
+                        added(new)
+    except BrokenPipeError:
+        # stdout closed (`| head -1`): what was added is said on stderr
+        click.echo(f"note: stdout was closed: {committed} jobs were added, not all their IDs "
+                   "printed", err=True)
+        if path is not None:
+            _resume_note(lines_done, chunk_lines, 0, norepl=False, unknown=False)
+        raise
     except (PgqError, psycopg.Error, KeyboardInterrupt) as exc:
         # The batches before the failure are committed: their IDs go out
         # (printed already, or now), or a second run adds them again. Of
@@ -113,7 +127,10 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
             click.echo(f"note: {printed + len(ids) + len(kept)} jobs were added before this "
                        "(their IDs are on stdout)", err=True)
         if path is not None and (printed or ids or kept or chunk_lines):
-            _resume_note(lines_done, chunk_lines, len(kept), isinstance(exc, NoReplError))
+            # A chunk is one statement and one commit: refused, none of it
+            # is in; only a lost connection or an interrupt leaves it unknown.
+            unknown = isinstance(exc, (psycopg.Error, DatabaseUnavailableError, KeyboardInterrupt))
+            _resume_note(lines_done, chunk_lines, len(kept), isinstance(exc, NoReplError), unknown)
         raise
     if as_json:
         _echo_ids(ids, as_json)
@@ -130,12 +147,28 @@ def _size(path: Any) -> int | None:
         return None
 
 
-def _resume_note(lines_done: int, chunk_lines: int, kept: int, norepl: bool) -> None:
+def _check_sizes(lines: list[bytes], lines_done: int, limit: int) -> None:
+    """Each line's size, before the chunk goes: the line over the limit is
+    named (the client's own check said only that a body was too large)."""
+    for n, line in enumerate(lines):
+        if len(line) > limit:
+            raise InvalidArgumentError(
+                f"line {lines_done + n + 1} is {len(line)} bytes, over the limit of {limit} "
+                "(raise it with --max-body-size BYTES, up to 512 MiB, or queue a reference "
+                "to the data)")
+
+
+def _resume_note(lines_done: int, chunk_lines: int, kept: int, norepl: bool,
+                 unknown: bool = True) -> None:
     """Where a second run of `add --file` may start, and what it would repeat."""
     if not chunk_lines:
         click.echo(f"note: resume from line {lines_done + 1} of the file", err=True)
         return
     first, last = lines_done + 1, lines_done + chunk_lines
+    if not norepl and not unknown:
+        click.echo(f"note: lines {first}-{last} were refused together (none of them was added): "
+                   f"resume from line {first}", err=True)
+        return
     if norepl:
         state = f"{kept} of their jobs stayed (their IDs are on stdout), the others were not added"
     else:
@@ -171,8 +204,9 @@ def get(queues: tuple[str, ...], count: int, timeout: float | None, nohang: bool
         sys.exit(3)
 
 
-def _ids_command(name: str, method: str, done: str, help_text: str):  # type: ignore[no-untyped-def]
-    @click.command(name, help=help_text + " Exit 3 if none of the IDs was known.")
+def _ids_command(name: str, method: str, done: str, help_text: str,  # type: ignore[no-untyped-def]
+                 none: str = "none of the IDs was known"):
+    @click.command(name, help=f"{help_text} Exit 3 if {none}.")
     @click.argument("ids", nargs=-1, required=True)
     @json_option
     @target_options
@@ -187,8 +221,10 @@ def _ids_command(name: str, method: str, done: str, help_text: str):  # type: ig
 ack = _ids_command("ack", "ack_job", "acked", "Acknowledge jobs; prints how many known jobs were acked.")
 fast_ack = _ids_command("fastack", "fast_ack", "deleted", "Delete jobs now, everywhere (best effort).")
 del_job = _ids_command("deljob", "del_job", "deleted", "Delete jobs on this node, in any state.")
-enqueue = _ids_command("enqueue", "enqueue", "queued", "Queue active jobs now.")
-dequeue = _ids_command("dequeue", "dequeue", "dequeued", "Take queued jobs out of their queue.")
+enqueue = _ids_command("enqueue", "enqueue", "queued", "Queue active jobs now.",
+                       "none was queued (not known here, or queued already)")
+dequeue = _ids_command("dequeue", "dequeue", "dequeued", "Take queued jobs out of their queue.",
+                       "none was taken out (not known here, or not queued)")
 
 
 @click.command()

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from .common import handles_errors, report
+from .common import handles_errors, progress_console, report
 
 
 @click.command()
@@ -64,6 +65,18 @@ def simulate(seeds: int, first: int, seed: int | None, nodes: int, faults: str, 
                        err=as_json)  # --json: stdout holds the one JSON object
 
     with contextlib.ExitStack() as cleanup:
+        # Seeds done, on a terminal (200 seeds take minutes; without -v
+        # nothing was printed until the end).
+        progress = cleanup.enter_context(Progress(
+            TextColumn("seeds"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+            transient=True, disable=not sys.stderr.isatty() or len(seed_list) < 2,
+            console=progress_console))
+        task = progress.add_task("seeds", total=len(seed_list))
+
+        def counted(result: object) -> None:
+            on_result(result)
+            progress.advance(task)
+
         if home is None:  # a server of its own, gone at the end
             instance, _ = cleanup.enter_context(
                 embedded.temporary_server("pgq-simulate-", "immediate"))
@@ -71,7 +84,7 @@ def simulate(seeds: int, first: int, seed: int | None, nodes: int, faults: str, 
             instance = embedded.ensure_running(home)
         databases = SimDatabases(instance, nodes)
         cleanup.callback(databases.close)
-        run_seeds(databases, seed_list, nodes, chosen, on_result=on_result, seconds=seconds,
+        run_seeds(databases, seed_list, nodes, chosen, on_result=counted, seconds=seconds,
                   trace_lines=400 if seed is not None else 30)
     took = round(time.monotonic() - started, 1)
     report({"seeds": len(seed_list), **totals, "seconds": took}, as_json,

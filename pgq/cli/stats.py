@@ -130,7 +130,8 @@ def _keys() -> Iterator[Any]:
 @target_options
 @handles_errors
 def stats(interval: float, once: bool, limit: int, as_json: bool, dsn: str | None, data: str | None) -> None:
-    """Live table of queues (length, rates, oldest job) and nodes; q or Ctrl-C quits."""
+    """Live table of queues (length, rates, oldest job) and nodes; q or Ctrl-C quits.
+    Piped or redirected, a snapshot per --interval."""
     from .common import client_for
 
     with client_for(dsn, data) as client:
@@ -142,6 +143,16 @@ def stats(interval: float, once: bool, limit: int, as_json: bool, dsn: str | Non
         click.echo(_json(snapshot)) if as_json else wide_console().print(_render(snapshot, live=False))
         return
     previous = _with_rates(_snapshot(target, limit), None)
+    if not console.is_terminal:
+        # Piped or redirected (`pgq stats | grep`, `> log`): a live view
+        # prints only when it stops, so nothing came out. A snapshot per
+        # interval instead, until Ctrl-C or a signal.
+        printer = wide_console()
+        while True:
+            time.sleep(interval)
+            previous = _with_rates(_snapshot(target, limit), previous)
+            printer.print(_render(previous, live=False))
+            sys.stdout.flush()
     with _keys() as key, Live(_render(previous, live=True), console=console,
                               refresh_per_second=4) as view:
         while key(interval).lower() != "q":

@@ -11,7 +11,7 @@ import click
 
 from ..connecting import FIRST_CONNECT_TIMEOUT
 from ..worker import DEFAULT_MAX_DELIVERIES
-from .common import client_for, handles_errors, json_logs_option, target_options
+from .common import check_metrics, client_for, handles_errors, json_logs_option, target_options
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -29,6 +29,30 @@ def _load(target: str) -> Any:
         return getattr(module, attribute)
     except AttributeError:
         raise click.UsageError(f"{module_name} has no attribute {attribute!r}") from None
+
+
+# Options a pgq.Worker target sets in its own code: given on the command
+# line too, they were dropped without a word.
+_WORKER_SETTINGS = ("queues", "concurrency", "timeout", "max_nacks", "max_deliveries", "backoff",
+                    "transactional", "grace")
+
+
+def _configured_in_code(runner: Any, target: str, dsn: str | None, data: str | None) -> None:
+    """Refuse the command line's settings that ``runner`` (a pgq.Worker)
+    already has: the worker ran with its own and ignored them."""
+    context = click.get_current_context()
+    given = [name for name in _WORKER_SETTINGS
+             if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
+    if runner._dsn is not None and any(
+            context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+            for name in ("dsn", "data")):
+        given.append("dsn" if dsn else "data")
+    if given:
+        options = ", ".join("--queue" if name == "queues" else "--" + name.replace("_", "-")
+                            for name in given)
+        raise click.UsageError(f"{target} is a pgq.Worker configured in its code: {options} "
+                               "would be ignored. Set them in pgq.Worker(...), or point the "
+                               "command at a handler function (MODULE:FUNC)")
 
 
 @click.command()
@@ -64,18 +88,16 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
     import logging
 
     from ..cluster.process import setup_logging
-    from ..metrics import WorkerMetrics, parse_listen
+    from ..metrics import WorkerMetrics
     from ..worker import Worker
 
     os.environ["PGQ_LOG_LEVEL"] = log_level.upper()
     setup_logging(f"worker:{target}")
     job_level = getattr(logging, job_log_level.upper())
-    if metrics:  # a bad address fails here, not after connecting
-        try:
-            parse_listen(metrics)
-        except ValueError:
-            raise click.UsageError(f"--metrics wants HOST:PORT, not {metrics!r}") from None
+    check_metrics(metrics)  # a bad address fails here, not after connecting
     handler = _load(target)
+    if isinstance(handler, Worker):
+        _configured_in_code(handler, target, dsn, data)
     gauges = WorkerMetrics() if metrics else None
     with client_for(dsn, data, connect_timeout=FIRST_CONNECT_TIMEOUT) as client:
         if isinstance(handler, Worker):
