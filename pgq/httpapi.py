@@ -548,7 +548,8 @@ OPENAPI: dict[str, Any] = {
             "type": "object", "additionalProperties": False,
             "properties": {"timeout": {**_SECONDS, "maximum": MAX_WAIT, "default": 30}}},
             path="id", reply=_reply(["done"], done={"type": "boolean", "description":
-                                                     "acknowledged anywhere in the cluster"}))},
+                                                     "done with: acknowledged (its ACK reached this node), "
+                                                     "deleted, expired or dead-lettered"}))},
         "/v1/jobs/{id}": {"get": _op("A job's status", path="id", reply=_SHOWN)},
         "/v1/queues/{queue}": {"get": _op("A queue's statistics", path="queue",
                                           reply=_QUEUE_STATS)},

@@ -201,7 +201,10 @@ def _number(text: str) -> int | float:
     has no fractional part, as JSON Schema's "integer" says (a client's
     encoder may write a count or a priority as 1.0 or 1e3)."""
     value = float(text)
-    return int(value) if value.is_integer() else value
+    # Past 2**53 a float no longer holds every integer: 4611686018427387905.0
+    # would come out as 2**62; such a number stays a float (and is refused
+    # where an integer is wanted).
+    return int(value) if value.is_integer() and abs(value) <= 2 ** 53 else value
 
 
 def _no_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

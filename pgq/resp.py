@@ -867,6 +867,9 @@ _ADDJOB_OPTIONS = (b"replicate", b"delay", b"retry", b"ttl", b"maxlen", b"priori
 
 
 _GONE = object()  # the client closed its connection while its command blocked
+# The longest a reply's write may take (a client that does not read): past
+# it, the connection is closed.
+SEND_GRACE = 10.0
 MAX_CONFIG_PATTERN = 256  # the longest setting name is 30 bytes
 
 
@@ -948,8 +951,18 @@ async def _serve_connection(stream: Any, parser: Parser, session: Session) -> No
     import anyio
 
     async def send(data: bytes) -> None:
-        await stream.send(data)
-        session.unsent.clear()  # written: the client has them
+        # From the write on, the client may have the jobs of this reply (or
+        # of some of the pipelined replies in it): they are never given back
+        # after it, or a job could be delivered twice, and a lease taken
+        # since by another consumer undone. So the write is not cut short by
+        # a stop's cancellation either, only bounded in time (a client that
+        # does not read).
+        session.unsent.clear()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(SEND_GRACE) as late:
+                await stream.send(data)
+        if late.cancelled_caught:
+            raise anyio.BrokenResourceError("the client does not read its replies")
 
     async with stream:
         while True:

@@ -405,7 +405,8 @@ def test_a_worker_configured_in_code_refuses_the_options_it_would_ignore(tmp_pat
         "worker = pgq.Worker('postgresql://127.0.0.1:1/app', queues=['q'], handler=print)\n")
     for extra, named in ((["--concurrency", "16"], "--concurrency"),
                          (["--queue", "other", "--grace", "5"], "--queue, --grace"),
-                         (["--dsn", "postgresql://127.0.0.1:1/prod"], "--dsn")):
+                         (["--dsn", "postgresql://127.0.0.1:1/prod"], "--dsn"),
+                         (["--data", str(tmp_path)], "--data")):
         done = subprocess.run([*PGQ, "worker", "configured:worker", *extra], cwd=tmp_path,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr

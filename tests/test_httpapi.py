@@ -279,6 +279,11 @@ def test_whole_numbers_written_with_a_fraction_are_integers(api):
     assert (shown["priority"], shown["retry"]) == (2, 30)
     status, error = call(api, "POST", "/v1/lease", raw=b'{"queues": ["f"], "count": 1.5}')
     assert (status, error["error"]) == (400, "InvalidTypeError")
+    # past 2**53 a float is not an exact integer: 2**62 + 1 written with a
+    # fraction would have been taken as 2**62
+    status, error = call(api, "POST", "/v1/queues/f/jobs",
+                         raw=b'{"body": "x", "maxlen": 4611686018427387905.0}')
+    assert (status, error["error"]) == (400, "InvalidTypeError")
 
 
 def _reply_of(sock) -> bytes:

@@ -596,6 +596,7 @@ def test_jobs_claimed_for_a_getjob_the_servers_stop_cut_off_go_back(dsn, tmp_pat
     waits for it) while the server is told to stop."""
     process, port = start_server(dsn, tmp_path, None)
     admin = psycopg.connect(dsn, autocommit=True)
+    admin_peer = psycopg.connect(dsn, autocommit=True)  # looks while admin holds the lock
     consumer = None
     try:
         job = Resp(port).call("ADDJOB", "cut-off", "only once", 0, "RETRY", 0).text
@@ -603,7 +604,7 @@ def test_jobs_claimed_for_a_getjob_the_servers_stop_cut_off_go_back(dsn, tmp_pat
         admin.execute("LOCK TABLE pgq.queue_counters IN EXCLUSIVE MODE")
         consumer = Resp(port)
         consumer.send("GETJOB", "TIMEOUT", 60_000, "FROM", "cut-off")
-        wait_until(lambda: psycopg.connect(dsn, autocommit=True).execute(
+        wait_until(lambda: admin_peer.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
             "AND datname = current_database()").fetchone()[0] >= 1, 20,
             message="the claim to wait for the lock")
@@ -621,6 +622,7 @@ def test_jobs_claimed_for_a_getjob_the_servers_stop_cut_off_go_back(dsn, tmp_pat
         assert job.encode() in data or state == ("queued",), (data, state, process.stdout.read().decode()[-3000:])
     finally:
         admin.close()
+        admin_peer.close()
         if consumer is not None:
             consumer.close()
         if process.poll() is None:

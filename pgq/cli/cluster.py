@@ -273,6 +273,8 @@ def node_status(data: str | None, dsn: str | None, as_json: bool, show_password:
     from ..cluster.nodedir import NodeDirectory
     from ..dsn import redact
 
+    if data and dsn:  # (node_dsn's refusal below is taken for "no DSN yet" there)
+        raise click.UsageError("--dsn and --data both name the node: give one")
     info: dict[str, Any] = {}
     if data:
         directory = NodeDirectory(Path(data).absolute())

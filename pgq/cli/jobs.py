@@ -106,8 +106,8 @@ def add(queue: str, bodies: tuple[str, ...], path, replicate, delay, retry, ttl,
                         _check_sizes(lines, lines_done, max_body_size)
                         new = client.add_jobs(queue, lines, **options)
                         lines_done, chunk_lines = lines_done + len(chunk), 0
+                        added(new)  # counted before anything else can be interrupted
                         progress.advance(task, sum(len(line) for line in chunk))
-                        added(new)
     except BrokenPipeError:
         # stdout closed (`| head -1`): what was added is said on stderr
         click.echo(f"note: stdout was closed: {committed} jobs were added, not all their IDs "

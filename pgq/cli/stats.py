@@ -143,7 +143,7 @@ def stats(interval: float, once: bool, limit: int, as_json: bool, dsn: str | Non
         click.echo(_json(snapshot)) if as_json else wide_console().print(_render(snapshot, live=False))
         return
     previous = _with_rates(_snapshot(target, limit), None)
-    if not console.is_terminal:
+    if not sys.stdout.isatty():  # (rich's is_terminal follows FORCE_COLOR, set in CIs)
         # Piped or redirected (`pgq stats | grep`, `> log`): a live view
         # prints only when it stops, so nothing came out. A snapshot per
         # interval instead, until Ctrl-C or a signal.

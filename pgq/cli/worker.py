@@ -37,16 +37,15 @@ _WORKER_SETTINGS = ("queues", "concurrency", "timeout", "max_nacks", "max_delive
                     "transactional", "grace")
 
 
-def _configured_in_code(runner: Any, target: str, dsn: str | None, data: str | None) -> None:
+def _configured_in_code(runner: Any, target: str) -> None:
     """Refuse the command line's settings that ``runner`` (a pgq.Worker)
     already has: the worker ran with its own and ignored them."""
     context = click.get_current_context()
     given = [name for name in _WORKER_SETTINGS
              if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
-    if runner._dsn is not None and any(
-            context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-            for name in ("dsn", "data")):
-        given.append("dsn" if dsn else "data")
+    if runner._dsn is not None:
+        given += [name for name in ("dsn", "data")
+                  if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
     if given:
         options = ", ".join("--queue" if name == "queues" else "--" + name.replace("_", "-")
                             for name in given)
@@ -97,7 +96,7 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
     check_metrics(metrics)  # a bad address fails here, not after connecting
     handler = _load(target)
     if isinstance(handler, Worker):
-        _configured_in_code(handler, target, dsn, data)
+        _configured_in_code(handler, target)
     gauges = WorkerMetrics() if metrics else None
     with client_for(dsn, data, connect_timeout=FIRST_CONNECT_TIMEOUT) as client:
         if isinstance(handler, Worker):
