@@ -42,9 +42,13 @@ def test_workers_declaring_a_schedule_on_every_node_add_one_job_a_tick(make_clus
         added = fire_together(schedulers, tick + dt.timedelta(seconds=1))
         assert [(name, when) for name, when, _ in added] == [("reports", tick)]
         job_id = added[0][2]
-        holders = {node.name for node in cluster
-                   if node.sql("SELECT 1 FROM pgq.jobs WHERE queue = 'reports'")}
-        assert holders == {"n1", "n2"}  # one job, its two copies
+        # One job, its two copies. The scheduler adds inside its own
+        # transaction, so the copy goes out after the commit (the node's
+        # outbox), not before add_job returns: looked at once, the second
+        # copy was sometimes not there yet.
+        wait_until(lambda: {node.name for node in cluster
+                            if node.sql("SELECT 1 FROM pgq.jobs WHERE queue = 'reports'")}
+                   == {"n1", "n2"}, 15, message="the job's two copies")
         assert all(node.sql("SELECT id FROM pgq.jobs WHERE queue = 'reports'") == [(job_id,)]
                    for node in cluster)
         home = min(ids, key=lambda name: ids[name])
