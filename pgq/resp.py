@@ -867,9 +867,10 @@ _ADDJOB_OPTIONS = (b"replicate", b"delay", b"retry", b"ttl", b"maxlen", b"priori
 
 
 _GONE = object()  # the client closed its connection while its command blocked
-# The longest a reply's write may take (a client that does not read): past
-# it, the connection is closed.
-SEND_GRACE = 10.0
+# The longest a reply's write may wait for a client that does not read
+# (its socket buffers full): past it, the connection is closed. As Redis's
+# soft limit for its pub/sub clients; a stop waits for it too.
+SEND_GRACE = 60.0
 MAX_CONFIG_PATTERN = 256  # the longest setting name is 30 bytes
 
 
@@ -949,14 +950,17 @@ async def _connection(stream: Any, client: AsyncClient, password: str | None) ->
 
 async def _serve_connection(stream: Any, parser: Parser, session: Session) -> None:
     import anyio
+    import anyio.lowlevel
 
     async def send(data: bytes) -> None:
-        # From the write on, the client may have the jobs of this reply (or
-        # of some of the pipelined replies in it): they are never given back
-        # after it, or a job could be delivered twice, and a lease taken
-        # since by another consumer undone. So the write is not cut short by
-        # a stop's cancellation either, only bounded in time (a client that
-        # does not read).
+        # A stop's cancellation taken here, before anything is written,
+        # leaves the reply's jobs to be given back. From the write on, the
+        # client may have them (or those of some of the pipelined replies in
+        # it): they are never given back after it, or a job could be
+        # delivered twice, and a lease taken since by another consumer
+        # undone. So the write is not cut short by a stop either, only
+        # bounded in time (a client that does not read).
+        await anyio.lowlevel.checkpoint_if_cancelled()
         session.unsent.clear()
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(SEND_GRACE) as late:
