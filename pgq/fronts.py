@@ -165,9 +165,9 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
 async def serve_until_signalled(dsn: str | None, fronts: Fronts) -> None:
     """:func:`serve_fronts` until SIGTERM or SIGINT, then a graceful stop:
     HTTP requests in flight end and are answered (blocked leases and waits
-    as at their timeout); RESP replies being written are written, and RESP
-    commands in flight are cancelled between their statements (a GETJOB's
-    claimed jobs go back to their queue; a committed ADDJOB gets no reply).
+    as at their timeout); RESP commands in flight are cancelled between
+    their statements (a GETJOB's claimed jobs go back to their queue unless
+    its reply's write began; a committed ADDJOB gets no reply).
     SIGTERM's default action had ended `pgq serve --resp` at once, and a
     GETJOB's jobs claimed then went to nobody (a RETRY 0 job for good). A
     second signal ends the process at once (the default handlers are back
