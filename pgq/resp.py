@@ -937,9 +937,10 @@ async def _connection(stream: Any, client: AsyncClient, password: str | None) ->
         await _serve_connection(stream, parser, session)
     finally:
         if session.unsent:
-            # Claimed for this connection and never written to it: gone,
-            # reset or stopped (the server's stop cancels a send before it
-            # writes). Back in their queue, as for a cancelled GET.
+            # Claimed for this connection and never written to it: the
+            # client gone while its GETJOB was watched, or the server's stop
+            # (taken just before a write, see send). Back in their queue, as
+            # for a cancelled GET.
             with anyio.CancelScope(shield=True):
                 await client._give_back(session.unsent)
 

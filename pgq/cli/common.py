@@ -207,12 +207,13 @@ def _print_table(rows: list[Sequence[Any]], columns: Sequence[str], title: str |
     printer.print(out)
 
 
-def _from_environment(option: str) -> bool:
-    """Whether the command's ``option`` was filled from its environment
-    variable rather than given on the command line."""
+def typed(option: str) -> bool:
+    """Whether the command's ``option`` was given on its command line (not
+    filled from its environment variable or its default); True outside a
+    command."""
     context = click.get_current_context(silent=True)
-    source = context.get_parameter_source(option) if context is not None else None
-    return source is click.core.ParameterSource.ENVIRONMENT
+    return context is None or \
+        context.get_parameter_source(option) is click.core.ParameterSource.COMMANDLINE
 
 
 def node_dsn(data: str | None, dsn: str | None) -> str:
@@ -224,7 +225,7 @@ def node_dsn(data: str | None, dsn: str | None) -> str:
     from ..dsn import libpq_url
 
     if dsn and data:
-        if not _from_environment("dsn"):
+        if typed("dsn"):
             raise click.UsageError("--dsn and --data both name the database: give one")
         dsn = None
     if dsn:
@@ -258,12 +259,7 @@ def listen_address(option: str, text: str, secret: str | None,
     """(host, port) of a server's ``option`` HOST:PORT. Beyond loopback only
     with a secret (given by ``secret_option``): whoever reaches the port
     could otherwise act on the queue."""
-    from ..metrics import parse_listen
-
-    try:
-        host, port = parse_listen(text)
-    except ValueError:
-        raise click.UsageError(f"{option} wants HOST:PORT, not {text!r}") from None
+    host, port = _address(option, text)
     if not secret and not is_loopback(host):
         raise click.UsageError(f"{option}: listening on {host} (beyond loopback) needs a secret: "
                                f"{secret_option} FILE")
@@ -274,13 +270,18 @@ def check_metrics(metrics: str | None) -> None:
     """--metrics HOST:PORT checked before anything starts: a bad one failed
     only once the server ran (a traceback from `pgq node start`, with the
     embedded PostgreSQL it had started left running)."""
+    if metrics:
+        _address("--metrics", metrics)
+
+
+def _address(option: str, text: str) -> tuple[str, int]:
+    """(host, port) of ``option`` HOST:PORT; anything else is bad usage."""
     from ..metrics import parse_listen
 
-    if metrics:
-        try:
-            parse_listen(metrics)
-        except ValueError:
-            raise click.UsageError(f"--metrics wants HOST:PORT, not {metrics!r}") from None
+    try:
+        return parse_listen(text)
+    except ValueError:
+        raise click.UsageError(f"{option} wants HOST:PORT, not {text!r}") from None
 
 
 def read_token(token_file: str | None) -> str | None:

@@ -34,4 +34,3 @@ def serve(http_listen: str | None, resp_listen: str | None, token_file: str | No
         anyio.run(serve_until_signalled, node_dsn(data, dsn) if data else dsn, fronts)
     except KeyboardInterrupt:
         pass
-

@@ -11,7 +11,7 @@ import click
 
 from ..connecting import FIRST_CONNECT_TIMEOUT
 from ..worker import DEFAULT_MAX_DELIVERIES
-from .common import check_metrics, client_for, handles_errors, json_logs_option, target_options
+from .common import check_metrics, client_for, handles_errors, json_logs_option, target_options, typed
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -40,12 +40,9 @@ _WORKER_SETTINGS = ("queues", "concurrency", "timeout", "max_nacks", "max_delive
 def _configured_in_code(runner: Any, target: str) -> None:
     """Refuse the command line's settings that ``runner`` (a pgq.Worker)
     already has: the worker ran with its own and ignored them."""
-    context = click.get_current_context()
-    given = [name for name in _WORKER_SETTINGS
-             if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
+    given = [name for name in _WORKER_SETTINGS if typed(name)]
     if runner._dsn is not None:
-        given += [name for name in ("dsn", "data")
-                  if context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE]
+        given += [name for name in ("dsn", "data") if typed(name)]
     if given:
         options = ", ".join("--queue" if name == "queues" else "--" + name.replace("_", "-")
                             for name in given)
