@@ -583,7 +583,7 @@ class Simulation:
                     reply = None
                 elif isinstance(request, PeerWrite):
                     reply = self._peer_write(node, request)
-                    if request.sql in (contracts.STORE_COPIES, contracts.STORE_COPY) \
+                    if request.sql in (contracts.DIRECT_COPIES, contracts.DIRECT_COPY) \
                             and self._client_dies():
                         # Between the copies and the commit of its own row.
                         self.trace(f"client {what} on {node.name} CRASH after its copies")
@@ -644,7 +644,7 @@ class Simulation:
             else:
                 results[peer_id] = self._query(target, target.peer_conn,
                                                Query(request.sql, params, Result.ROWS))
-                copies = len(params["ids"]) if "ids" in params else 1  # STORE_COPY: one
+                copies = len(params["ids"]) if "ids" in params else 1  # DIRECT_COPY: one
                 self.trace(f"client on {node.name} wrote {copies} copies on {target.name}")
                 late = self.network.faults.drop if self.late_answers is None else self.late_answers
                 if self.client_rng.random() < late:

@@ -22,9 +22,9 @@ from .requeue import PARKED_RETRIES
 
 # ------------------------------------------------------------------- identity
 
-IDENTITY = """
-SELECT pgq.meta_value('node_id'), coalesce(pgq.meta_value('incarnation')::bigint, 0),
-       coalesce(pgq.meta_value('leaving')::boolean, false)
+IDENTITY = f"""
+SELECT {contracts.meta('node_id')}, coalesce({contracts.meta('incarnation')}::bigint, 0),
+       coalesce({contracts.meta('leaving')}::boolean, false)
 """
 
 SET_META = """

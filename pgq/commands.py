@@ -572,15 +572,16 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
 
     1. this node's rows go in (queued, their holders listed) inside a
        transaction left open: nobody sees them yet;
-    2. each target peer stores its copies (STORE_COPIES, the statement its
-       node process runs for a REPLJOB) in its own durable transaction, all
+    2. each target peer stores its copies (DIRECT_COPIES: the statement
+       its node process runs for a REPLJOB, but an ID already there is
+       left alone and fails the peer) in its own durable transaction, all
        peers at once;
     3. only when every copy committed, this node's transaction commits: the
        add is confirmed once W databases hold the job, and the node process
        was not on the way.
 
     If a peer fails, refuses a copy (its queue paused for input, the peer
-    leaving, its database not the node's) or does not answer within
+    leaving, its database not the node's, the ID there already) or does not answer within
     DIRECT_TIMEOUT (or half the add's timeout), this node's rows are rolled
     back, the copies are withdrawn from every peer written to (best effort,
     as Disque's DELJOB of partial copies: a copy left behind is an extra
@@ -659,7 +660,7 @@ def _renew_ids(session: Session, calls: Sequence[AddCall], taken: list[_Taken]) 
 
 def _copy_writes(rows: list[_Row], holders: list[str], kept: dict[str, tuple[int, float]],
                  targets: list[tuple[str, str]]) -> list[tuple[str, str, dict[str, Any]]]:
-    """Per target peer, STORE_COPIES' parameters for the copies it takes:
+    """Per target peer, DIRECT_COPIES' parameters for the copies it takes:
     the jobs stored here whose W reaches that peer (the i-th target holds
     the jobs with W > i + 1), with what only this node's insert knew (ctime,
     expiry) and every holder."""
@@ -685,19 +686,20 @@ def _copy_writes(rows: list[_Row], holders: list[str], kept: dict[str, tuple[int
 
 
 def _store_copies(writes: list[tuple[str, str, dict[str, Any]]], bound: float) -> PeerWrite:
-    """The peer writes of :func:`_add_direct`: STORE_COPIES, or STORE_COPY
+    """The peer writes of :func:`_add_direct`: DIRECT_COPIES, or DIRECT_COPY
     when every peer takes one copy (a lone add: plain values, no arrays)."""
     if any(len(copies["ids"]) != 1 for _peer, _dsn, copies in writes):
-        return PeerWrite(contracts.STORE_COPIES, tuple(writes), bound)
-    return PeerWrite(contracts.STORE_COPY, tuple(
+        return PeerWrite(contracts.DIRECT_COPIES, tuple(writes), bound)
+    return PeerWrite(contracts.DIRECT_COPY, tuple(
         (peer, dsn, _one_row(copies, contracts.ONE_COPY_NAMES)) for peer, dsn, copies in writes),
         bound)
 
 
 def _failed_peers(writes: list[tuple[str, str, dict[str, Any]]], done: dict[str, Any]) -> set[str]:
     """The peers that did not store every copy they were sent: an error, no
-    answer, or a refusal (STORE_COPIES stores nothing for a paused queue or
-    a leaving node; a brand-new job cannot be acknowledged anywhere yet)."""
+    answer, or a refusal (DIRECT_COPIES stores nothing for a paused queue,
+    a leaving node, or an ID already there; a brand-new job cannot be
+    acknowledged anywhere yet)."""
     failed = set()
     for peer, _dsn, copies in writes:
         result = done.get(peer)

@@ -80,6 +80,7 @@ from starlette.routing import Route
 
 from . import errors
 from .aio import AsyncClient
+from .contracts import meta
 from .httpjson import BadRequest, error_response, hosts_for, json_body, middleware, status_of
 from .jsonable import jsonable
 
@@ -111,8 +112,8 @@ QUEUES = """
 SELECT queue, length, active, waiting_repl, jobs_in, jobs_out, oldest_age_seconds, paused, blocked
 FROM pgq.queue_stats ORDER BY length DESC, queue LIMIT %s
 """
-THIS_NODE = """
-SELECT node_id, coalesce(pgq.meta_value('node_name'), ''), active, leaving, reachable_nodes
+THIS_NODE = f"""
+SELECT node_id, coalesce({meta('node_name')}, ''), active, leaving, reachable_nodes
 FROM pgq.cluster_state
 """
 NODES = """

@@ -33,6 +33,7 @@ from .contracts import (
                         OUTBOX_REPLICATE,
                         OUTBOX_WORKING,
                         batch_rows,
+                        meta,
 )
 
 # ------------------------------------------------------------- connections
@@ -285,9 +286,9 @@ ADD_ONE_REPLICATED = _add_replicated(_ONE_REPLICATED_ROW, "ARRAY[%(queue)s::text
 # wrote into a peer's database (run there, `myself` that peer's id, as in
 # STORE_COPIES) before going through the node process. Only this client
 # knew of them: nothing else can hold them yet.
-WITHDRAW_COPIES = """
+WITHDRAW_COPIES = f"""
 DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
-  AND pgq.meta_value('node_id') = %(myself)s
+  AND {meta('node_id')} = %(myself)s
 """
 
 # The withdrawn IDs, on this node: tombstones until the jobs' expiry, that
@@ -311,7 +312,7 @@ ON CONFLICT (id) DO NOTHING
 # * asynchronous or transactional add: queued at once, copied in the background.
 ADD_JOBS_CLUSTER = f"""
 WITH leaving AS (  -- read at statement time, whatever the client cached
-    SELECT coalesce(pgq.meta_value('leaving')::boolean, false) AS yes
+    SELECT coalesce({meta('leaving')}::boolean, false) AS yes
 ), {_ADD_PAUSED_ROOM}, inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
                           requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
@@ -1064,7 +1065,7 @@ SELECT %(state)s::text AS paused,
 
 # ---------------------------------------------------------------------- info
 
-INFO = """
+INFO = f"""
 SELECT current_setting('server_version') AS server_version,
        current_database() AS database,
        extract(epoch FROM pgq.now() - pg_postmaster_start_time())::float8 AS uptime,
@@ -1073,7 +1074,7 @@ SELECT current_setting('server_version') AS server_version,
                                             GROUP BY pid) AS g) AS blocked_clients,
        current_setting('synchronous_commit') AS synchronous_commit,
        current_setting('fsync') AS fsync,
-       pgq.meta_value('bus_stats') AS bus_stats
+       {meta('bus_stats')} AS bus_stats
 """
 
 JOB_COUNTS = "SELECT state, jobs FROM pgq.job_counts"
@@ -1171,7 +1172,7 @@ RETURNING claimed_by
 
 # Which node's database a connection reached (a claim at the tick home
 # checks it: an advertised "localhost" reaches the claimer's own).
-NODE_ID = "SELECT pgq.meta_value('node_id')"
+NODE_ID = f"SELECT {meta('node_id')}"
 HAS_CLAIMS = "SELECT 1 FROM pgq.periodic_claims LIMIT 1"  # schema 0018 or later
 
 # The tick home: the live node (not leaving) with the lowest ID, this one

@@ -109,6 +109,40 @@ def test_the_leaving_flag_and_what_a_node_holds(dsn):
         assert conn.execute(contracts.HELD_BY_NODE, {"myself": "me"}).fetchone() == (2,)
 
 
+def test_a_direct_copy_leaves_an_id_there_alone_where_a_resent_copy_merges(dsn):
+    # A client's direct copy is of a job it has just made: an ID there
+    # already (an attempt that never committed at the origin) is not
+    # merged, and the missing `stored` row fails that peer
+    # (pgq.commands._failed_peers); a node's re-sent REPLJOB merges holders.
+    def copy(job_id: str, holders: str) -> dict[str, object]:
+        return {"id": job_id, "queue": "dq", "body": b"x", "ctime": 1, "repl": 2, "retry": 60.0,
+                "delay": 0.0, "expires": 4e9, "nacks": 0, "adds": 0, "nodes": holders,
+                "priority": 0, "key": None, "myself": "me"}
+
+    def holders(job_id: str) -> list[str]:
+        return conn.execute("SELECT nodes_delivered FROM pgq.jobs WHERE id = %s",
+                            (job_id,)).fetchone()[0]
+
+    def many(one: dict[str, object]) -> dict[str, object]:
+        arrays = {array: [one[column]] for array, column in contracts.ONE_COPY_NAMES.items()}
+        return {**arrays, "myself": one["myself"]}
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO pgq.meta (key, value) VALUES ('node_id', 'me') "
+                     "ON CONFLICT (key) DO UPDATE SET value = excluded.value")
+        first = copy("D-dc", "a,me")
+        assert conn.execute(contracts.DIRECT_COPY, first).fetchall() == [("stored", "D-dc", None)]
+        assert conn.execute(contracts.DIRECT_COPY, copy("D-dc", "b,me")).fetchall() == []
+        assert conn.execute(contracts.DIRECT_COPIES, many(copy("D-dc", "b,me"))).fetchall() == []
+        assert holders("D-dc") == ["a", "me"]
+        assert conn.execute(contracts.STORE_COPIES, many(copy("D-dc", "b,me"))).fetchall() == [
+            ("stored", "D-dc", None)]
+        assert holders("D-dc") == ["a", "b", "me"]
+        # Not this node's database: nothing stored.
+        assert conn.execute(contracts.DIRECT_COPY, {**copy("D-other", "a,me"),
+                                                    "myself": "else"}).fetchall() == []
+
+
 def test_the_async_client_has_the_sync_clients_api():
     def public(cls):
         return {n: v for n, v in vars(cls).items() if not n.startswith("_") and callable(v)}

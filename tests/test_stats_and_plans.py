@@ -280,7 +280,8 @@ def test_a_fresh_node_with_a_priority_backlog_claims_fast(dsn):
     assert per_claim < 0.01, f"{per_claim * 1000:.1f} ms per claim"
 
 
-@pytest.mark.parametrize("name", ["DRAIN_OUTBOX_WITH_JOBS", "STORE_COPIES", "STORE_COPY"])
+@pytest.mark.parametrize("name", ["DRAIN_OUTBOX_WITH_JOBS", "STORE_COPIES", "DIRECT_COPIES",
+                                  "DIRECT_COPY"])
 def test_node_hot_statements_probe_by_key_even_when_planned_on_empty_tables(db, name):
     # A node process caches generic plans, usually made right after it
     # started, when pgq.jobs and pgq.acks were empty. A plan that scans them
