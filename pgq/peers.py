@@ -4,8 +4,9 @@ A synchronous replicated add whose peers advertised their databases
 (``pgq.nodes.dsn``, learnt by the node process over the bus) stores its
 copies there directly, all peers at once, before committing its own row
 (:func:`pgq.commands._add_direct`); the drivers run that step, a
-:class:`pgq.protocol.PeerWrite`, through the classes here. One small pool
-per peer DSN, opened when first needed and closed with the client.
+:class:`pgq.protocol.PeerWrite`, through the classes here. A few
+connections per peer DSN, opened when first needed and closed with the
+client.
 
 Invariants:
 
@@ -16,20 +17,23 @@ Invariants:
   answer within the timeout) is returned as that peer's exception, and the
   command decides (it goes through the node process instead).
 * A peer that hangs cannot hold a caller longer than the timeout: the sync
-  writes run in helper threads the caller stops waiting for. Nor can it
-  hold those threads for long: the server ends a statement after
+  writes are sent from the calling thread and waited for together, up to
+  the timeout (:mod:`pgq.multiplex`), and a connection given up on is
+  closed; the async ones are tasks the caller stops waiting for. Nor can
+  a hung write hold a peer's server for long: it ends a statement after
   ``STATEMENT_TIMEOUT`` (and a lock wait after ``LOCK_TIMEOUT``), shorter
   than a caller's timeout, so a write the caller gave up on has most likely
   been rolled back by then; and every connection has TCP keepalives and a
   TCP user timeout, so one to a peer that went silent fails within seconds
-  and goes back to its pool broken.
-* A pool unused for ``IDLE_POOL`` seconds is closed (peers come and go, and
+  and is not used again.
+* A peer's connections unused for ``IDLE_POOL`` seconds are closed (peers come and go, and
   change their DSN when they restart).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -38,8 +42,9 @@ from typing import Any, TypeVar
 
 import anyio
 import psycopg
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool
 
+from . import multiplex
 from .statements import SESSION_OPTIONS, TURBO_OPTIONS
 
 __all__ = ["PeerPools", "AsyncPeerPools", "PeerTimeout"]
@@ -73,10 +78,6 @@ def _kwargs(turbo: bool, application_name: str) -> dict[str, Any]:
             "connect_timeout": CONNECT_TIMEOUT, **KEEPALIVES}
 
 
-def _rows(cursor: Any) -> list[Any]:
-    return cursor.fetchall() if cursor.description is not None else []
-
-
 P = TypeVar("P")
 
 
@@ -95,80 +96,101 @@ def _take_idle(pools: dict[str, P], used: dict[str, float], now: float) -> list[
 
 
 class PeerPools:
-    """Blocking connections to peers' databases, one pool per DSN (see the
-    module doc); :meth:`write` runs a :class:`~pgq.protocol.PeerWrite`."""
+    """Blocking connections to peers' databases (see the module doc);
+    :meth:`write` runs a :class:`~pgq.protocol.PeerWrite` from the calling
+    thread, every peer at once (:mod:`pgq.multiplex`).
+
+    Per peer DSN, at most PEER_POOL_SIZE idle connections are kept; a write
+    takes one per peer (a new one if none is idle) and gives it back after,
+    unless it failed or was given up on. A connection is opened in a helper
+    thread, waited for no longer than the write's timeout (one that comes
+    late is kept for the next write): a peer host that went silent cannot
+    hold the caller in libpq's connect."""
 
     def __init__(self, *, turbo: bool = False, application_name: str = "pgq") -> None:
         self.kwargs = _kwargs(turbo, application_name)
-        self._pools: dict[str, ConnectionPool] = {}
+        self._idle: dict[str, list[multiplex.Prepared]] = {}
         self._used: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._connecting: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
 
-    def _pool(self, dsn: str) -> ConnectionPool:
+    def _take(self, dsn: str, deadline: float) -> multiplex.Prepared:
         with self._lock:
             if self._closed:
                 raise psycopg.OperationalError("the client is closed")
             self._used[dsn] = time.monotonic()
-            pool = self._pools.get(dsn)
-            if pool is None:
-                pool = ConnectionPool(dsn, min_size=1, max_size=PEER_POOL_SIZE, kwargs=self.kwargs,
-                                      open=False, name="pgq-peer", num_workers=1,
-                                      reconnect_timeout=CONNECT_TIMEOUT * 2)
-                pool.open(wait=False)
-                self._pools[dsn] = pool
-            if self._threads is None:
-                self._threads = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=2 * PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
-            return pool
+            idle = self._idle.setdefault(dsn, [])
+            while idle:
+                prepared = idle.pop()
+                if not prepared.conn.closed:
+                    return prepared
+            if self._connecting is None:
+                self._connecting = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
+            future = self._connecting.submit(self._connect, dsn)
+        try:
+            return future.result(timeout=max(deadline - time.monotonic(), 0))
+        except concurrent.futures.TimeoutError:
+            future.add_done_callback(functools.partial(self._late, dsn))
+            raise PeerTimeout("no connection in time") from None
 
-    def _write_one(self, dsn: str, sql: str, params: Mapping[str, Any], timeout: float) -> list[Any]:
-        with self._pool(dsn).connection(timeout=timeout) as conn:
-            return _rows(conn.execute(sql, params, prepare=True))
+    def _connect(self, dsn: str) -> multiplex.Prepared:
+        return multiplex.Prepared(psycopg.Connection.connect(dsn, **self.kwargs))
+
+    def _late(self, dsn: str, future: concurrent.futures.Future[multiplex.Prepared]) -> None:
+        if future.exception() is None:
+            self._give_back(dsn, future.result())
+
+    def _give_back(self, dsn: str, prepared: multiplex.Prepared) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(dsn, [])
+            if not self._closed and dsn in self._used and len(idle) < PEER_POOL_SIZE:
+                idle.append(prepared)
+                return
+        prepared.conn.close()
 
     def write(self, sql: str, writes: Writes, timeout: float) -> dict[str, Any]:
         """Run ``sql`` on every peer of ``writes`` at once; ``{peer: rows or
-        the exception}`` (see :class:`pgq.protocol.PeerWrite`). Every write
-        runs in a helper thread, so that the caller stops waiting at the
-        timeout whatever a peer does (a write in the calling thread would
-        save one hand-off, about 0.2 ms here, and lose that bound)."""
+        the exception}`` (see :class:`pgq.protocol.PeerWrite`)."""
         self._prune()
-        futures = {}
+        deadline = time.monotonic() + timeout
         results: dict[str, Any] = {}
+        flights: list[tuple[str, str, multiplex.Flight]] = []
         for peer, dsn, params in writes:
             try:
-                self._pool(dsn)
-                assert self._threads is not None
-                futures[peer] = self._threads.submit(self._write_one, dsn, sql, params, timeout)
+                flights.append((peer, dsn, multiplex.Flight(self._take(dsn, deadline), sql, params)))
             except Exception as exc:
                 results[peer] = exc
-        _done, late = concurrent.futures.wait(futures.values(), timeout=timeout)
-        for peer, future in futures.items():
-            if future in late:
-                future.cancel()
-                results[peer] = PeerTimeout(f"no answer within {timeout:g} s")
+        multiplex.run([flight for _peer, _dsn, flight in flights], deadline)
+        for peer, dsn, flight in flights:
+            outcome = flight.outcome
+            results[peer] = (PeerTimeout(f"no answer within {timeout:g} s")
+                             if isinstance(outcome, TimeoutError) else outcome)
+            if flight.reusable:
+                self._give_back(dsn, flight.prepared)
             else:
-                error = future.exception()
-                results[peer] = error if error is not None else future.result()
+                flight.prepared.conn.close()
         return results
 
     def _prune(self) -> None:
-        """Close the pools no write used for IDLE_POOL seconds."""
+        """Close the connections no write used for IDLE_POOL seconds."""
         with self._lock:
-            pools = _take_idle(self._pools, self._used, time.monotonic())
-        for pool in pools:
-            pool.close(timeout=1.0)
+            idle = _take_idle(self._idle, self._used, time.monotonic())
+        for connections in idle:
+            for prepared in connections:
+                prepared.conn.close()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            pools, self._pools = list(self._pools.values()), {}
-            threads, self._threads = self._threads, None
-        for pool in pools:
-            pool.close(timeout=1.0)
-        if threads is not None:
-            threads.shutdown(wait=False, cancel_futures=True)
+            idle, self._idle = list(self._idle.values()), {}
+            connecting, self._connecting = self._connecting, None
+        for connections in idle:
+            for prepared in connections:
+                prepared.conn.close()
+        if connecting is not None:
+            connecting.shutdown(wait=False, cancel_futures=True)
 
 
 class AsyncPeerPools:

@@ -85,6 +85,37 @@ def test_a_peer_that_does_not_answer_is_given_up_at_the_timeout(peers, db, dsn):
     assert peers.write(INSERT, (("a", dsn, {"id": 2, "v": b"new"}),), 5) == {"a": [(2,)]}
 
 
+def test_a_write_given_up_on_closes_its_connection_and_the_next_reuses_a_good_one(peers, db, dsn):
+    # The writes are sent from the calling thread (pgq.multiplex): a
+    # connection whose answer never came is closed, never given back with a
+    # statement still running on it; one that answered is used again.
+    peers.write(INSERT, (("a", dsn, {"id": 1, "v": b"x"}),), 5)
+    first = db.execute("SELECT pid FROM pg_stat_activity WHERE application_name = "
+                       "'pgq-test-peers'").fetchall()
+    assert len(first) == 1
+    assert peers.write(INSERT, (("a", dsn, {"id": 2, "v": b"x"}),), 5) == {"a": [(2,)]}
+    assert db.execute("SELECT pid FROM pg_stat_activity WHERE application_name = "
+                      "'pgq-test-peers'").fetchall() == first
+    done = peers.write("SELECT pg_sleep(0.5)", (("a", dsn, {}),), 0.1)
+    assert isinstance(done["a"], PeerTimeout)
+    wait_until(lambda: sessions_in(db, "active") + sessions_in(db, "idle") == 0, 10,
+               message="the connection given up on to be gone")
+    assert peers.write(INSERT, (("a", dsn, {"id": 3, "v": b"x"}),), 5) == {"a": [(3,)]}
+
+
+def test_parameters_of_every_shape_reach_the_peer_as_a_cursor_would_send_them(peers, dsn):
+    # Placeholders become $n (a name used twice is one parameter, %% a
+    # percent sign); the statement is prepared per parameter types, so an
+    # int that needs a wider type, or a NULL, is not sent under the first
+    # call's types.
+    sql = ("SELECT %(n)s::bigint * 2 AS n, %(n)s::bigint AS again, %(t)s::text AS t, "
+           "length(%(b)b::bytea) AS b, %(ids)b::text[] AS ids, 7 %% 4 AS r")
+    for n, t in ((1, "one"), (2**40, None), (None, "x"), (3, "three")):
+        done = peers.write(sql, (("a", dsn, {"n": n, "t": t, "b": b"\x00\x01", "ids": ["p", "q"]}),),
+                           5)
+        assert done == {"a": [(None if n is None else n * 2, n, t, 2, ["p", "q"], 3)]}, done
+
+
 def test_two_async_writes_that_find_the_same_idle_pools_both_go_on(dsn):
     """Two writes in flight at once (a client's replicated batches) pruned
     the same idle pools: the second one's ``del`` raised KeyError in the
