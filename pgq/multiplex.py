@@ -38,15 +38,17 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import anyio
 import psycopg
 from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.errors import error_from_result
 
-__all__ = ["Prepared", "Flight", "run"]
+__all__ = ["Prepared", "Flight", "run", "arun"]
 
 _PLACEHOLDER = re.compile(rb"%\((\w+)\)([sbt])|%%")
 _FORMATS = {b"s": PyFormat.AUTO, b"b": PyFormat.BINARY, b"t": PyFormat.TEXT}
+FLUSH_POLL = 0.01  # seconds (see _fly)
 _READ = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _WRITE = select.POLLOUT | select.POLLERR | select.POLLHUP
 
@@ -77,7 +79,7 @@ class Prepared:
 
     __slots__ = ("conn", "names")
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         conn.pgconn.nonblocking = 1
         self.conn = conn
         self.names: dict[tuple[str, tuple[int, ...]], bytes] = {}
@@ -143,11 +145,16 @@ class Flight:
             self._take(result)
 
     def _take(self, result: pq.abc.PGresult) -> None:
-        if result.status == pq.ExecStatus.FATAL_ERROR:
-            self.failed = self.failed or error_from_result(result, self.prepared.conn.info.encoding)
-        elif result.status == pq.ExecStatus.TUPLES_OK and self.steps[0][0] == "execute":
+        status = result.status
+        if status == pq.ExecStatus.TUPLES_OK and self.steps[0][0] == "execute":
             self.transformer.set_pgresult(result)
             self.rows = self.transformer.load_rows(0, result.ntuples, tuple)
+        elif status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
+            # Never a peer statement: no answer would ever end it here.
+            raise psycopg.NotSupportedError("COPY is not run through pgq.multiplex")
+        elif status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK,
+                            pq.ExecStatus.EMPTY_QUERY):
+            self.failed = self.failed or error_from_result(result, self.prepared.conn.info.encoding)
 
     def _step_done(self) -> None:
         step = self.steps.pop(0)
@@ -196,3 +203,30 @@ def run(flights: Sequence[Flight], deadline: float) -> None:
 
 def _events(flight: Flight) -> int:
     return _READ | _WRITE if flight.flushing else _READ
+
+
+async def arun(flights: Sequence[Flight], deadline: float) -> None:
+    """:func:`run` on an event loop: every flight sent at once, each then
+    driven by its own task until ``deadline`` (time.monotonic())."""
+    async with anyio.create_task_group() as tasks:
+        for flight in flights:
+            tasks.start_soon(_fly, flight, deadline)
+
+
+async def _fly(flight: Flight, deadline: float) -> None:
+    try:
+        flight.send()
+        while not flight.done:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                flight.finish(TimeoutError("no answer in time"), broken=True)
+                return
+            # Flushing, libpq also wants what the server sends meanwhile:
+            # anyio waits for one direction, so the wait is cut short to
+            # read between writes.
+            with anyio.move_on_after(min(left, FLUSH_POLL) if flight.flushing else left):
+                await (anyio.wait_writable if flight.flushing else anyio.wait_readable)(
+                    flight.fileno)
+            flight.ready()
+    except Exception as exc:
+        flight.finish(exc, broken=True)

@@ -42,7 +42,6 @@ from typing import Any, TypeVar
 
 import anyio
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from . import multiplex
 from .statements import SESSION_OPTIONS, TURBO_OPTIONS
@@ -102,10 +101,11 @@ class PeerPools:
 
     Per peer DSN, at most PEER_POOL_SIZE idle connections are kept; a write
     takes one per peer (a new one if none is idle) and gives it back after,
-    unless it failed or was given up on. A connection is opened in a helper
-    thread, waited for no longer than the write's timeout (one that comes
-    late is kept for the next write): a peer host that went silent cannot
-    hold the caller in libpq's connect."""
+    unless it failed or was given up on. Missing connections are opened in
+    helper threads, all at once, waited for no longer than the write's
+    timeout (one that comes late is kept for the next write): a peer host
+    that went silent cannot hold the caller in libpq's connect, nor keep
+    the other peers from connecting."""
 
     def __init__(self, *, turbo: bool = False, application_name: str = "pgq") -> None:
         self.kwargs = _kwargs(turbo, application_name)
@@ -115,39 +115,55 @@ class PeerPools:
         self._connecting: concurrent.futures.ThreadPoolExecutor | None = None
         self._closed = False
 
-    def _take(self, dsn: str, deadline: float) -> multiplex.Prepared:
+    def _take_idle_one(self, dsn: str) -> multiplex.Prepared | None:
         with self._lock:
             if self._closed:
                 raise psycopg.OperationalError("the client is closed")
             self._used[dsn] = time.monotonic()
-            idle = self._idle.setdefault(dsn, [])
+            idle = self._idle.get(dsn, [])
             while idle:
                 prepared = idle.pop()
                 if not prepared.conn.closed:
                     return prepared
+            return None
+
+    def _open(self, missing: list[tuple[str, str]], deadline: float,
+              taken: dict[str, tuple[str, multiplex.Prepared]], results: dict[str, Any]) -> None:
+        """Open a connection for each (peer, DSN) of ``missing`` in helper
+        threads, all at once, waited for until ``deadline``: a peer whose
+        host drops packets fails alone, the others connect meanwhile."""
+        with self._lock:
             if self._connecting is None:
                 self._connecting = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
-            future = self._connecting.submit(self._connect, dsn)
-        try:
-            return future.result(timeout=max(deadline - time.monotonic(), 0))
-        except concurrent.futures.TimeoutError:
-            future.add_done_callback(functools.partial(self._late, dsn))
-            raise PeerTimeout("no connection in time") from None
+                    max_workers=2 * PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
+            futures = {peer: (dsn, self._connecting.submit(self._connect, dsn))
+                       for peer, dsn in missing}
+        concurrent.futures.wait([future for _dsn, future in futures.values()],
+                                timeout=max(deadline - time.monotonic(), 0))
+        for peer, (dsn, future) in futures.items():
+            if not future.done():
+                if not future.cancel():  # connecting: kept for the next write if it succeeds
+                    future.add_done_callback(functools.partial(self._late, dsn))
+                results[peer] = PeerTimeout("no connection in time")
+            elif future.exception() is not None:
+                results[peer] = future.exception()
+            else:
+                taken[peer] = (dsn, future.result())
 
     def _connect(self, dsn: str) -> multiplex.Prepared:
         return multiplex.Prepared(psycopg.Connection.connect(dsn, **self.kwargs))
 
     def _late(self, dsn: str, future: concurrent.futures.Future[multiplex.Prepared]) -> None:
-        if future.exception() is None:
+        if not future.cancelled() and future.exception() is None:
             self._give_back(dsn, future.result())
 
     def _give_back(self, dsn: str, prepared: multiplex.Prepared) -> None:
         with self._lock:
-            idle = self._idle.setdefault(dsn, [])
-            if not self._closed and dsn in self._used and len(idle) < PEER_POOL_SIZE:
-                idle.append(prepared)
-                return
+            if not self._closed and dsn in self._used:
+                idle = self._idle.setdefault(dsn, [])
+                if len(idle) < PEER_POOL_SIZE:
+                    idle.append(prepared)
+                    return
         prepared.conn.close()
 
     def write(self, sql: str, writes: Writes, timeout: float) -> dict[str, Any]:
@@ -156,21 +172,40 @@ class PeerPools:
         self._prune()
         deadline = time.monotonic() + timeout
         results: dict[str, Any] = {}
-        flights: list[tuple[str, str, multiplex.Flight]] = []
-        for peer, dsn, params in writes:
-            try:
-                flights.append((peer, dsn, multiplex.Flight(self._take(dsn, deadline), sql, params)))
-            except Exception as exc:
-                results[peer] = exc
-        multiplex.run([flight for _peer, _dsn, flight in flights], deadline)
-        for peer, dsn, flight in flights:
-            outcome = flight.outcome
-            results[peer] = (PeerTimeout(f"no answer within {timeout:g} s")
-                             if isinstance(outcome, TimeoutError) else outcome)
-            if flight.reusable:
-                self._give_back(dsn, flight.prepared)
-            else:
-                flight.prepared.conn.close()
+        taken: dict[str, tuple[str, multiplex.Prepared]] = {}
+        flights: dict[str, multiplex.Flight] = {}
+        try:  # whatever happens, each connection taken goes back or is closed
+            missing = []
+            for peer, dsn, _params in writes:
+                try:
+                    prepared = self._take_idle_one(dsn)
+                except Exception as exc:
+                    results[peer] = exc
+                    continue
+                if prepared is None:
+                    missing.append((peer, dsn))
+                else:
+                    taken[peer] = (dsn, prepared)
+            if missing:
+                self._open(missing, deadline, taken, results)
+            for peer, _dsn, params in writes:
+                if peer in taken:
+                    try:
+                        flights[peer] = multiplex.Flight(taken[peer][1], sql, params)
+                    except Exception as exc:  # parameters psycopg cannot send: nothing went out
+                        results[peer] = exc
+            multiplex.run(list(flights.values()), deadline)
+        finally:
+            for peer, (dsn, prepared) in taken.items():
+                flight = flights.get(peer)
+                if flight is not None:
+                    outcome = flight.outcome
+                    results[peer] = (PeerTimeout(f"no answer within {timeout:g} s")
+                                     if isinstance(outcome, TimeoutError) else outcome)
+                if flight is None or flight.reusable:
+                    self._give_back(dsn, prepared)
+                else:  # a statement may still be in flight on it
+                    prepared.conn.close()
         return results
 
     def _prune(self) -> None:
@@ -194,56 +229,107 @@ class PeerPools:
 
 
 class AsyncPeerPools:
-    """The async mirror of :class:`PeerPools` (one task per peer write)."""
+    """The async mirror of :class:`PeerPools`: the writes sent from the
+    calling task and waited for together (:func:`pgq.multiplex.arun`),
+    missing connections opened concurrently within the timeout."""
 
     def __init__(self, *, turbo: bool = False, application_name: str = "pgq") -> None:
         self.kwargs = _kwargs(turbo, application_name)
-        self._pools: dict[str, AsyncConnectionPool] = {}
+        self._idle: dict[str, list[multiplex.Prepared]] = {}
         self._used: dict[str, float] = {}
         self._closed = False
 
-    async def _pool(self, dsn: str) -> AsyncConnectionPool:
+    def _take_idle_one(self, dsn: str) -> multiplex.Prepared | None:
         if self._closed:
             raise psycopg.OperationalError("the client is closed")
         self._used[dsn] = time.monotonic()
-        pool = self._pools.get(dsn)
-        if pool is None:
-            pool = AsyncConnectionPool(dsn, min_size=1, max_size=PEER_POOL_SIZE,
-                                       kwargs=self.kwargs, open=False, name="pgq-peer",
-                                       num_workers=1, reconnect_timeout=CONNECT_TIMEOUT * 2)
-            self._pools[dsn] = pool
-            await pool.open(wait=False)
-        return pool
+        idle = self._idle.get(dsn, [])
+        while idle:
+            prepared = idle.pop()
+            if not prepared.conn.closed:
+                return prepared
+        return None
+
+    async def _connect(self, dsn: str) -> multiplex.Prepared:
+        return multiplex.Prepared(await psycopg.AsyncConnection.connect(dsn, **self.kwargs))
+
+    async def _give_back(self, dsn: str, prepared: multiplex.Prepared, reusable: bool) -> None:
+        if reusable and not self._closed and dsn in self._used:
+            idle = self._idle.setdefault(dsn, [])
+            if len(idle) < PEER_POOL_SIZE:
+                idle.append(prepared)
+                return
+        await _aclose(prepared)
 
     async def write(self, sql: str, writes: Writes, timeout: float) -> dict[str, Any]:
         await self._prune()
+        deadline = time.monotonic() + timeout
         results: dict[str, Any] = {}
-
-        async def one(peer: str, dsn: str, params: Mapping[str, Any]) -> None:
+        taken: dict[str, tuple[str, multiplex.Prepared]] = {}
+        missing: list[tuple[str, str]] = []
+        for peer, dsn, _params in writes:
             try:
-                with anyio.fail_after(timeout):
-                    pool = await self._pool(dsn)
-                    async with pool.connection(timeout=timeout) as conn:
-                        cursor = await conn.execute(sql, params, prepare=True)
-                        results[peer] = (await cursor.fetchall()
-                                         if cursor.description is not None else [])
+                prepared = self._take_idle_one(dsn)
+            except Exception as exc:
+                results[peer] = exc
+                continue
+            if prepared is None:
+                missing.append((peer, dsn))
+            else:
+                taken[peer] = (dsn, prepared)
+
+        async def connect(peer: str, dsn: str) -> None:
+            try:
+                with anyio.fail_after(max(deadline - time.monotonic(), 0)):
+                    taken[peer] = (dsn, await self._connect(dsn))
             except TimeoutError:
-                results[peer] = PeerTimeout(f"no answer within {timeout:g} s")
+                results[peer] = PeerTimeout("no connection in time")
             except Exception as exc:
                 results[peer] = exc
 
-        async with anyio.create_task_group() as tasks:
+        flights: list[tuple[str, str, multiplex.Flight]] = []
+        try:
+            if missing:
+                async with anyio.create_task_group() as tasks:
+                    for peer, dsn in missing:
+                        tasks.start_soon(connect, peer, dsn)
             for peer, dsn, params in writes:
-                tasks.start_soon(one, peer, dsn, params)
+                if peer in taken:
+                    try:
+                        flights.append((peer, dsn, multiplex.Flight(taken[peer][1], sql, params)))
+                    except Exception as exc:
+                        results[peer] = exc
+            await multiplex.arun([flight for _peer, _dsn, flight in flights], deadline)
+        finally:
+            # Also when the caller is cancelled: a connection whose statement
+            # is still in flight is closed, never left idle.
+            with anyio.CancelScope(shield=True):
+                in_flight = {peer for peer, _dsn, _flight in flights}
+                for peer, dsn, flight in flights:
+                    outcome = flight.outcome
+                    results[peer] = (PeerTimeout(f"no answer within {timeout:g} s")
+                                     if isinstance(outcome, TimeoutError) else outcome)
+                    await self._give_back(dsn, flight.prepared, flight.reusable)
+                for peer, (dsn, prepared) in taken.items():
+                    if peer not in in_flight:
+                        await self._give_back(dsn, prepared, True)
         return results
 
     async def _prune(self) -> None:
-        """Close the pools no write used for IDLE_POOL seconds (see _take_idle)."""
-        for pool in _take_idle(self._pools, self._used, time.monotonic()):
-            await pool.close(timeout=1.0)
+        """Close the connections no write used for IDLE_POOL seconds (see _take_idle)."""
+        for connections in _take_idle(self._idle, self._used, time.monotonic()):
+            for prepared in connections:
+                await _aclose(prepared)
 
     async def close(self) -> None:
         self._closed = True
-        pools, self._pools = list(self._pools.values()), {}
-        for pool in pools:
-            await pool.close(timeout=1.0)
+        idle, self._idle = list(self._idle.values()), {}
+        for connections in idle:
+            for prepared in connections:
+                await _aclose(prepared)
+
+
+async def _aclose(prepared: multiplex.Prepared) -> None:
+    conn = prepared.conn
+    assert isinstance(conn, psycopg.AsyncConnection)
+    await conn.close()

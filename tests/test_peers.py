@@ -130,14 +130,108 @@ def test_two_async_writes_that_find_the_same_idle_pools_both_go_on(dsn):
         try:
             others = [f"{dsn}{'&' if '?' in dsn else '?'}application_name=idle{i}" for i in range(2)]
             for other in others:
-                await pools._pool(other)
+                assert await pools.write("SELECT 1", (("p", other, {}),), 5.0) == {"p": [(1,)]}
                 pools._used[other] = time.monotonic() - peer_module.IDLE_POOL - 1
             write = (("peer", dsn, {}),)
+            done = []
+
+            async def one() -> None:
+                done.append(await pools.write("SELECT 1", write, 5.0))
+
             async with anyio.create_task_group() as tasks:
                 for _ in range(2):
-                    tasks.start_soon(pools.write, "SELECT 1", write, 5.0)
-            assert set(pools._pools) == {dsn}
+                    tasks.start_soon(one)
+            assert done == [{"peer": [(1,)]}] * 2
+            assert set(pools._idle) == {dsn}
         finally:
             await pools.close()
 
     anyio.run(main)
+
+
+def test_the_async_writes_commit_fail_and_give_up_as_the_sync_ones(db, dsn):
+    # The async mirror (the RESP and HTTP fronts' replicated adds): every
+    # peer's write committed or its error returned; one given up on at the
+    # timeout, its connection closed; a caller cancelled while waiting
+    # leaves no connection with a statement in flight for the next write.
+    import anyio
+
+    from pgq.peers import AsyncPeerPools
+
+    db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
+
+    async def main() -> None:
+        pools = AsyncPeerPools(application_name="pgq-test-peers")
+        try:
+            done = await pools.write(INSERT, (("a", dsn, {"id": 1, "v": b"x"}),
+                                              ("b", dsn, {"id": 2, "v": b"y"})), 5)
+            assert done == {"a": [(1,)], "b": [(2,)]}
+            done = await pools.write(INSERT, (("a", dsn, {"id": 1, "v": b"x"}),
+                                              ("b", dsn, {"id": 3, "v": b"y"})), 5)
+            assert isinstance(done["a"], psycopg.errors.UniqueViolation) and done["b"] == [(3,)]
+            started = time.monotonic()
+            done = await pools.write("SELECT pg_sleep(0.5)", (("a", dsn, {}),), 0.1)
+            assert isinstance(done["a"], PeerTimeout) and time.monotonic() - started < 0.4
+            # The connection given up on is closed (not idle, nor kept).
+            await anyio.to_thread.run_sync(lambda: wait_until(
+                lambda: sessions_in(db, "active") == 0 and sessions_in(db, "idle") == 1, 10,
+                message="the connection given up on to be gone"))
+            with anyio.move_on_after(0.1):
+                await pools.write("SELECT pg_sleep(0.5)", (("a", dsn, {}),), 5)
+            idle = [p for connections in pools._idle.values() for p in connections]
+            assert len(idle) == 0  # the one in use was cancelled with its statement: closed
+            assert await pools.write(INSERT, (("a", dsn, {"id": 4, "v": b"z"}),), 5) == {"a": [(4,)]}
+            idle = [p for connections in pools._idle.values() for p in connections]
+            assert [p.conn.pgconn.transaction_status for p in idle] == [
+                psycopg.pq.TransactionStatus.IDLE]
+        finally:
+            await pools.close()
+
+    anyio.run(main)
+    assert sessions_in(db, "idle in transaction") == 0
+    assert db.execute("SELECT array_agg(id ORDER BY id) FROM t").fetchone()[0] == [1, 2, 3, 4]
+    wait_until(lambda: sessions_in(db, "active") + sessions_in(db, "idle") == 0, 10,
+               message="every connection of the pools to be closed")
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_hung_peer_fails_alone_and_the_other_peers_write(db, dsn, flavour):
+    # Peer "a" waits on a row lock past the timeout; "b" answers at once.
+    # With no connection open yet, both are opened and written at once: "b"
+    # is not made to wait behind "a" and given up on with it.
+    import anyio
+
+    from pgq.peers import AsyncPeerPools
+
+    db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
+    db.execute("INSERT INTO t VALUES (1, 'old'), (2, 'old')")
+    update = "UPDATE t SET v = %(v)s WHERE id = %(id)s RETURNING id"
+    writes = (("a", dsn, {"id": 1, "v": b"new"}), ("b", dsn, {"id": 2, "v": b"new"}))
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM t WHERE id = 1 FOR UPDATE")
+        started = time.monotonic()
+        if flavour == "sync":
+            pools = PeerPools(application_name="pgq-test-peers")
+            try:
+                done = pools.write(update, writes, 0.5)
+            finally:
+                pools.close()
+        else:
+            async def main() -> dict[str, object]:
+                pools = AsyncPeerPools(application_name="pgq-test-peers")
+                try:
+                    return await pools.write(update, writes, 0.5)
+                finally:
+                    await pools.close()
+
+            done = anyio.run(main)
+        elapsed = time.monotonic() - started
+        # The write given up on ends on the server, rolled back, at the
+        # peer's lock timeout (1 s), while the row is still locked.
+        wait_until(lambda: sessions_in(db, "active") == 0, 10,
+                   message="the abandoned write to end on the server")
+    assert isinstance(done["a"], PeerTimeout) and done["b"] == [(2,)]
+    # 0.5 s asked, under the peer's lock timeout (1 s) that would have
+    # answered "a" with an error.
+    assert elapsed < 0.95
+    assert db.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, b"old"), (2, b"new")]
