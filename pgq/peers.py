@@ -133,6 +133,10 @@ class PeerPools:
         threads, all at once, waited for until ``deadline``: a peer whose
         host drops packets fails alone, the others connect meanwhile."""
         with self._lock:
+            if self._closed:  # closed meanwhile by another thread
+                for peer, _dsn in missing:
+                    results[peer] = psycopg.OperationalError("the client is closed")
+                return
             if self._connecting is None:
                 self._connecting = concurrent.futures.ThreadPoolExecutor(
                     max_workers=2 * PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
