@@ -85,6 +85,7 @@ from pgq.protocol import (
     Housekeeping,
     Listen,
     ListenReplication,
+    PeerUnreached,
     PeerWrite,
     Query,
     Result,
@@ -636,7 +637,9 @@ class Simulation:
         for peer_id, dsn, params in request.writes:
             target = self.by_id.get(peer_id)
             if target is None or dsn != _dsn(target):
-                results[peer_id] = PeerTimeout(f"no node serves {dsn!r}")
+                # nothing sent (a real client would not connect): nothing
+                # to withdraw there
+                results[peer_id] = PeerUnreached(f"no node serves {dsn!r}")
             elif not self.network.can_talk(node.name, target.name) or \
                     self.client_rng.random() < self.network.faults.drop:
                 self.trace(f"client on {node.name} cannot reach {target.name}'s database")

@@ -46,6 +46,7 @@ from .protocol import (
     Housekeeping,
     Listen,
     ListenReplication,
+    PeerUnreached,
     PeerWrite,
     Query,
     Result,
@@ -630,10 +631,13 @@ def _add_direct(session: Session, calls: Sequence[AddCall], taken: list[_Taken],
             # refused part of its copies (a queue paused there) stored the
             # others, and one the caller stopped waiting for may have
             # committed (rarely: its server ends the statement first, see
-            # pgq.peers).
-            yield PeerWrite(sql.WITHDRAW_COPIES,
-                            tuple((peer, dsn, {"ids": copies["ids"], "myself": peer})
-                                  for peer, dsn, copies in writes), bound)
+            # pgq.peers). Not from a peer nothing reached: a second wait
+            # for a silent host would eat the time the node's way needs.
+            reached = tuple((peer, dsn, {"ids": copies["ids"], "myself": peer})
+                            for peer, dsn, copies in writes
+                            if not isinstance(done.get(peer), PeerUnreached))
+            if reached:
+                yield PeerWrite(sql.WITHDRAW_COPIES, reached, bound)
             # A copy the withdrawal missed is told SETACK when it announces
             # itself (see WITHDRAWN_HERE; a review of the new IDs found it).
             withdrawn = [(call.queue, job_id) for call, job_id, _body, _t in rows if job_id in kept]

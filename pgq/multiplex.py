@@ -35,7 +35,7 @@ import functools
 import re
 import select
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -44,7 +44,7 @@ from psycopg import pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.errors import error_from_result
 
-__all__ = ["Prepared", "Flight", "run", "arun"]
+__all__ = ["Prepared", "Flight", "start", "run", "fly"]
 
 _PLACEHOLDER = re.compile(rb"%\((\w+)\)([sbt])|%%")
 _FORMATS = {b"s": PyFormat.AUTO, b"b": PyFormat.BINARY, b"t": PyFormat.TEXT}
@@ -110,6 +110,7 @@ class Flight:
         self.outcome: Any = None
         self.done = False
         self.broken = False  # the connection failed or was given up on
+        self.sent = False  # something went out: the peer may have run it
 
     @property
     def fileno(self) -> int:
@@ -123,6 +124,7 @@ class Flight:
     def send(self) -> None:
         """Send the next step and flush what libpq could not write yet."""
         step = self.steps[0]
+        self.sent = True
         if step[0] == "prepare":
             self.pgconn.send_prepare(self.name, step[1], param_types=step[2])
         else:
@@ -169,24 +171,55 @@ class Flight:
         self.outcome, self.done, self.broken = outcome, True, broken
 
 
-def run(flights: Sequence[Flight], deadline: float) -> None:
-    """Drive every flight to its outcome, or to TimeoutError at
-    ``deadline`` (time.monotonic()); see the module doc."""
-    live: dict[int, Flight] = {}
-    poller = select.poll()
+def start(flights: Sequence[Flight], deadline: float) -> None:
+    """Send each flight's statement (its prepare first if needed), unless
+    ``deadline`` has passed: a statement sent then would run with nobody
+    waiting for its answer."""
     for flight in flights:
+        if time.monotonic() >= deadline:
+            flight.finish(TimeoutError("no time left to send"))
+            continue
         try:
             flight.send()
         except Exception as exc:
             flight.finish(exc, broken=True)
-            continue
-        live[flight.fileno] = flight
-        poller.register(flight.fileno, _events(flight))
-    while live:
+
+
+def run(flights: Sequence[Flight], deadline: float,
+        wakeup: tuple[int, Callable[[], tuple[list[Flight], bool]]] | None = None) -> None:
+    """Drive every started flight (:func:`start`) to its outcome, or to
+    TimeoutError at ``deadline`` (time.monotonic()); see the module doc.
+    Answers already received by then count: each flight's socket is read
+    once more before it is given up on.
+
+    ``wakeup``: a file descriptor that becomes readable when more flights
+    may be ready to join (connections that opened meanwhile), and the call
+    that starts them: it returns them, and whether more may come."""
+    live: dict[int, Flight] = {}
+    poller = select.poll()
+
+    def join(more: Sequence[Flight]) -> None:
+        for flight in more:
+            if not flight.done:
+                live[flight.fileno] = flight
+                poller.register(flight.fileno, _events(flight))
+
+    join(flights)
+    waking = wakeup is not None
+    if wakeup is not None:
+        poller.register(wakeup[0], _READ)
+    while live or waking:
         left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        for fd, _event in poller.poll(left * 1000):
+        ready = poller.poll(max(left, 0) * 1000)
+        if left <= 0:  # the last look: whatever is readable now
+            ready = [(fd, 0) for fd in live]
+        for fd, _event in ready:
+            if wakeup is not None and fd == wakeup[0]:
+                more, waking = wakeup[1]()
+                if not waking:
+                    poller.unregister(fd)
+                join(more)
+                continue
             flight = live[fd]
             try:
                 flight.ready()
@@ -197,6 +230,8 @@ def run(flights: Sequence[Flight], deadline: float) -> None:
                 del live[fd]
             else:
                 poller.modify(fd, _events(flight))
+        if left <= 0:
+            break
     for flight in live.values():
         flight.finish(TimeoutError("no answer in time"), broken=True)
 
@@ -205,28 +240,23 @@ def _events(flight: Flight) -> int:
     return _READ | _WRITE if flight.flushing else _READ
 
 
-async def arun(flights: Sequence[Flight], deadline: float) -> None:
-    """:func:`run` on an event loop: every flight sent at once, each then
-    driven by its own task until ``deadline`` (time.monotonic())."""
-    async with anyio.create_task_group() as tasks:
-        for flight in flights:
-            tasks.start_soon(_fly, flight, deadline)
-
-
-async def _fly(flight: Flight, deadline: float) -> None:
+async def fly(flight: Flight, deadline: float) -> None:
+    """One flight on an event loop: sent (unless ``deadline`` has passed)
+    and driven to its outcome, or to TimeoutError at ``deadline``, its
+    socket read once more before it is given up on."""
+    start([flight], deadline)
     try:
-        flight.send()
         while not flight.done:
             left = deadline - time.monotonic()
-            if left <= 0:
-                flight.finish(TimeoutError("no answer in time"), broken=True)
-                return
-            # Flushing, libpq also wants what the server sends meanwhile:
-            # anyio waits for one direction, so the wait is cut short to
-            # read between writes.
-            with anyio.move_on_after(min(left, FLUSH_POLL) if flight.flushing else left):
-                await (anyio.wait_writable if flight.flushing else anyio.wait_readable)(
-                    flight.fileno)
+            if left > 0:
+                # Flushing, libpq also wants what the server sends meanwhile:
+                # anyio waits for one direction, so the wait is cut short to
+                # read between writes.
+                with anyio.move_on_after(min(left, FLUSH_POLL) if flight.flushing else left):
+                    await (anyio.wait_writable if flight.flushing else anyio.wait_readable)(
+                        flight.fileno)
             flight.ready()
+            if left <= 0 and not flight.done:
+                flight.finish(TimeoutError("no answer in time"), broken=True)
     except Exception as exc:
         flight.finish(exc, broken=True)

@@ -33,17 +33,20 @@ Invariants:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
 import logging
+import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import anyio
 import psycopg
 
 from . import multiplex
+from .protocol import PeerUnreached
 from .statements import SESSION_OPTIONS, TURBO_OPTIONS
 
 __all__ = ["PeerPools", "AsyncPeerPools", "PeerTimeout"]
@@ -128,31 +131,58 @@ class PeerPools:
             return None
 
     def _open(self, missing: list[tuple[str, str]], deadline: float,
-              taken: dict[str, tuple[str, multiplex.Prepared]], results: dict[str, Any]) -> None:
+              taken: dict[str, tuple[str, multiplex.Prepared]], results: dict[str, Any],
+              fly: Callable[[], list[multiplex.Flight]], flights: list[multiplex.Flight]) -> None:
         """Open a connection for each (peer, DSN) of ``missing`` in helper
-        threads, all at once, waited for until ``deadline``: a peer whose
-        host drops packets fails alone, the others connect meanwhile."""
+        threads, all at once, while ``flights`` run; ``fly()`` starts the
+        statements of those that opened, as each arrives, until
+        ``deadline``: a peer whose host drops packets fails alone."""
         with self._lock:
             if self._closed:  # closed meanwhile by another thread
                 for peer, _dsn in missing:
-                    results[peer] = psycopg.OperationalError("the client is closed")
+                    results[peer] = PeerUnreached("the client is closed")
+                multiplex.run(flights, deadline)
                 return
             if self._connecting is None:
                 self._connecting = concurrent.futures.ThreadPoolExecutor(
                     max_workers=2 * PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
-            futures = {peer: (dsn, self._connecting.submit(self._connect, dsn))
+            futures = {self._connecting.submit(self._connect, dsn): (peer, dsn)
                        for peer, dsn in missing}
-        concurrent.futures.wait([future for _dsn, future in futures.values()],
-                                timeout=max(deadline - time.monotonic(), 0))
-        for peer, (dsn, future) in futures.items():
-            if not future.done():
-                if not future.cancel():  # connecting: kept for the next write if it succeeds
-                    future.add_done_callback(functools.partial(self._late, dsn))
-                results[peer] = PeerTimeout("no connection in time")
-            elif future.exception() is not None:
-                results[peer] = future.exception()
-            else:
-                taken[peer] = (dsn, future.result())
+        bell, ringer = socket.socketpair()
+        pending = set(futures)
+
+        def ring(_future: object) -> None:
+            with contextlib.suppress(OSError):  # the write ended meanwhile
+                ringer.send(b".")
+
+        def arrived() -> tuple[list[multiplex.Flight], bool]:
+            with contextlib.suppress(BlockingIOError):
+                bell.recv(1024)
+            for future in [f for f in pending if f.done()]:
+                pending.discard(future)
+                peer, dsn = futures[future]
+                if future.cancelled():  # by close(), from another thread
+                    results[peer] = PeerUnreached("the client is closed")
+                elif (error := future.exception()) is not None:
+                    results[peer] = _unreached(error)
+                else:
+                    taken[peer] = (dsn, future.result())
+            return fly(), bool(pending)
+
+        try:
+            bell.setblocking(False)
+            for future in futures:
+                future.add_done_callback(ring)
+            multiplex.run(flights, deadline, (bell.fileno(), arrived))
+            arrived()  # those that came with the last look: too late to send
+        finally:
+            bell.close()
+            ringer.close()
+        for future in pending:
+            peer, dsn = futures[future]
+            if not future.cancel():  # connecting: kept for the next write if it succeeds
+                future.add_done_callback(functools.partial(self._late, dsn))
+            results[peer] = PeerUnreached("no connection in time")
 
     def _connect(self, dsn: str) -> multiplex.Prepared:
         return multiplex.Prepared(psycopg.Connection.connect(dsn, **self.kwargs))
@@ -184,33 +214,47 @@ class PeerPools:
                 try:
                     prepared = self._take_idle_one(dsn)
                 except Exception as exc:
-                    results[peer] = exc
+                    results[peer] = _unreached(exc)
                     continue
                 if prepared is None:
                     missing.append((peer, dsn))
                 else:
                     taken[peer] = (dsn, prepared)
+            # The peers with a connection at hand get their statement at
+            # once; the others follow as their connections open (a silent
+            # host's connect takes the whole timeout: nobody waits for it).
+            self._fly(sql, writes, taken, flights, results, deadline)
             if missing:
-                self._open(missing, deadline, taken, results)
-            for peer, _dsn, params in writes:
-                if peer in taken:
-                    try:
-                        flights[peer] = multiplex.Flight(taken[peer][1], sql, params)
-                    except Exception as exc:  # parameters psycopg cannot send: nothing went out
-                        results[peer] = exc
-            multiplex.run(list(flights.values()), deadline)
+                self._open(missing, deadline, taken, results, lambda: self._fly(
+                    sql, writes, taken, flights, results, deadline), list(flights.values()))
+            else:
+                multiplex.run(list(flights.values()), deadline)
         finally:
             for peer, (dsn, prepared) in taken.items():
                 flight = flights.get(peer)
                 if flight is not None:
-                    outcome = flight.outcome
-                    results[peer] = (PeerTimeout(f"no answer within {timeout:g} s")
-                                     if isinstance(outcome, TimeoutError) else outcome)
+                    results[peer] = _outcome(flight, timeout)
                 if flight is None or flight.reusable:
                     self._give_back(dsn, prepared)
                 else:  # a statement may still be in flight on it
                     prepared.conn.close()
         return results
+
+    @staticmethod
+    def _fly(sql: str, writes: Writes, taken: dict[str, tuple[str, multiplex.Prepared]],
+             flights: dict[str, multiplex.Flight], results: dict[str, Any],
+             deadline: float) -> list[multiplex.Flight]:
+        """Start the flights of the peers taken that have none yet; returns them."""
+        new = []
+        for peer, _dsn, params in writes:
+            if peer in taken and peer not in flights:
+                try:
+                    flights[peer] = multiplex.Flight(taken[peer][1], sql, params)
+                    new.append(flights[peer])
+                except Exception as exc:  # parameters psycopg cannot send: nothing went out
+                    results[peer] = PeerUnreached(f"not sent: {exc}")
+        multiplex.start(new, deadline)
+        return new
 
     def _prune(self) -> None:
         """Close the connections no write used for IDLE_POOL seconds."""
@@ -269,54 +313,41 @@ class AsyncPeerPools:
         await self._prune()
         deadline = time.monotonic() + timeout
         results: dict[str, Any] = {}
-        taken: dict[str, tuple[str, multiplex.Prepared]] = {}
-        missing: list[tuple[str, str]] = []
-        for peer, dsn, _params in writes:
-            try:
-                prepared = self._take_idle_one(dsn)
-            except Exception as exc:
-                results[peer] = exc
-                continue
-            if prepared is None:
-                missing.append((peer, dsn))
-            else:
-                taken[peer] = (dsn, prepared)
 
-        async def connect(peer: str, dsn: str) -> None:
+        async def one(peer: str, dsn: str, params: Mapping[str, Any]) -> None:
+            # Its own connection, then its own flight: a silent host's
+            # connect holds no other peer's statement.
+            prepared = flight = None
             try:
-                with anyio.fail_after(max(deadline - time.monotonic(), 0)):
-                    taken[peer] = (dsn, await self._connect(dsn))
-            except TimeoutError:
-                results[peer] = PeerTimeout("no connection in time")
-            except Exception as exc:
-                results[peer] = exc
+                try:
+                    prepared = self._take_idle_one(dsn)
+                    if prepared is None:
+                        with anyio.fail_after(max(deadline - time.monotonic(), 0)):
+                            prepared = await self._connect(dsn)
+                except TimeoutError:
+                    results[peer] = PeerUnreached("no connection in time")
+                    return
+                except Exception as exc:
+                    results[peer] = _unreached(exc)
+                    return
+                try:
+                    flight = multiplex.Flight(prepared, sql, params)
+                except Exception as exc:  # parameters psycopg cannot send: nothing went out
+                    results[peer] = PeerUnreached(f"not sent: {exc}")
+                    return
+                await multiplex.fly(flight, deadline)
+            finally:
+                # Also when the caller is cancelled: a connection whose
+                # statement is still in flight is closed, never left idle.
+                with anyio.CancelScope(shield=True):
+                    if flight is not None:
+                        results[peer] = _outcome(flight, timeout)
+                    if prepared is not None:
+                        await self._give_back(dsn, prepared, flight is None or flight.reusable)
 
-        flights: list[tuple[str, str, multiplex.Flight]] = []
-        try:
-            if missing:
-                async with anyio.create_task_group() as tasks:
-                    for peer, dsn in missing:
-                        tasks.start_soon(connect, peer, dsn)
+        async with anyio.create_task_group() as tasks:
             for peer, dsn, params in writes:
-                if peer in taken:
-                    try:
-                        flights.append((peer, dsn, multiplex.Flight(taken[peer][1], sql, params)))
-                    except Exception as exc:
-                        results[peer] = exc
-            await multiplex.arun([flight for _peer, _dsn, flight in flights], deadline)
-        finally:
-            # Also when the caller is cancelled: a connection whose statement
-            # is still in flight is closed, never left idle.
-            with anyio.CancelScope(shield=True):
-                in_flight = {peer for peer, _dsn, _flight in flights}
-                for peer, dsn, flight in flights:
-                    outcome = flight.outcome
-                    results[peer] = (PeerTimeout(f"no answer within {timeout:g} s")
-                                     if isinstance(outcome, TimeoutError) else outcome)
-                    await self._give_back(dsn, flight.prepared, flight.reusable)
-                for peer, (dsn, prepared) in taken.items():
-                    if peer not in in_flight:
-                        await self._give_back(dsn, prepared, True)
+                tasks.start_soon(one, peer, dsn, params)
         return results
 
     async def _prune(self) -> None:
@@ -337,3 +368,21 @@ async def _aclose(prepared: multiplex.Prepared) -> None:
     conn = prepared.conn
     assert isinstance(conn, psycopg.AsyncConnection)
     await conn.close()
+
+
+def _unreached(exc: BaseException) -> PeerUnreached:
+    unreached = PeerUnreached(f"no connection: {exc}")
+    unreached.__cause__ = exc
+    return unreached
+
+
+def _outcome(flight: multiplex.Flight, timeout: float) -> Any:
+    """A flight's outcome as a peer write's: rows, the peer's error,
+    PeerTimeout (sent, no answer in time: it may have committed) or
+    PeerUnreached (nothing sent)."""
+    outcome = flight.outcome
+    if not flight.sent:  # no time was left to send it
+        return PeerUnreached(f"not sent: {outcome}")
+    if isinstance(outcome, TimeoutError):
+        return PeerTimeout(f"no answer within {timeout:g} s")
+    return outcome

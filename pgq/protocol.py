@@ -44,6 +44,7 @@ __all__ = [
     "Rollback",
     "Copy",
     "PeerWrite",
+    "PeerUnreached",
     "Listen",
     "ListenReplication",
     "Wait",
@@ -102,11 +103,18 @@ class PeerWrite:
     peer, ``(node id, DSN, params)``. Each write is its own transaction,
     committed durably (unless the client is in turbo mode) before its result
     counts. Returns ``{node id: rows}`` for the peers that answered within
-    ``timeout`` seconds and ``{node id: the exception}`` for the others."""
+    ``timeout`` seconds and ``{node id: the exception}`` for the others
+    (:class:`PeerUnreached` for those nothing was sent to)."""
 
     sql: str
     writes: tuple[tuple[str, str, Mapping[str, Any]], ...]
     timeout: float
+
+
+class PeerUnreached(Exception):
+    """A :class:`PeerWrite`'s outcome for a peer that nothing was sent to
+    (no connection within the timeout, none at all, or no time left to
+    send): there is nothing to undo on it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -235,3 +235,55 @@ def test_a_hung_peer_fails_alone_and_the_other_peers_write(db, dsn, flavour):
     # answered "a" with an error.
     assert elapsed < 0.95
     assert db.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, b"old"), (2, b"new")]
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("warm", [True, False], ids=["b-connected", "b-cold"])
+def test_a_peer_whose_connect_hangs_fails_alone_and_nothing_is_sent_to_it(db, dsn, flavour, warm):
+    # "a" is a server that accepts TCP connections and never answers (a
+    # host gone silent, as libpq sees it while it connects): its connect
+    # takes the whole timeout. "b", connected already or not, is written
+    # meanwhile; "a" is reported unreached (nothing to withdraw there).
+    import socket
+
+    import anyio
+
+    from pgq.peers import AsyncPeerPools
+    from pgq.protocol import PeerUnreached
+
+    db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    mute = f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x user=x"
+    writes = (("a", mute, {"id": 1, "v": b"x"}), ("b", dsn, {"id": 2, "v": b"x"}))
+    try:
+        if flavour == "sync":
+            pools = PeerPools(application_name="pgq-test-peers")
+            try:
+                if warm:
+                    assert pools.write(INSERT, (("b", dsn, {"id": 0, "v": b"x"}),), 5) == {"b": [(0,)]}
+                started = time.monotonic()
+                done = pools.write(INSERT, writes, 0.5)
+                elapsed = time.monotonic() - started
+            finally:
+                pools.close()
+        else:
+            async def main() -> tuple[dict[str, object], float]:
+                pools = AsyncPeerPools(application_name="pgq-test-peers")
+                try:
+                    if warm:
+                        assert await pools.write(INSERT, (("b", dsn, {"id": 0, "v": b"x"}),),
+                                                 5) == {"b": [(0,)]}
+                    started = time.monotonic()
+                    done = await pools.write(INSERT, writes, 0.5)
+                    return done, time.monotonic() - started
+                finally:
+                    await pools.close()
+
+            done, elapsed = anyio.run(main)
+    finally:
+        silent.close()
+    assert isinstance(done["a"], PeerUnreached) and done["b"] == [(2,)], done
+    # 0.5 s asked; libpq's own connect timeout is 3 s.
+    assert elapsed < 0.95
