@@ -32,6 +32,7 @@ Invariants:
 from __future__ import annotations
 
 import functools
+import math
 import re
 import select
 import time
@@ -48,7 +49,7 @@ __all__ = ["Prepared", "Flight", "start", "run", "fly"]
 
 _PLACEHOLDER = re.compile(rb"%\((\w+)\)([sbt])|%%")
 _FORMATS = {b"s": PyFormat.AUTO, b"b": PyFormat.BINARY, b"t": PyFormat.TEXT}
-FLUSH_POLL = 0.01  # seconds (see _fly)
+FLUSH_POLL = 0.01  # seconds (see fly)
 _READ = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _WRITE = select.POLLOUT | select.POLLERR | select.POLLHUP
 
@@ -110,7 +111,8 @@ class Flight:
         self.outcome: Any = None
         self.done = False
         self.broken = False  # the connection failed or was given up on
-        self.sent = False  # something went out: the peer may have run it
+        self.sent = False  # the statement went out: the peer may have run it
+        self.deadline = math.inf  # set by start(): no statement goes out after it
 
     @property
     def fileno(self) -> int:
@@ -124,10 +126,10 @@ class Flight:
     def send(self) -> None:
         """Send the next step and flush what libpq could not write yet."""
         step = self.steps[0]
-        self.sent = True
         if step[0] == "prepare":
             self.pgconn.send_prepare(self.name, step[1], param_types=step[2])
         else:
+            self.sent = True  # (a prepare writes nothing)
             self.pgconn.send_query_prepared(self.name, self.values, param_formats=self.formats)
         self.flushing = self.pgconn.flush() != 0
 
@@ -164,6 +166,8 @@ class Flight:
             self.prepared.names[step[3]] = self.name
         if self.failed is not None or not self.steps:
             self.finish(self.failed if self.failed is not None else self.rows)
+        elif time.monotonic() >= self.deadline:  # prepared in the last look: too late
+            self.finish(TimeoutError("no time left to send"), broken=True)
         else:
             self.send()
 
@@ -176,6 +180,7 @@ def start(flights: Sequence[Flight], deadline: float) -> None:
     ``deadline`` has passed: a statement sent then would run with nobody
     waiting for its answer."""
     for flight in flights:
+        flight.deadline = deadline
         if time.monotonic() >= deadline:
             flight.finish(TimeoutError("no time left to send"))
             continue

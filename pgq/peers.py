@@ -138,18 +138,25 @@ class PeerPools:
         statements of those that opened, as each arrives, until
         ``deadline``: a peer whose host drops packets fails alone."""
         with self._lock:
-            if self._closed:  # closed meanwhile by another thread
-                for peer, _dsn in missing:
-                    results[peer] = PeerUnreached("the client is closed")
-                multiplex.run(flights, deadline)
-                return
-            if self._connecting is None:
+            closed = self._closed  # meanwhile, by another thread
+            if not closed and self._connecting is None:
                 self._connecting = concurrent.futures.ThreadPoolExecutor(
                     max_workers=2 * PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
-            futures = {self._connecting.submit(self._connect, dsn): (peer, dsn)
-                       for peer, dsn in missing}
-        bell, ringer = socket.socketpair()
-        pending = set(futures)
+            connecting = self._connecting
+        futures: dict[concurrent.futures.Future[multiplex.Prepared], tuple[str, str]] = {}
+        pending: set[concurrent.futures.Future[multiplex.Prepared]] = set()
+        if closed or connecting is None:
+            for peer, _dsn in missing:
+                results[peer] = PeerUnreached("the client is closed")
+            multiplex.run(flights, deadline)
+            return
+        try:
+            bell, ringer = socket.socketpair()
+        except OSError as exc:  # no file descriptor left, say
+            for peer, _dsn in missing:
+                results[peer] = _unreached(exc)
+            multiplex.run(flights, deadline)
+            return
 
         def ring(_future: object) -> None:
             with contextlib.suppress(OSError):  # the write ended meanwhile
@@ -171,18 +178,25 @@ class PeerPools:
 
         try:
             bell.setblocking(False)
-            for future in futures:
+            for peer, dsn in missing:
+                try:
+                    future = connecting.submit(self._connect, dsn)
+                except Exception as exc:  # shut down by close(), no thread left
+                    results[peer] = _unreached(exc)
+                    continue
+                futures[future] = (peer, dsn)
+                pending.add(future)
                 future.add_done_callback(ring)
             multiplex.run(flights, deadline, (bell.fileno(), arrived))
             arrived()  # those that came with the last look: too late to send
         finally:
             bell.close()
             ringer.close()
-        for future in pending:
-            peer, dsn = futures[future]
-            if not future.cancel():  # connecting: kept for the next write if it succeeds
-                future.add_done_callback(functools.partial(self._late, dsn))
-            results[peer] = PeerUnreached("no connection in time")
+            for future in pending:
+                peer, dsn = futures[future]
+                if not future.cancel():  # connecting: kept for the next write if it succeeds
+                    future.add_done_callback(functools.partial(self._late, dsn))
+                results[peer] = PeerUnreached("no connection in time")
 
     def _connect(self, dsn: str) -> multiplex.Prepared:
         return multiplex.Prepared(psycopg.Connection.connect(dsn, **self.kwargs))
@@ -229,6 +243,13 @@ class PeerPools:
                     sql, writes, taken, flights, results, deadline), list(flights.values()))
             else:
                 multiplex.run(list(flights.values()), deadline)
+        except Exception as exc:  # a write never raises: whatever went out counts as failed
+            for peer, _dsn, _params in writes:
+                flight = flights.get(peer)
+                if flight is not None and not flight.done:
+                    flight.finish(exc, broken=True)
+                elif flight is None and peer not in results:
+                    results[peer] = exc
         finally:
             for peer, (dsn, prepared) in taken.items():
                 flight = flights.get(peer)
@@ -247,7 +268,7 @@ class PeerPools:
         """Start the flights of the peers taken that have none yet; returns them."""
         new = []
         for peer, _dsn, params in writes:
-            if peer in taken and peer not in flights:
+            if peer in taken and peer not in flights and peer not in results:
                 try:
                     flights[peer] = multiplex.Flight(taken[peer][1], sql, params)
                     new.append(flights[peer])
@@ -277,9 +298,9 @@ class PeerPools:
 
 
 class AsyncPeerPools:
-    """The async mirror of :class:`PeerPools`: the writes sent from the
-    calling task and waited for together (:func:`pgq.multiplex.arun`),
-    missing connections opened concurrently within the timeout."""
+    """The async mirror of :class:`PeerPools`: a task per peer takes an
+    idle connection or opens one, then sends and waits for its statement
+    (:func:`pgq.multiplex.fly`), all within the timeout."""
 
     def __init__(self, *, turbo: bool = False, application_name: str = "pgq") -> None:
         self.kwargs = _kwargs(turbo, application_name)

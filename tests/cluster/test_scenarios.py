@@ -19,6 +19,7 @@ from pgq.cluster.mock_transport import NetworkFaults
 from pgq.cluster.scenario import Scenario
 
 from pgq import arguments, commands, contracts, protocol
+from pgq import statements as client_sql
 from pgq.errors import LeavingError, NoReplError, PausedError
 
 pytestmark = pytest.mark.skipif(os.environ.get("PGQ_TEST_DOCKER") == "1",
@@ -1056,3 +1057,32 @@ def test_a_replicated_add_run_again_after_its_job_was_done_on_another_node_store
     assert again == [job]
     s.holds(lambda: s.sql("n1", "SELECT count(*) FROM pgq.jobs")[0][0] == 0, 3.0,
             "nothing stored again on the origin")
+
+
+def test_a_failed_direct_add_withdraws_nothing_from_a_peer_nothing_reached(sim_databases):
+    """A peer the client could not send its copy to (here a DSN no node
+    serves: PeerUnreached, as a real client gets for no connection in time)
+    holds nothing to withdraw: waiting on it a second time would eat the
+    time the node's way needs (found by a read-only review). The peer
+    written to is withdrawn from, and the add goes the node's way."""
+    s = cluster(sim_databases, direct=True)
+    s.until(lambda: len(s.do("n1", commands.cluster_view, "view", within=1).peers) == 2, 5.0,
+            "the peers' databases advertised")
+    n2, n3 = s.node("n2").node_id, s.node("n3").node_id
+    writes: list[tuple[str, list[str]]] = []
+    peer_write = s.sim._peer_write
+
+    def recorded(node, request):
+        # n3's DSN, as this client knows it, reaches no node (a stale one)
+        request = dataclasses.replace(request, writes=tuple(
+            (peer, "host=nowhere dbname=gone" if peer == n3 else dsn, p)
+            for peer, dsn, p in request.writes))
+        done = peer_write(node, request)
+        writes.append((request.sql, sorted(peer for peer, _dsn, _p in request.writes)))
+        return done
+
+    s.sim._peer_write = recorded
+    job = s.add("n1", b"x", replicate=3)
+    assert [peers for sql, peers in writes if sql == contracts.DIRECT_COPY] == [sorted([n2, n3])]
+    assert [peers for sql, peers in writes if sql == client_sql.WITHDRAW_COPIES] == [[n2]]
+    assert copies(s, job) == {"n1", "n2", "n3"}  # the node's way
