@@ -85,6 +85,19 @@ class Prepared:
         self.conn = conn
         self.names: dict[tuple[str, tuple[int, ...]], bytes] = {}
 
+    def usable(self) -> bool:
+        """Whether this idle connection may take a statement: open, and its
+        socket silent. An idle connection's server sends nothing unasked
+        but its end (a restart, ``idle_session_timeout``, an operator's
+        ``pg_terminate_backend``): one that has something to read, or whose
+        peer hung up, is not used (it would fail its write, and a failed
+        write backs the peer off). One poll() of the socket, no wait."""
+        if self.conn.closed:
+            return False
+        poller = select.poll()
+        poller.register(self.conn.pgconn.socket, _READ)
+        return not poller.poll(0)
+
 
 class Flight:
     """One statement on one connection: its sends, its answers, its outcome."""

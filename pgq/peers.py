@@ -119,16 +119,17 @@ class PeerPools:
         self._closed = False
 
     def _take_idle_one(self, dsn: str) -> multiplex.Prepared | None:
-        with self._lock:
-            if self._closed:
-                raise psycopg.OperationalError("the client is closed")
-            self._used[dsn] = time.monotonic()
-            idle = self._idle.get(dsn, [])
-            while idle:
-                prepared = idle.pop()
-                if not prepared.conn.closed:
-                    return prepared
-            return None
+        stale: list[multiplex.Prepared] = []
+        try:
+            with self._lock:
+                if self._closed:
+                    raise psycopg.OperationalError("the client is closed")
+                self._used[dsn] = time.monotonic()
+                return _usable(self._idle.get(dsn, []), stale)
+        finally:
+            for prepared in stale:
+                with contextlib.suppress(Exception):
+                    prepared.conn.close()
 
     def _open(self, missing: list[tuple[str, str]], deadline: float,
               taken: dict[str, tuple[str, multiplex.Prepared]], results: dict[str, Any],
@@ -308,16 +309,17 @@ class AsyncPeerPools:
         self._used: dict[str, float] = {}
         self._closed = False
 
-    def _take_idle_one(self, dsn: str) -> multiplex.Prepared | None:
+    async def _take_idle_one(self, dsn: str) -> multiplex.Prepared | None:
         if self._closed:
             raise psycopg.OperationalError("the client is closed")
         self._used[dsn] = time.monotonic()
-        idle = self._idle.get(dsn, [])
-        while idle:
-            prepared = idle.pop()
-            if not prepared.conn.closed:
-                return prepared
-        return None
+        stale: list[multiplex.Prepared] = []
+        prepared = _usable(self._idle.get(dsn, []), stale)  # nothing awaited: no other task takes it
+        with anyio.CancelScope(shield=True):  # the connection taken is not lost meanwhile
+            for connection in stale:
+                with contextlib.suppress(Exception):
+                    await _aclose(connection)
+        return prepared
 
     async def _connect(self, dsn: str) -> multiplex.Prepared:
         return multiplex.Prepared(await psycopg.AsyncConnection.connect(dsn, **self.kwargs))
@@ -341,7 +343,7 @@ class AsyncPeerPools:
             prepared = flight = None
             try:
                 try:
-                    prepared = self._take_idle_one(dsn)
+                    prepared = await self._take_idle_one(dsn)
                     if prepared is None:
                         with anyio.fail_after(max(deadline - time.monotonic(), 0)):
                             prepared = await self._connect(dsn)
@@ -407,3 +409,15 @@ def _outcome(flight: multiplex.Flight, timeout: float) -> Any:
     if isinstance(outcome, TimeoutError):
         return PeerTimeout(f"no answer within {timeout:g} s")
     return outcome
+
+
+def _usable(idle: list[multiplex.Prepared], stale: list[multiplex.Prepared]) -> multiplex.Prepared | None:
+    """The most recently used idle connection that is still usable, taken
+    out of ``idle``; those found dead on the way go to ``stale`` (closed by
+    the caller)."""
+    while idle:
+        prepared = idle.pop()
+        if prepared.usable():
+            return prepared
+        stale.append(prepared)
+    return None

@@ -287,3 +287,42 @@ def test_a_peer_whose_connect_hangs_fails_alone_and_nothing_is_sent_to_it(db, ds
     assert isinstance(done["a"], PeerUnreached) and done["b"] == [(2,)], done
     # 0.5 s asked; libpq's own connect timeout is 3 s.
     assert elapsed < 0.95
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_an_idle_connection_whose_server_ended_it_is_not_used(db, dsn, flavour):
+    # A peer restarted, or ended idle sessions: its connections in the idle
+    # list are dead. The next write takes a fresh one instead of failing
+    # (a failed write backs the peer off for seconds).
+    import anyio
+
+    from pgq.peers import AsyncPeerPools
+
+    db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
+
+    def end_the_sessions() -> None:
+        db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                   "WHERE application_name = 'pgq-test-peers'")
+        wait_until(lambda: sessions_in(db, "idle") == 0, 10, message="the sessions to end")
+
+    if flavour == "sync":
+        pools = PeerPools(application_name="pgq-test-peers")
+        try:
+            assert pools.write(INSERT, (("a", dsn, {"id": 1, "v": b"x"}),), 5) == {"a": [(1,)]}
+            end_the_sessions()
+            done = pools.write(INSERT, (("a", dsn, {"id": 2, "v": b"x"}),), 5)
+        finally:
+            pools.close()
+    else:
+        async def main() -> dict[str, object]:
+            pools = AsyncPeerPools(application_name="pgq-test-peers")
+            try:
+                assert await pools.write(INSERT, (("a", dsn, {"id": 1, "v": b"x"}),), 5) == {
+                    "a": [(1,)]}
+                await anyio.to_thread.run_sync(end_the_sessions)
+                return await pools.write(INSERT, (("a", dsn, {"id": 2, "v": b"x"}),), 5)
+            finally:
+                await pools.close()
+
+        done = anyio.run(main)
+    assert done == {"a": [(2,)]}, done
