@@ -5,13 +5,18 @@ the timeout. Two peer names on one test database stand for two peers."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 
+import anyio
 import psycopg
 import pytest
 
-from pgq.peers import PeerPools, PeerTimeout
+from pgq.peers import AsyncPeerPools, PeerPools, PeerTimeout
+from pgq.protocol import PeerUnreached
 
 from .conftest import wait_until
 
@@ -120,10 +125,7 @@ def test_two_async_writes_that_find_the_same_idle_pools_both_go_on(dsn):
     """Two writes in flight at once (a client's replicated batches) pruned
     the same idle pools: the second one's ``del`` raised KeyError in the
     middle of its add (a full bench run's ADDJOB through the RESP port)."""
-    import anyio
-
     from pgq import peers as peer_module
-    from pgq.peers import AsyncPeerPools
 
     async def main() -> None:
         pools = AsyncPeerPools()
@@ -154,10 +156,6 @@ def test_the_async_writes_commit_fail_and_give_up_as_the_sync_ones(db, dsn):
     # peer's write committed or its error returned; one given up on at the
     # timeout, its connection closed; a caller cancelled while waiting
     # leaves no connection with a statement in flight for the next write.
-    import anyio
-
-    from pgq.peers import AsyncPeerPools
-
     db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
 
     async def main() -> None:
@@ -194,38 +192,41 @@ def test_the_async_writes_commit_fail_and_give_up_as_the_sync_ones(db, dsn):
                message="every connection of the pools to be closed")
 
 
+@contextlib.contextmanager
+def peer_writes(flavour: str) -> Iterator[Callable[..., dict[str, object]]]:
+    """``write(sql, writes, timeout)`` through PeerPools ("sync"), or
+    through AsyncPeerPools on an event loop of its own ("async": the
+    calling thread waits for each write); the pools closed after."""
+    if flavour == "sync":
+        pools = PeerPools(application_name="pgq-test-peers")
+        try:
+            yield pools.write
+        finally:
+            pools.close()
+        return
+    with anyio.from_thread.start_blocking_portal() as portal:
+        async_pools = AsyncPeerPools(application_name="pgq-test-peers")
+        try:
+            yield lambda *args: portal.call(async_pools.write, *args)
+        finally:
+            portal.call(async_pools.close)
+
+
 @pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_hung_peer_fails_alone_and_the_other_peers_write(db, dsn, flavour):
     # Peer "a" waits on a row lock past the timeout; "b" answers at once.
     # With no connection open yet, both are opened and written at once: "b"
     # is not made to wait behind "a" and given up on with it.
-    import anyio
-
-    from pgq.peers import AsyncPeerPools
-
     db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
     db.execute("INSERT INTO t VALUES (1, 'old'), (2, 'old')")
     update = "UPDATE t SET v = %(v)s WHERE id = %(id)s RETURNING id"
     writes = (("a", dsn, {"id": 1, "v": b"new"}), ("b", dsn, {"id": 2, "v": b"new"}))
     with psycopg.connect(dsn) as holder:
         holder.execute("SELECT 1 FROM t WHERE id = 1 FOR UPDATE")
-        started = time.monotonic()
-        if flavour == "sync":
-            pools = PeerPools(application_name="pgq-test-peers")
-            try:
-                done = pools.write(update, writes, 0.5)
-            finally:
-                pools.close()
-        else:
-            async def main() -> dict[str, object]:
-                pools = AsyncPeerPools(application_name="pgq-test-peers")
-                try:
-                    return await pools.write(update, writes, 0.5)
-                finally:
-                    await pools.close()
-
-            done = anyio.run(main)
-        elapsed = time.monotonic() - started
+        with peer_writes(flavour) as write:
+            started = time.monotonic()
+            done = write(update, writes, 0.5)
+            elapsed = time.monotonic() - started
         # The write given up on ends on the server, rolled back, at the
         # peer's lock timeout (1 s), while the row is still locked.
         wait_until(lambda: sessions_in(db, "active") == 0, 10,
@@ -244,13 +245,6 @@ def test_a_peer_whose_connect_hangs_fails_alone_and_nothing_is_sent_to_it(db, ds
     # host gone silent, as libpq sees it while it connects): its connect
     # takes the whole timeout. "b", connected already or not, is written
     # meanwhile; "a" is reported unreached (nothing to withdraw there).
-    import socket
-
-    import anyio
-
-    from pgq.peers import AsyncPeerPools
-    from pgq.protocol import PeerUnreached
-
     db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
@@ -258,30 +252,12 @@ def test_a_peer_whose_connect_hangs_fails_alone_and_nothing_is_sent_to_it(db, ds
     mute = f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x user=x"
     writes = (("a", mute, {"id": 1, "v": b"x"}), ("b", dsn, {"id": 2, "v": b"x"}))
     try:
-        if flavour == "sync":
-            pools = PeerPools(application_name="pgq-test-peers")
-            try:
-                if warm:
-                    assert pools.write(INSERT, (("b", dsn, {"id": 0, "v": b"x"}),), 5) == {"b": [(0,)]}
-                started = time.monotonic()
-                done = pools.write(INSERT, writes, 0.5)
-                elapsed = time.monotonic() - started
-            finally:
-                pools.close()
-        else:
-            async def main() -> tuple[dict[str, object], float]:
-                pools = AsyncPeerPools(application_name="pgq-test-peers")
-                try:
-                    if warm:
-                        assert await pools.write(INSERT, (("b", dsn, {"id": 0, "v": b"x"}),),
-                                                 5) == {"b": [(0,)]}
-                    started = time.monotonic()
-                    done = await pools.write(INSERT, writes, 0.5)
-                    return done, time.monotonic() - started
-                finally:
-                    await pools.close()
-
-            done, elapsed = anyio.run(main)
+        with peer_writes(flavour) as write:
+            if warm:
+                assert write(INSERT, (("b", dsn, {"id": 0, "v": b"x"}),), 5) == {"b": [(0,)]}
+            started = time.monotonic()
+            done = write(INSERT, writes, 0.5)
+            elapsed = time.monotonic() - started
     finally:
         silent.close()
     assert isinstance(done["a"], PeerUnreached) and done["b"] == [(2,)], done
@@ -294,35 +270,11 @@ def test_an_idle_connection_whose_server_ended_it_is_not_used(db, dsn, flavour):
     # A peer restarted, or ended idle sessions: its connections in the idle
     # list are dead. The next write takes a fresh one instead of failing
     # (a failed write backs the peer off for seconds).
-    import anyio
-
-    from pgq.peers import AsyncPeerPools
-
     db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
-
-    def end_the_sessions() -> None:
+    with peer_writes(flavour) as write:
+        assert write(INSERT, (("a", dsn, {"id": 1, "v": b"x"}),), 5) == {"a": [(1,)]}
         db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
                    "WHERE application_name = 'pgq-test-peers'")
         wait_until(lambda: sessions_in(db, "idle") == 0, 10, message="the sessions to end")
-
-    if flavour == "sync":
-        pools = PeerPools(application_name="pgq-test-peers")
-        try:
-            assert pools.write(INSERT, (("a", dsn, {"id": 1, "v": b"x"}),), 5) == {"a": [(1,)]}
-            end_the_sessions()
-            done = pools.write(INSERT, (("a", dsn, {"id": 2, "v": b"x"}),), 5)
-        finally:
-            pools.close()
-    else:
-        async def main() -> dict[str, object]:
-            pools = AsyncPeerPools(application_name="pgq-test-peers")
-            try:
-                assert await pools.write(INSERT, (("a", dsn, {"id": 1, "v": b"x"}),), 5) == {
-                    "a": [(1,)]}
-                await anyio.to_thread.run_sync(end_the_sessions)
-                return await pools.write(INSERT, (("a", dsn, {"id": 2, "v": b"x"}),), 5)
-            finally:
-                await pools.close()
-
-        done = anyio.run(main)
+        done = write(INSERT, (("a", dsn, {"id": 2, "v": b"x"}),), 5)
     assert done == {"a": [(2,)]}, done
