@@ -1,4 +1,4 @@
-"""One statement on several connections at once, from the calling thread.
+"""One statement on several connections at once, without a thread per write.
 
 A synchronous replicated add writes its copies into W-1 peers' databases
 at once (:mod:`pgq.peers`). With a helper thread per write, the hand-offs
@@ -7,10 +7,11 @@ took 1.16-1.33 ms at p50 and 0.53-0.62 ms of the client's CPU through
 threads and a connection pool, and 0.62-0.74 ms and 0.13-0.18 ms of CPU
 sent from the calling thread and waited for together with ``poll()``
 (psycopg's pipeline mode, tried before, spent more Python per call than
-the hand-off it saved). So :func:`run` drives libpq's asynchronous
-interface (``psycopg.pq``) directly: send on every connection, then one
-``poll()`` over their sockets until each has its answer or the deadline
-passes.
+the hand-off it saved). So :func:`start` and :func:`run` drive libpq's
+asynchronous interface (``psycopg.pq``) directly from the calling thread:
+send on every connection, then one ``poll()`` over their sockets until
+each has its answer or the deadline passes. On an event loop,
+:func:`fly` does the same for one connection in its own task.
 
 Invariants:
 
@@ -21,6 +22,9 @@ Invariants:
   ends with :class:`TimeoutError` and its connection is closed (the server
   rolls the statement back when it notices, or commits it if it had
   already: the caller treats the peer as failed either way).
+* Nothing is sent once the deadline has passed (a statement then would
+  run with nobody waiting for its answer); a flight counts as sent
+  (:attr:`Flight.sent`) only once its statement went out.
 * A connection is reusable after its flight only if it is idle, outside
   any transaction (:attr:`Flight.reusable`).
 * A statement is prepared once per connection and parameter types (as
