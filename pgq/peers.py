@@ -108,14 +108,19 @@ class PeerPools:
     helper threads, all at once, waited for no longer than the write's
     timeout (one that comes late is kept for the next write): a peer host
     that went silent cannot hold the caller in libpq's connect, nor keep
-    the other peers from connecting."""
+    the other peers from connecting. Each peer DSN has its threads of its
+    own: with one set for all, the connects of a burst of writers to a
+    silent host (each held for libpq's connect timeout) took every thread,
+    and the connects to healthy peers waited behind them until the writes
+    gave up."""
 
     def __init__(self, *, turbo: bool = False, application_name: str = "pgq") -> None:
         self.kwargs = _kwargs(turbo, application_name)
         self._idle: dict[str, list[multiplex.Prepared]] = {}
         self._used: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._connecting: concurrent.futures.ThreadPoolExecutor | None = None
+        # Per peer DSN, the threads that open its connections.
+        self._connecting: dict[str, concurrent.futures.ThreadPoolExecutor] = {}
         self._closed = False
 
     def _take_idle_one(self, dsn: str) -> multiplex.Prepared | None:
@@ -140,13 +145,10 @@ class PeerPools:
         ``deadline``: a peer whose host drops packets fails alone."""
         with self._lock:
             closed = self._closed  # meanwhile, by another thread
-            if not closed and self._connecting is None:
-                self._connecting = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=2 * PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
-            connecting = self._connecting
+            connecting = {} if closed else {dsn: self._threads(dsn) for _peer, dsn in missing}
         futures: dict[concurrent.futures.Future[multiplex.Prepared], tuple[str, str]] = {}
         pending: set[concurrent.futures.Future[multiplex.Prepared]] = set()
-        if closed or connecting is None:
+        if closed:
             for peer, _dsn in missing:
                 results[peer] = PeerUnreached("the client is closed")
             multiplex.run(flights, deadline)
@@ -181,7 +183,7 @@ class PeerPools:
             bell.setblocking(False)
             for peer, dsn in missing:
                 try:
-                    future = connecting.submit(self._connect, dsn)
+                    future = connecting[dsn].submit(self._connect, dsn)
                 except Exception as exc:  # shut down by close(), no thread left
                     results[peer] = _unreached(exc)
                     continue
@@ -198,6 +200,14 @@ class PeerPools:
                 if not future.cancel():  # connecting: kept for the next write if it succeeds
                     future.add_done_callback(functools.partial(self._late, dsn))
                 results[peer] = PeerUnreached("no connection in time")
+
+    def _threads(self, dsn: str) -> concurrent.futures.ThreadPoolExecutor:
+        """The threads that open ``dsn``'s connections (under the lock)."""
+        threads = self._connecting.get(dsn)
+        if threads is None:
+            threads = self._connecting[dsn] = concurrent.futures.ThreadPoolExecutor(
+                max_workers=2 * PEER_POOL_SIZE, thread_name_prefix="pgq-peer")
+        return threads
 
     def _connect(self, dsn: str) -> multiplex.Prepared:
         return multiplex.Prepared(psycopg.Connection.connect(dsn, **self.kwargs))
@@ -282,20 +292,24 @@ class PeerPools:
         """Close the connections no write used for IDLE_POOL seconds."""
         with self._lock:
             idle = _take_idle(self._idle, self._used, time.monotonic())
+            gone = [self._connecting.pop(dsn) for dsn in list(self._connecting)
+                    if dsn not in self._used]
         for connections in idle:
             for prepared in connections:
                 prepared.conn.close()
+        for threads in gone:  # a connect still running ends in its own time (_late)
+            threads.shutdown(wait=False)
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             idle, self._idle = list(self._idle.values()), {}
-            connecting, self._connecting = self._connecting, None
+            connecting, self._connecting = list(self._connecting.values()), {}
         for connections in idle:
             for prepared in connections:
                 prepared.conn.close()
-        if connecting is not None:
-            connecting.shutdown(wait=False, cancel_futures=True)
+        for threads in connecting:
+            threads.shutdown(wait=False, cancel_futures=True)
 
 
 class AsyncPeerPools:

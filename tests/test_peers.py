@@ -15,7 +15,7 @@ import anyio
 import psycopg
 import pytest
 
-from pgq.peers import AsyncPeerPools, PeerPools, PeerTimeout
+from pgq.peers import PEER_POOL_SIZE, AsyncPeerPools, PeerPools, PeerTimeout
 from pgq.protocol import PeerUnreached
 
 from .conftest import wait_until
@@ -278,3 +278,40 @@ def test_an_idle_connection_whose_server_ended_it_is_not_used(db, dsn, flavour):
         wait_until(lambda: sessions_in(db, "idle") == 0, 10, message="the sessions to end")
         done = write(INSERT, (("a", dsn, {"id": 2, "v": b"x"}),), 5)
     assert done == {"a": [(2,)]}, done
+
+
+def test_a_burst_of_writers_to_a_silent_peer_leaves_the_others_connecting(db, dsn):
+    # Many writers at once, each without a connection yet, write to a
+    # silent host "a" and to a healthy "b". Each connect to "a" holds its
+    # thread for libpq's connect timeout (3 s). With one set of connecting
+    # threads for every peer, those connects took them all and the
+    # connects to "b" waited behind them until the writes gave up: "b"
+    # failed with "a". Each peer now has threads of its own.
+    db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    mute = f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x user=x"
+    writers = 6 * PEER_POOL_SIZE  # well past the 2 * PEER_POOL_SIZE threads a set has
+    outcomes: dict[int, dict[str, object]] = {}
+    pools = PeerPools(application_name="pgq-test-peers")
+    go = threading.Barrier(writers)
+
+    def write(n: int) -> None:
+        go.wait()
+        outcomes[n] = pools.write(INSERT, (("a", mute, {"id": n, "v": b"x"}),
+                                           ("b", dsn, {"id": n, "v": b"x"})), 1.5)
+
+    try:
+        threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        pools.close()
+        silent.close()
+    assert all(isinstance(done["a"], PeerUnreached) for done in outcomes.values()), outcomes
+    failed = {n: done["b"] for n, done in outcomes.items() if done["b"] != [(n,)]}
+    assert not failed, failed
+    assert db.execute("SELECT count(*) FROM t").fetchone()[0] == writers
