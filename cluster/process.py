@@ -43,6 +43,7 @@ from typing import Any
 
 import anyio
 
+from pgq import eventloop
 from pgq.contracts import NODE_LOCK_KEY  # held by the node process serving a database
 from pgq.errors import InvalidArgumentError, PgqError
 from pgq.fronts import Fronts, FrontsThread
@@ -318,7 +319,7 @@ def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int
                     break
 
     try:
-        anyio.run(main)
+        eventloop.run(main)
     except BaseExceptionGroup as group:  # the node stopped itself (another took its database)
         if group.subgroup(_Terminated) is not None:
             # SIGTERM before anyio's receiver took the signal, raised in a task

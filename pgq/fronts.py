@@ -43,6 +43,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
+from . import eventloop
 from .errors import PgqError
 
 __all__ = ["Fronts", "serve_fronts", "serve_until_signalled", "FrontsThread"]
@@ -217,7 +218,7 @@ class FrontsThread:
             self._ready.set()
             await serve_fronts(self.dsn, self.fronts, self._stopping)
         try:
-            anyio.run(main)
+            eventloop.run(main)
         except BaseException:  # a front that cannot serve must not stop the node
             log.exception("the node's HTTP/RESP/dashboard fronts stopped")
         finally:

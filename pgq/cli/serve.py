@@ -19,9 +19,11 @@ def serve(http_listen: str | None, resp_listen: str | None, token_file: str | No
           dsn: str | None, data: str | None) -> None:
     """Serve pgq to programs in any language: an HTTP API (add, lease, ack,
     nack, working, status, wait, stats, health, metrics), Disque's protocol
-    (ADDJOB, GETJOB, ACKJOB, ...) and/or the web dashboard."""
-    import anyio
+    (ADDJOB, GETJOB, ACKJOB, ...) and/or the web dashboard.
 
+    Runs on uvloop where it is installed; PGQ_EVENT_LOOP=asyncio runs it
+    on asyncio's own event loop instead."""
+    from .. import eventloop
     from ..cluster.process import setup_logging
     from ..fronts import serve_until_signalled
 
@@ -31,6 +33,6 @@ def serve(http_listen: str | None, resp_listen: str | None, token_file: str | No
     fronts = fronts_of(http_listen, resp_listen, token_file, dashboard_listen, dashboard_token_file)
     setup_logging("serve")
     try:  # PgqError (a port in use) is one line and status 1: @handles_errors
-        anyio.run(serve_until_signalled, node_dsn(data, dsn) if data else dsn, fronts)
+        eventloop.run(serve_until_signalled, node_dsn(data, dsn) if data else dsn, fronts)
     except KeyboardInterrupt:
         pass
