@@ -33,11 +33,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import os
 import socket
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.from_thread
@@ -171,8 +172,11 @@ async def serve_until_signalled(dsn: str | None, fronts: Fronts) -> None:
     its reply's write began; a committed ADDJOB gets no reply).
     SIGTERM's default action had ended `pgq serve --resp` at once, and a
     GETJOB's jobs claimed then went to nobody (a RETRY 0 job for good). A
-    second signal ends the process at once (the default handlers are back
-    by then). :func:`serve_fronts` itself leaves the signals to its caller
+    second signal during that stop ends the process at once, quietly, with
+    status 128 + the signal's number (130 for a second Ctrl-C): Python's
+    KeyboardInterrupt, thrown into the loop, had uvicorn log a traceback
+    per task it cut off, and `pgq serve` then exited 0 as if its stop had
+    been clean. :func:`serve_fronts` itself leaves the signals to its caller
     (uvicorn's own capture is off)."""
     import signal
 
@@ -181,9 +185,11 @@ async def serve_until_signalled(dsn: str | None, fronts: Fronts) -> None:
     async with anyio.create_task_group() as tasks:
         async def watch() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
-                async for _ in received:
+                async for signum in received:
+                    if stopping.is_set():
+                        _end_now(signum)
+                    log.info("stopping gracefully (a second signal stops at once)")
                     stopping.set()
-                    return
 
         tasks.start_soon(watch)
         try:
@@ -193,6 +199,13 @@ async def serve_until_signalled(dsn: str | None, fronts: Fronts) -> None:
         tasks.cancel_scope.cancel()
     if failure is not None:
         raise failure
+
+
+def _end_now(signum: int) -> NoReturn:
+    """End the process at once for a second signal (see serve_until_signalled)."""
+    log.warning("stopped at once by a second signal; requests in flight get no answer")
+    logging.shutdown()  # the line above reaches its handlers
+    os._exit(128 + signum)
 
 
 async def _within(scope: anyio.CancelScope, function: Any, *args: Any) -> None:

@@ -14,6 +14,7 @@ import urllib.parse
 import urllib.request
 
 import jsonschema
+import psycopg
 import pytest
 
 from pgq.httpapi import OPENAPI
@@ -538,6 +539,54 @@ def test_a_blocked_lease_does_not_hold_the_servers_stop(serve, tmp_path):
     output = served.stop()
     assert returncode == 0 and "Traceback" not in output, output
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"jobs":[]}'), answer
+
+
+def test_a_second_ctrl_c_during_the_graceful_stop_is_an_interrupt(serve, tmp_path, dsn):
+    """The first SIGINT stops `pgq serve` gracefully (status 0); a second
+    one while that stop waits for a request in flight ends it as an
+    interrupt, status 130 (it said 0, as if the stop had been clean). The
+    request in flight: an add blocked on a lock of the jobs table."""
+    import signal
+    import socket
+
+    from .conftest import TableLock
+
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    served = serve(tmp_path / "token")
+    port = urllib.parse.urlsplit(served.base).port
+    lock = TableLock(dsn, "pgq.jobs")
+    lock.take()
+    body = json.dumps({"body": "held"}).encode()
+    adding = socket.create_connection(("127.0.0.1", port), timeout=60)
+    try:
+        adding.sendall(b"POST /v1/queues/held/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                       % (len(body), body))
+        with psycopg.connect(dsn, autocommit=True) as watcher:
+            wait_until(lambda: watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            ).fetchone()[0] >= 1, 20,
+                message="the add to wait on the lock")
+
+        def refused() -> bool:  # the graceful stop closes the listening socket first
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+            except ConnectionRefusedError:
+                return True
+            return False
+
+        served.process.send_signal(signal.SIGINT)
+        wait_until(refused, 20, message="the graceful stop to begin")
+        assert served.process.poll() is None  # still waiting for the add (grace: 10 s)
+        served.process.send_signal(signal.SIGINT)
+        returncode = served.process.wait(timeout=20)
+    finally:
+        lock.release()
+        adding.close()
+    output = served.stop()
+    assert returncode == 130, output
+    assert "stopped at once by a second signal" in output and "Traceback" not in output, output
 
 
 def test_items_added_before_a_refusal_are_named(api):

@@ -28,15 +28,12 @@ def dashboard(listen: str, token_file: str | None, dsn: str | None, data: str | 
     """Serve the web dashboard: queues (length, rates, oldest job, paused),
     jobs and their history, dead letters, the cluster's nodes; live updates.
     Read-only unless --token-file is given."""
-    import anyio
-
+    from .. import eventloop
     from ..cluster.process import setup_logging
     from ..fronts import Fronts, serve_until_signalled
 
     token = read_token(token_file)
     fronts = Fronts(dashboard=listen_address("--listen", listen, token), dashboard_token=token)
     setup_logging("dashboard")
-    try:
-        anyio.run(serve_until_signalled, node_dsn(data, dsn) if data else dsn, fronts)
-    except KeyboardInterrupt:
-        pass
+    # As `pgq serve`: a second signal during the graceful stop is an interrupt (130).
+    eventloop.run(serve_until_signalled, node_dsn(data, dsn) if data else dsn, fronts)

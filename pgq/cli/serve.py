@@ -32,7 +32,7 @@ def serve(http_listen: str | None, resp_listen: str | None, token_file: str | No
                                "--dashboard HOST:PORT")
     fronts = fronts_of(http_listen, resp_listen, token_file, dashboard_listen, dashboard_token_file)
     setup_logging("serve")
-    try:  # PgqError (a port in use) is one line and status 1: @handles_errors
-        eventloop.run(serve_until_signalled, node_dsn(data, dsn) if data else dsn, fronts)
-    except KeyboardInterrupt:
-        pass
+    # A signal stops it gracefully (status 0); a second one during that
+    # stop, or one before the signals are taken, is an interrupt (130), and
+    # PgqError (a port in use) one line and status 1: @handles_errors.
+    eventloop.run(serve_until_signalled, node_dsn(data, dsn) if data else dsn, fronts)
