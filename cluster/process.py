@@ -43,7 +43,6 @@ from typing import Any
 
 import anyio
 
-from pgq import eventloop
 from pgq.contracts import NODE_LOCK_KEY  # held by the node process serving a database
 from pgq.errors import InvalidArgumentError, PgqError
 from pgq.fronts import Fronts, FrontsThread
@@ -319,7 +318,10 @@ def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int
                     break
 
     try:
-        eventloop.run(main)
+        # asyncio's own loop, not pgq.eventloop's: _terminated (SIGTERM
+        # while starting) raises from a signal handler, which uvloop would
+        # log and drop while idle; and the node's loop measured no faster.
+        anyio.run(main)
     except BaseExceptionGroup as group:  # the node stopped itself (another took its database)
         if group.subgroup(_Terminated) is not None:
             # SIGTERM before anyio's receiver took the signal, raised in a task

@@ -35,6 +35,7 @@ import errno
 import logging
 import os
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -205,6 +206,9 @@ def _end_now(signum: int) -> NoReturn:
     """End the process at once for a second signal (see serve_until_signalled)."""
     log.warning("stopped at once by a second signal; requests in flight get no answer")
     logging.shutdown()  # the line above reaches its handlers
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     os._exit(128 + signum)
 
 

@@ -565,14 +565,14 @@ def test_a_second_ctrl_c_during_the_graceful_stop_is_an_interrupt(serve, tmp_pat
                        % (len(body), body))
         with psycopg.connect(dsn, autocommit=True) as watcher:
             wait_until(lambda: watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-            ).fetchone()[0] >= 1, 20,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()").fetchone()[0] >= 1, 20,
                 message="the add to wait on the lock")
 
         def refused() -> bool:  # the graceful stop closes the listening socket first
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=5).close()
-            except ConnectionRefusedError:
+            except OSError:
                 return True
             return False
 

@@ -292,7 +292,10 @@ def test_a_burst_of_writers_to_a_silent_peer_leaves_the_others_connecting(db, ds
     silent.bind(("127.0.0.1", 0))
     silent.listen(64)
     mute = f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x user=x"
-    writers = 6 * PEER_POOL_SIZE  # well past the 2 * PEER_POOL_SIZE threads a set has
+    # Well past the 2 * PEER_POOL_SIZE threads a set has; 2.5 s per write
+    # leaves room for three rounds of connects to "b" on a slow machine,
+    # and is under the 3 s a connect to "a" holds its thread.
+    writers = 6 * PEER_POOL_SIZE
     outcomes: dict[int, dict[str, object]] = {}
     pools = PeerPools(application_name="pgq-test-peers")
     go = threading.Barrier(writers)
@@ -300,7 +303,7 @@ def test_a_burst_of_writers_to_a_silent_peer_leaves_the_others_connecting(db, ds
     def write(n: int) -> None:
         go.wait()
         outcomes[n] = pools.write(INSERT, (("a", mute, {"id": n, "v": b"x"}),
-                                           ("b", dsn, {"id": n, "v": b"x"})), 1.5)
+                                           ("b", dsn, {"id": n, "v": b"x"})), 2.5)
 
     try:
         threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
