@@ -47,9 +47,9 @@ def loop_name() -> str:
     try:
         import uvloop  # noqa: F401
     except ImportError as exc:  # not installed, or a broken build: a slower loop, not a failure
-        if wanted == "uvloop":
-            log.warning("%s=uvloop, but uvloop does not import (%s): asyncio's loop instead",
-                        ENV, exc)
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name == "uvloop"
+        if wanted == "uvloop" or not missing:
+            log.warning("uvloop does not import (%s): asyncio's event loop instead", exc)
         return "asyncio"
     return "uvloop"
 
