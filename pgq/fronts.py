@@ -37,6 +37,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -93,6 +94,10 @@ def check_free(fronts: Fronts) -> None:
 # ``stopping``). A request cancelled at the end of the grace answers
 # nothing (its client retries elsewhere).
 HTTP_STOP_GRACE = 10
+# A signal this soon after the first is the same Ctrl-C twice (a wrapper
+# such as `uv run` forwards it to a process the terminal signalled too),
+# not a second one: it would cut the graceful stop short.
+SECOND_SIGNAL_AFTER = 1.0
 
 
 def _uvicorn(app: Any, address: Address) -> Any:
@@ -173,7 +178,8 @@ async def serve_until_signalled(dsn: str | None, fronts: Fronts) -> None:
     its reply's write began; a committed ADDJOB gets no reply).
     SIGTERM's default action had ended `pgq serve --resp` at once, and a
     GETJOB's jobs claimed then went to nobody (a RETRY 0 job for good). A
-    second signal during that stop ends the process at once, quietly, with
+    second signal during that stop (at least SECOND_SIGNAL_AFTER seconds
+    after the first) ends the process at once, quietly, with
     status 128 + the signal's number (130 for a second Ctrl-C): Python's
     KeyboardInterrupt, thrown into the loop, had uvicorn log a traceback
     per task it cut off, and `pgq serve` then exited 0 as if its stop had
@@ -185,12 +191,15 @@ async def serve_until_signalled(dsn: str | None, fronts: Fronts) -> None:
     failure: Exception | None = None
     async with anyio.create_task_group() as tasks:
         async def watch() -> None:
+            first = 0.0
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
                 async for signum in received:
-                    if stopping.is_set():
+                    if not stopping.is_set():
+                        first = time.monotonic()
+                        log.info("stopping gracefully (another signal stops at once)")
+                        stopping.set()
+                    elif not _repeated(first, time.monotonic()):
                         _end_now(signum)
-                    log.info("stopping gracefully (a second signal stops at once)")
-                    stopping.set()
 
         tasks.start_soon(watch)
         try:
@@ -200,6 +209,11 @@ async def serve_until_signalled(dsn: str | None, fronts: Fronts) -> None:
         tasks.cancel_scope.cancel()
     if failure is not None:
         raise failure
+
+
+def _repeated(first: float, now: float) -> bool:
+    """Whether a signal at ``now`` is the first one's repeat (SECOND_SIGNAL_AFTER)."""
+    return now - first < SECOND_SIGNAL_AFTER
 
 
 def _end_now(signum: int) -> NoReturn:
