@@ -288,6 +288,21 @@ def test_whole_numbers_written_with_a_fraction_are_integers(api):
     assert (status, error["error"]) == (400, "InvalidTypeError")
 
 
+def _post_unread(base: str, path: str, payload: dict, timeout: float = 60):
+    """POST ``payload`` as JSON over a raw socket, returned unread: its
+    request stays in flight while the test acts (read it with _reply_of)."""
+    import socket
+
+    body = json.dumps(payload).encode()
+    sock = socket.create_connection(("127.0.0.1", urllib.parse.urlsplit(base).port),
+                                    timeout=timeout)
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+                 + b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (len(body), body))
+    return sock
+
+
 def _reply_of(sock) -> bytes:
     """One HTTP response read from a raw socket (its head, and its body by
     Content-Length), or what came before the server closed."""
@@ -484,19 +499,13 @@ def test_listening_beyond_loopback_needs_a_secret(dsn, front):
 def test_a_lease_whose_client_left_ends_and_takes_no_job(api):
     """A blocking lease whose client disconnects is cancelled: the server
     kept it waiting and it took the next job for nobody."""
-    import socket
 
     def blocked() -> int:
         status, stats = call(api, "GET", "/v1/queues/left")
         return int(stats["blocked"]) if status == 200 else 0
 
-    port = urllib.parse.urlsplit(api).port
-    body = json.dumps({"queues": ["left"], "timeout": 60}).encode()  # far past the waits below
-    leaving = socket.create_connection(("127.0.0.1", port), timeout=30)
-    leaving.sendall(b"POST /v1/lease HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                    b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
-                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                    % (len(body), body))
+    # far past the waits below
+    leaving = _post_unread(api, "/v1/lease", {"queues": ["left"], "timeout": 60}, timeout=30)
     wait_until(lambda: blocked() == 1, 20, message="the lease to block")
     leaving.close()
     wait_until(lambda: blocked() == 0, 20, message="the abandoned lease to end")
@@ -510,17 +519,10 @@ def test_a_blocked_lease_does_not_hold_the_servers_stop(serve, tmp_path):
     """A graceful stop answers a blocked lease at once, as its timeout would
     ({"jobs": []}): it held `pgq serve` for its 300 s, then for the 10 s of
     fronts.HTTP_STOP_GRACE, and was cut off without an answer."""
-    import socket
 
     (tmp_path / "token").write_text(TOKEN + "\n")
     served = serve(tmp_path / "token")
-    port = urllib.parse.urlsplit(served.base).port
-    body = json.dumps({"queues": ["held"], "timeout": 300}).encode()
-    waiting = socket.create_connection(("127.0.0.1", port), timeout=60)
-    waiting.sendall(b"POST /v1/lease HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                    b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
-                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                    % (len(body), body))
+    waiting = _post_unread(served.base, "/v1/lease", {"queues": ["held"], "timeout": 300})
 
     def blocked() -> int:
         status, stats = call(served.base, "GET", "/v1/queues/held")
@@ -558,13 +560,8 @@ def test_a_second_ctrl_c_during_the_graceful_stop_is_an_interrupt(serve, tmp_pat
     port = urllib.parse.urlsplit(served.base).port
     lock = TableLock(dsn, "pgq.jobs")
     lock.take()
-    body = json.dumps({"body": "held"}).encode()
-    adding = socket.create_connection(("127.0.0.1", port), timeout=60)
+    adding = _post_unread(served.base, "/v1/queues/held/jobs", {"body": "held"})
     try:
-        adding.sendall(b"POST /v1/queues/held/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                       b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
-                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                       % (len(body), body))
         with psycopg.connect(dsn, autocommit=True) as watcher:
             wait_until(lambda: watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
