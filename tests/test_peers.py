@@ -193,6 +193,19 @@ def test_the_async_writes_commit_fail_and_give_up_as_the_sync_ones(db, dsn):
 
 
 @contextlib.contextmanager
+def silent_host(backlog: int) -> Iterator[str]:
+    """The DSN of a server that accepts TCP connections and never answers
+    (a host gone silent, as libpq sees it while it connects); closed after."""
+    silent = socket.socket()
+    try:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(backlog)
+        yield f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x user=x"
+    finally:
+        silent.close()
+
+
+@contextlib.contextmanager
 def peer_writes(flavour: str) -> Iterator[Callable[..., dict[str, object]]]:
     """``write(sql, writes, timeout)`` through PeerPools ("sync"), or
     through AsyncPeerPools on an event loop of its own ("async": the
@@ -246,20 +259,13 @@ def test_a_peer_whose_connect_hangs_fails_alone_and_nothing_is_sent_to_it(db, ds
     # takes the whole timeout. "b", connected already or not, is written
     # meanwhile; "a" is reported unreached (nothing to withdraw there).
     db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(8)
-    mute = f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x user=x"
-    writes = (("a", mute, {"id": 1, "v": b"x"}), ("b", dsn, {"id": 2, "v": b"x"}))
-    try:
-        with peer_writes(flavour) as write:
-            if warm:
-                assert write(INSERT, (("b", dsn, {"id": 0, "v": b"x"}),), 5) == {"b": [(0,)]}
-            started = time.monotonic()
-            done = write(INSERT, writes, 0.5)
-            elapsed = time.monotonic() - started
-    finally:
-        silent.close()
+    with silent_host(8) as mute, peer_writes(flavour) as write:
+        writes = (("a", mute, {"id": 1, "v": b"x"}), ("b", dsn, {"id": 2, "v": b"x"}))
+        if warm:
+            assert write(INSERT, (("b", dsn, {"id": 0, "v": b"x"}),), 5) == {"b": [(0,)]}
+        started = time.monotonic()
+        done = write(INSERT, writes, 0.5)
+        elapsed = time.monotonic() - started
     assert isinstance(done["a"], PeerUnreached) and done["b"] == [(2,)], done
     # 0.5 s asked; libpq's own connect timeout is 3 s.
     assert elapsed < 0.95
@@ -288,10 +294,6 @@ def test_a_burst_of_writers_to_a_silent_peer_leaves_the_others_connecting(db, ds
     # connects to "b" waited behind them until the writes gave up: "b"
     # failed with "a". Each peer now has threads of its own.
     db.execute("CREATE TABLE t (id integer PRIMARY KEY, v bytea)")
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(64)
-    mute = f"host=127.0.0.1 port={silent.getsockname()[1]} dbname=x user=x"
     # Well past the 2 * PEER_POOL_SIZE threads a set has; 2.5 s per write
     # leaves room for three rounds of connects to "b" on a slow machine,
     # and is under the 3 s a connect to "a" holds its thread.
@@ -300,20 +302,20 @@ def test_a_burst_of_writers_to_a_silent_peer_leaves_the_others_connecting(db, ds
     pools = PeerPools(application_name="pgq-test-peers")
     go = threading.Barrier(writers)
 
-    def write(n: int) -> None:
+    def write(mute: str, n: int) -> None:
         go.wait()
         outcomes[n] = pools.write(INSERT, (("a", mute, {"id": n, "v": b"x"}),
                                            ("b", dsn, {"id": n, "v": b"x"})), 2.5)
 
-    try:
-        threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        pools.close()
-        silent.close()
+    with silent_host(64) as mute:
+        try:
+            threads = [threading.Thread(target=write, args=(mute, n)) for n in range(writers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            pools.close()
     assert all(isinstance(done["a"], PeerUnreached) for done in outcomes.values()), outcomes
     failed = {n: done["b"] for n, done in outcomes.items() if done["b"] != [(n,)]}
     assert not failed, failed
