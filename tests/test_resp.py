@@ -211,6 +211,13 @@ def test_errors_have_disques_prefixes(resp):
     assert b"registered_queues:" in r.call("INFO")
     assert r.call("GETJOB", "COUNT", 0, "FROM", "q") == Error("ERR COUNT must be a number greater than zero")
     assert r.call("NOSUCH").text.startswith("ERR unknown command")
+    # At most 128 characters of an unknown name come back, as from Redis
+    # (a 64 MiB name echoed whole held the event loop for seconds).
+    assert r.call("X" * 10_000) == Error(f"ERR unknown command '{'x' * 128}'")
+    # A message of several lines is one reply line (each CR and LF a
+    # space): a lone LF ended the line early for redigo, goware/disque's
+    # RESP library, which then dropped the connection.
+    assert r.call("DEBUG", "ERROR", "ERR a\nb\rc") == Error("ERR a b c")
     assert r.call("ADDJOB", "q", "x", 0, "MAXLEN", 0) == Error("ERR MAXLEN must be a positive number")
     # ADDJOB's and GETJOB's checks in Disque's words (src/job.c, queue.c)
     for options, error in [
