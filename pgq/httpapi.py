@@ -56,7 +56,7 @@ from starlette.routing import Route
 from . import errors
 from .aio import AsyncClient
 from .arguments import MAX_COUNT, MAX_IDS, MAX_PRIORITY, MAX_REPLICATE, seconds
-from .httpjson import BadRequest, Busy, error_response, json_body, middleware, status_of
+from .httpjson import SMALL_BODY, BadRequest, Busy, error_response, json_body, middleware, status_of
 from .job import Job
 from .jsonable import body_fields, jsonable
 
@@ -72,6 +72,13 @@ _LEASE_FIELDS = frozenset({"queues", "count", "timeout", "withcounters"})
 # request is not a subscription, and each waiting request holds resources.
 MAX_WAIT = 300.0
 MAX_LEASE_QUEUES = 10_000
+# The job bodies one lease answers at most (bytes, before JSON): past it the
+# claimed jobs left over go back to their queue (GETJOB's COUNT is "at
+# most"). A count of 100 jobs of 16 MiB each was one answer of 1.6 GiB of
+# bodies, six times that as JSON text for control characters, built whole
+# in memory (found by a read-only review). A lease always answers at least
+# one job it claimed.
+MAX_LEASE_BYTES = 16 * 1024 * 1024
 # add_job's defaults, for checking an item before any is added
 _CALL_DEFAULTS: dict[str, Any] = {"replicate": None, "delay": 0, "retry": None, "ttl": None,
                                   "maxlen": None, "asynchronous": False, "timeout": None}
@@ -106,6 +113,17 @@ def _body_of(item: dict[str, Any]) -> bytes:
 def _wait(data: dict[str, Any], default: float) -> float:
     """A request's ``timeout``: seconds to wait, 0 to MAX_WAIT."""
     return seconds("timeout", data.get("timeout", default), maximum=MAX_WAIT)
+
+
+def _within(jobs: list[Job], limit: int) -> list[Job]:
+    """The first jobs whose bodies add up to at most ``limit`` bytes (the
+    first job whatever its size)."""
+    total = 0
+    for n, job in enumerate(jobs):
+        total += len(job.body)
+        if n and total > limit:
+            return jobs[:n]
+    return jobs
 
 
 def _job_json(job: Job) -> dict[str, Any]:
@@ -229,7 +247,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         return JSONResponse({"ids": ids}, status_code=201)
 
     async def lease(request: Request) -> Response:
-        data = await json_body(request)
+        data = await json_body(request, limit=SMALL_BODY)
         _known(data, _LEASE_FIELDS, "a lease")
         queues = data.get("queues")
         if isinstance(queues, str):
@@ -258,7 +276,11 @@ def create_app(client: AsyncClient, token: str | None = None, *,
                 with anyio.CancelScope(shield=True):
                     await client._give_back(jobs)
                 return Response(status_code=499)
-            return JSONResponse({"jobs": [_job_json(j) for j in jobs]})
+            answered = _within(jobs, MAX_LEASE_BYTES)
+            if len(answered) < len(jobs):
+                with anyio.CancelScope(shield=True):
+                    await client._give_back(jobs[len(answered):])
+            return JSONResponse({"jobs": [_job_json(j) for j in answered]})
 
         return await _while_connected(request, leased, gone, stopping,
                                       lambda: JSONResponse({"jobs": []})) \
@@ -268,7 +290,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         return JSONResponse({"acked": await client.ack_job(request.path_params["id"])})
 
     async def nack(request: Request) -> Response:
-        data = await json_body(request)
+        data = await json_body(request, limit=SMALL_BODY)
         _known(data, frozenset({"delay"}), "a nack")
         return JSONResponse({"nacked": await client.nack_job(request.path_params["id"],
                                                              delay=data.get("delay", 0))})
@@ -283,7 +305,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         return JSONResponse(jsonable(info))
 
     async def wait(request: Request) -> Response:
-        data = await json_body(request)
+        data = await json_body(request, limit=SMALL_BODY)
         _known(data, frozenset({"timeout"}), "a wait")
         timeout = _wait(data, 30)
 
@@ -448,8 +470,11 @@ def _op(summary: str, body: dict[str, Any] | None = None, ok: str = "200",
                                         "404": {**_ERROR, "description": "no such job or queue"},
                                         "409": {**_ERROR, "description": "refused: queue paused "
                                                 "or full, too late, node leaving"},
+                                        "408": {**_ERROR, "description": "the request body "
+                                                "did not arrive in time (PGQ_HTTP_BODY_TIMEOUT, 120 s)"},
                                         "413": {**_ERROR, "description": "a request body over "
-                                                "64 MiB: send it in several requests"},
+                                                "64 MiB (1 MiB for a lease, a nack, a wait): "
+                                                "send it in several requests"},
                                         "503": {**_ERROR, "description": "no replicas or no "
                                                 "database; or busy reading other large bodies "
                                                 "(Retry-After: send it again)"}}}

@@ -13,6 +13,9 @@ looks the same from both.
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
 from typing import Any
 
 import anyio
@@ -23,7 +26,8 @@ from starlette.responses import JSONResponse
 
 from . import errors
 
-__all__ = ["hosts_for", "BadRequest", "RequestTooLarge", "MAX_REQUEST_BYTES", "error_response", "status_of",
+__all__ = ["hosts_for", "BadRequest", "RequestTooLarge", "RequestTimeout", "MAX_REQUEST_BYTES",
+           "SMALL_BODY", "error_response", "status_of",
            "json_body", "BodyBudget", "OnlyHosts", "middleware"]
 
 STATUS: list[tuple[type[errors.PgqError], int]] = [
@@ -59,6 +63,12 @@ class RequestTooLarge(BadRequest):
     status, kind = 413, "too_large"
 
 
+class RequestTimeout(BadRequest):
+    """A request body that did not arrive within BODY_TIMEOUT: 408."""
+
+    status, kind = 408, "timeout"
+
+
 class Busy(BadRequest):
     """Other large request bodies are being read or parsed: 503, try again."""
 
@@ -80,6 +90,30 @@ MAX_REQUEST_BYTES = 64 * 1024 * 1024
 # not counted (the usual requests never wait on a large one).
 MAX_BODIES_IN_FLIGHT = MAX_REQUEST_BYTES
 SMALL_BODY = 1024 * 1024
+# How long a whole request body may take to arrive (64 MiB at about half a
+# megabyte a second; PGQ_HTTP_BODY_TIMEOUT, seconds). Without a bound, a
+# client that declared a large body and stopped sending held its bytes of
+# the budget above for as long as it kept the connection, and every other
+# large request got 503 (found by a read-only review).
+DEFAULT_BODY_TIMEOUT = 120.0
+
+
+def _body_timeout(text: str | None) -> float:
+    if text is None:
+        return DEFAULT_BODY_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 3600:
+        logging.getLogger("pgq").warning(
+            "PGQ_HTTP_BODY_TIMEOUT=%r is not a number of seconds from 0 to 3600: using %g",
+            text, DEFAULT_BODY_TIMEOUT)
+        return DEFAULT_BODY_TIMEOUT
+    return value
+
+
+BODY_TIMEOUT = _body_timeout(os.environ.get("PGQ_HTTP_BODY_TIMEOUT"))
 _in_flight = 0  # bytes of the bodies being read or parsed (one event loop per front)
 _HELD = "pgq.body_bytes"  # a request's counted bytes, in its scope, while BodyBudget holds them
 
@@ -130,14 +164,17 @@ def status_of(exc: errors.PgqError) -> int:
     return next((status for kind, status in STATUS if isinstance(exc, kind)), 500)
 
 
-async def json_body(request: Request) -> dict[str, Any]:
+async def json_body(request: Request, limit: int = MAX_REQUEST_BYTES) -> dict[str, Any]:
     """The request's body as a JSON object, read within the size limits
     (its bytes stay counted until the request is answered, under
-    :class:`BodyBudget`; without it, until it is parsed)."""
+    :class:`BodyBudget`; without it, until it is parsed). A route that
+    takes a few small fields passes ``limit=SMALL_BODY``: such a body is
+    never counted, so it cannot hold the budget for a long wait (a lease
+    of 300 s sent with 63 MiB of blanks did)."""
     held = request.scope.get(_HELD)
     counted = held if held is not None else [0]  # this body's bytes counted in _in_flight
     try:
-        raw = await _read_body(request, counted)
+        raw = await _read_body(request, counted, limit)
         if len(raw) <= SMALL_BODY:
             return _parse(raw)
         # A large body parses in a thread: a 64 MiB one took the event loop,
@@ -148,30 +185,38 @@ async def json_body(request: Request) -> dict[str, Any]:
             _release(counted)
 
 
-async def _read_body(request: Request, counted: list[int]) -> bytes:
+async def _read_body(request: Request, counted: list[int], limit: int) -> bytes:
     global _in_flight
-    too_large = RequestTooLarge(f"the request body is over {MAX_REQUEST_BYTES // 2**20} MiB: "
-                                "add the jobs in several requests")
-    declared = request.headers.get("content-length", "")
-    if declared.isascii() and declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+    too_large = RequestTooLarge(
+        f"the request body is over {limit // 2**20} MiB: "
+        + ("add the jobs in several requests" if limit >= MAX_REQUEST_BYTES
+           else "this request takes a few small fields"))
+    # Leading zeros are legal and unbounded (httptools passes them on), and
+    # int() of more than 4,300 digits raises: a 500 before this check.
+    declared = request.headers.get("content-length", "").lstrip("0")
+    if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
         raise too_large
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_REQUEST_BYTES:
-                raise too_large
-            chunks.append(chunk)
-            more = max(0, size - SMALL_BODY) - counted[0]  # a body's first MiB is free
-            if more:
-                if _in_flight + more > MAX_BODIES_IN_FLIGHT:
-                    raise Busy("the server is reading other large requests: send this one "
-                               "again in a moment, or in smaller requests")
-                _in_flight += more
-                counted[0] += more
+        with anyio.fail_after(BODY_TIMEOUT):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise too_large
+                chunks.append(chunk)
+                more = max(0, size - SMALL_BODY) - counted[0]  # a body's first MiB is free
+                if more:
+                    if _in_flight + more > MAX_BODIES_IN_FLIGHT:
+                        raise Busy("the server is reading other large requests: send this one "
+                                   "again in a moment, or in smaller requests")
+                    _in_flight += more
+                    counted[0] += more
     except ClientDisconnect:
         # gone before its body arrived: nobody reads an answer (not a 500)
         raise ClientGone() from None
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {BODY_TIMEOUT:g} s: "
+                             "send it again, or in smaller requests") from None
     return b"".join(chunks)
 
 
@@ -183,8 +228,10 @@ def _parse(raw: bytes) -> dict[str, Any]:
     except _RepeatedKey as exc:
         raise BadRequest(f"the request body names {str(exc)!r} twice in one object: "
                          "send each field once") from None
-    except ValueError:
+    except json.JSONDecodeError:
         raise BadRequest("the request body is not JSON") from None
+    except ValueError:  # an integer of more than 4,300 digits (int()'s limit)
+        raise BadRequest("a number in the request body has too many digits") from None
     except RecursionError:  # arrays or objects nested about a thousand deep
         raise BadRequest("the request body nests too deeply") from None
     if not isinstance(data, dict):

@@ -34,6 +34,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("PGQ_LOG_LEVEL", "Log level of nodes, workers and `serve` (as `pgq worker --log-level`)."),
     ("PGQ_EVENT_LOOP", "`asyncio`: `pgq serve`, `pgq dashboard` and a node's fronts run on "
                        "asyncio's own event loop; default uvloop where it is installed."),
+    ("PGQ_HTTP_BODY_TIMEOUT", "Seconds a request body may take to arrive at the HTTP API "
+                              "(408 past it); default 120."),
     ("PGQ_METRICS", "HOST:PORT of the Prometheus endpoint of a node or worker (as `--metrics`)."),
     ("PGQ_ADVERTISE_DSN", "The DSN a node advertises for other nodes' clients to write copies "
                           "into (as `pgq node start --advertise-dsn`; `none`: no direct copies)."),

@@ -346,6 +346,73 @@ def test_a_request_body_over_the_limit_is_refused_as_it_arrives(api):
     assert call(api, "GET", "/v1/queues/big")[0] == 404  # nothing added
 
 
+def test_requests_of_a_few_fields_refuse_large_bodies_and_odd_numbers(api):
+    """Found by a read-only review: a lease, a nack or a wait took a 64 MiB
+    body (a lease of 300 s held 63 MiB of the bodies' budget meanwhile);
+    a Content-Length with thousands of leading zeros (legal, and passed on
+    by httptools) and a JSON integer of 5,000 digits were 500s."""
+    import socket
+
+    host, port = api.removeprefix("http://").split(":")
+
+    def answer(path: str, length: str, body: bytes = b"") -> bytes:
+        # Raw sockets: urllib cannot read an answer that comes while it
+        # still sends (a body refused part-way broke its pipe).
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall((f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                          f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {length}\r\n\r\n").encode() + body)
+            return _reply_of(sock)
+
+    for path in ("/v1/lease", "/v1/jobs/x/nack", "/v1/jobs/x/wait"):
+        reply = answer(path, str(2**20 + 1))  # refused before any byte of the body
+        assert reply.startswith(b"HTTP/1.1 413") and b"a few small fields" in reply, reply[:300]
+    reply = answer("/v1/lease", "0" * 5000 + "2", b"{}")
+    assert reply.startswith(b"HTTP/1.1 400") and b"queues" in reply, reply[:300]
+    status, error = call(api, "POST", "/v1/lease", raw=b'{"queues": ["q"], "count": 1' + b"0" * 5000
+                         + b"}")
+    assert (status, error["message"]) == (400, "a number in the request body has too many digits")
+
+
+def test_a_body_that_stops_arriving_is_refused_in_time(serve, tmp_path):
+    # A client that declared a body and stopped sending held its bytes of
+    # the bodies' budget for as long as it kept the connection open.
+    import os
+    import socket
+    import time
+
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    served = serve(tmp_path / "token", env={**os.environ, "PGQ_HTTP_BODY_TIMEOUT": "1"})
+    host, port = served.base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall((f"POST /v1/queues/slow/jobs HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                      f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 100\r\n\r\n{\"body\": ").encode())
+        started = time.monotonic()
+        reply = _reply_of(sock)
+    assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in reply, reply[:300]
+    # (the server's deadline is 1 s; the socket's own timeout is 30)
+    assert time.monotonic() - started < 20
+    assert call(served.base, "GET", "/v1/queues/slow")[0] == 404  # nothing added
+
+
+def test_a_lease_answers_at_most_its_bytes_of_bodies(api):
+    """COUNT is "at most": a lease answers the jobs whose bodies add up to
+    MAX_LEASE_BYTES (the first whatever its size), and the others go back
+    to their queue (100 jobs of 16 MiB were one answer of 1.6 GiB of
+    bodies, built whole in memory)."""
+    from pgq.httpapi import MAX_LEASE_BYTES
+
+    size = MAX_LEASE_BYTES * 2 // 5  # two fit, the third does not
+    ids = [call(api, "POST", "/v1/queues/heavy/jobs", {"body": str(n) * size, "retry": 60})[1]["ids"][0]
+           for n in range(3)]
+    status, leased = call(api, "POST", "/v1/lease", {"queues": ["heavy"], "count": 3})
+    assert status == 200 and [j["id"] for j in leased["jobs"]] == ids[:2]
+    assert call(api, "GET", "/v1/queues/heavy")[1]["len"] == 1  # the third is queued again
+    status, leased = call(api, "POST", "/v1/lease", {"queues": ["heavy"], "count": 3})
+    assert [j["id"] for j in leased["jobs"]] == ids[2:]
+
+
 def test_large_bodies_read_at_once_share_a_budget_and_small_ones_pass(api):
     """JSON parsing takes about twenty times a body in memory: the bodies
     read at once add up to at most MAX_BODIES_IN_FLIGHT (past it, 503 with
