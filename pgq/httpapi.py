@@ -553,9 +553,13 @@ OPENAPI: dict[str, Any] = {
         "/v1/lease": {"post": _op("Get jobs from queues, left to right", {
             "type": "object", "required": ["queues"], "additionalProperties": False,
             "properties": {
-                "queues": {"oneOf": [{"type": "array", "items": {"type": "string"}, "minItems": 1},
+                "queues": {"oneOf": [{"type": "array", "items": {"type": "string"}, "minItems": 1,
+                                      "maxItems": MAX_LEASE_QUEUES},
                                      {"type": "string"}]},
-                "count": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT},
+                "count": {"type": "integer", "minimum": 1, "maximum": MAX_COUNT,
+                          "description": "at most this many jobs: fewer when their bodies "
+                                         f"pass {MAX_LEASE_BYTES // 2**20} MiB (the others "
+                                         "stay queued)"},
                 "timeout": {**_SECONDS, "maximum": MAX_WAIT,
                             "description": "seconds to wait for a job (0: answer at once)"},
                 "withcounters": {"type": "boolean"}}},
