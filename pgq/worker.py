@@ -352,20 +352,7 @@ class Worker:
             self._stop.clear()
 
     async def _run(self, install_signal_handlers: bool, until_empty: bool) -> WorkerStats:
-        self._until_empty = until_empty
-        self._stopping = anyio.Event()
-        self._grace_over = anyio.Event()  # a second signal: NACK the running jobs now
-        self._ready: collections.deque[Job] = collections.deque()  # claimed, not started
-        self._idle: collections.deque[anyio.Event] = collections.deque()  # parked runners
-        self._waking = 0  # runners woken that have not run yet (at most one)
-        self._room = anyio.Event()  # a slot was freed
-        self._acks: list[str] = []
-        self._acks_ready = anyio.Event()
-        self._in_flight: dict[str, Job] = {}
-        self._cut = {}
-        self._given_up = set()
-        self._leases = LeaseSchedule()
-        self._leases_changed = anyio.Event()
+        self._new_run(until_empty)
         # Connections: one claims, one acks, one extends leases; failures
         # (NACK, dead letter) share the rest. Not one per slot: a worker with
         # concurrency 500 must not open 500 server backends.
@@ -390,6 +377,28 @@ class Worker:
                     await self._flush_acks()
                 raise
         return self.stats
+
+    def _new_run(self, until_empty: bool) -> None:
+        """The state of one run (in the event loop that runs it)."""
+        self._until_empty = until_empty
+        self._stopping = anyio.Event()
+        self._grace_over = anyio.Event()  # a second signal: NACK the running jobs now
+        self._ready: collections.deque[Job] = collections.deque()  # claimed, not started
+        self._idle: collections.deque[anyio.Event] = collections.deque()  # parked runners
+        self._waking = 0  # runners woken that have not run yet (at most one)
+        self._room = anyio.Event()  # a slot was freed
+        self._acks: list[str] = []
+        self._acks_ready = anyio.Event()
+        # One ACK flush at a time: the run's last flush waits for one in
+        # flight, whose IDs come back to _acks if it fails (it found _acks
+        # empty, said nothing, and those jobs were never acknowledged).
+        self._acking = anyio.Lock()
+        self._in_flight: dict[str, Job] = {}
+        self._cut = {}
+        self._given_up = set()
+        self._finishing: set[str] = set()  # handler returned: settled by its ACK, not _interrupt
+        self._leases = LeaseSchedule()
+        self._leases_changed = anyio.Event()
 
     async def _serve(self, install_signal_handlers: bool) -> None:
         """The run: claims, runners, ACKs, leases, schedules; then the drain."""
@@ -509,7 +518,6 @@ class Worker:
                 got = []
                 await anyio.sleep(1.0)
             for job in got:
-                self.stats.claimed += 1
                 if job.id in self._in_flight:
                     # Its lease lapsed while it ran here (a WORKING too late,
                     # a handler that blocked the loop): the run under way
@@ -518,6 +526,7 @@ class Worker:
                     log.warning("worker: job %s was delivered again while it runs here: the "
                                 "run under way settles it", job.id)
                     continue
+                self.stats.claimed += 1  # (a redelivery skipped above was counted once)
                 self._in_flight[job.id] = job
                 self._ready.append(job)
             if got:
@@ -552,6 +561,8 @@ class Worker:
             job = self._ready.popleft()
             if self._ready:
                 self._wake_runner()
+            if job.id in self._given_up:  # settled by _interrupt as never started
+                continue
             await self._process(job)
 
     def _wake_runner(self) -> None:
@@ -579,7 +590,8 @@ class Worker:
         """The jobs in flight but those a failure is settling (their NACK's
         back-off stands)."""
         return {i: job for i, job in self._in_flight.items()
-                if i not in self._settling and i not in self._given_up}
+                if i not in self._settling and i not in self._given_up
+                and i not in self._finishing}
 
     async def _interrupt(self, left: dict[str, Job], why: str) -> None:
         """Jobs this worker will not finish (a drain's end, a cancelled run).
@@ -592,7 +604,14 @@ class Worker:
         for job_id in left:  # handled here, once: a runner cut off meanwhile adds none
             self._cut.pop(job_id, None)
             self._given_up.add(job_id)
-        unstarted = {job.id for job in self._ready}
+        # Out of the ready jobs now, before any wait: a runner woken for one
+        # (the cancellation of the runners skips a task whose wake-up is
+        # already due) started it while it went back to its queue, so an
+        # at-most-once job could run twice (found by a read-only review).
+        unstarted = {job.id for job in self._ready if job.id in left}
+        self._ready = collections.deque(job for job in self._ready if job.id not in left)
+        for job_id in unstarted:
+            self._in_flight.pop(job_id, None)
         once = [i for i, job in left.items() if job.retry == 0 and i not in unstarted]
         back = [i for i in left if i not in once]
         log.info("worker: %d job(s) put back in their queue, %d at-most-once dead-lettered",
@@ -637,7 +656,16 @@ class Worker:
             if failure is not None:
                 await self._failed(task, job, failure)
                 return
+            if job.id in self._given_up:
+                # Its handler returned while _interrupt gave it up (the drain's
+                # end, as the result came in): it is back in its queue, or an
+                # at-most-once one in the dead letters, and counted
+                # interrupted. An at-least-once one is acknowledged, so it
+                # does not run again for nothing; the dead letter stays.
+                self._late_success(job, outcome)
+                return
             succeeded = True  # from here a cancellation still acknowledges it
+            self._finishing.add(job.id)
             if self.keep_results is not None and outcome is not None:
                 await self._keep(job, *self._result_of(job, outcome.value))
             if outcome is not None:  # None: transactional, acknowledged already
@@ -653,7 +681,16 @@ class Worker:
             raise
         finally:
             self._in_flight.pop(job.id, None)
+            self._finishing.discard(job.id)
             self._room.set()
+
+    def _late_success(self, job: Job, outcome: _Returned | None) -> None:
+        if job.retry and outcome is not None:
+            self._ack_later(job.id)
+        log.info("worker: job %s of %s finished after it was given up (%s)", job.id, job.queue,
+                 "acknowledged" if job.retry and outcome is not None else
+                 "acknowledged with its transaction" if outcome is None else
+                 "its dead letter stays")
 
     async def _traced_call(self, task: _Task, job: Job) -> _Returned | None:
         """:meth:`_call` in a span when spans are recorded. Without, no span
@@ -922,7 +959,13 @@ class Worker:
         be reached. Their IDs then stay for the next flush: a worker that
         lost its database for a while goes on (the jobs may be delivered
         again meanwhile, as at-least-once allows), where the error used to
-        end the worker and drop the IDs."""
+        end the worker and drop the IDs. Waits for a flush in flight."""
+        with anyio.CancelScope(shield=True):  # a cancelled run's last flush still runs
+            async with self._acking:
+                done = await self._flush_acks_now()
+        return done
+
+    async def _flush_acks_now(self) -> bool:
         self._acks_ready = anyio.Event()
         # A job run again while its ACK waited is in the list twice; and an
         # ACK is at most MAX_IDS IDs: a backlog past that (ACKs failing for

@@ -651,7 +651,7 @@ def test_a_database_away_neither_ends_the_worker_nor_loses_its_acks():
 
     async def main() -> None:
         worker.client = away  # type: ignore[assignment]
-        worker._acks, worker._acks_ready = [], anyio.Event()
+        worker._acks, worker._acks_ready, worker._acking = [], anyio.Event(), anyio.Lock()
         worker._ack_later("a")
         worker._ack_later("b")
         assert await worker._flush_acks() is False
@@ -663,6 +663,150 @@ def test_a_database_away_neither_ends_the_worker_nor_loses_its_acks():
         job = pgq.Job("D-x", "q", b"", nacks=0, additional_deliveries=0, retry=5.0)
         await worker._failed(worker.tasks["q"], job, _JobFailed("boom"))  # its NACK fails
         assert worker.stats.failed == 1
+
+    anyio.run(main)
+
+
+class _Settling:
+    """The worker's client where a drain's end settles jobs: it records what
+    is given back, dead-lettered and acknowledged, and lets the event loop
+    turn in each call (a unit test of the worker's rules at its stop; the
+    statements themselves are tested against a real server)."""
+
+    def __init__(self) -> None:
+        self.given_back: list[str] = []
+        self.dead: list[str] = []
+        self.acked: list[tuple[str, ...]] = []
+        self.ack_started = anyio.Event()
+        self.release_ack: anyio.Event | None = None  # the first ACK waits for it, then fails
+
+    def ids_command(self, name: str, ids: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+        return name, ids
+
+    async def _run(self, command: tuple[str, tuple[str, ...]]) -> int:
+        await anyio.lowlevel.checkpoint()
+        name, ids = command
+        assert name == "give_back_jobs"
+        self.given_back.extend(ids)
+        return len(ids)
+
+    async def dead_letter(self, *ids: str, reason: str) -> int:
+        await anyio.lowlevel.checkpoint()
+        self.dead.extend(ids)
+        return len(ids)
+
+    async def ack_job(self, *ids: str) -> int:
+        self.ack_started.set()
+        if self.release_ack is not None:
+            release, self.release_ack = self.release_ack, None
+            await release.wait()
+            raise pgq.errors.DatabaseUnavailableError("the database is away")
+        self.acked.append(ids)
+        return len(ids)
+
+
+def _job(n: int, retry: float) -> pgq.Job:
+    return pgq.Job(f"D-{n}", "q", b"", nacks=0, additional_deliveries=0, retry=retry)
+
+
+def test_a_job_given_back_unstarted_is_not_started_by_the_runner_woken_for_it():
+    """The drain's end (grace 0, or a second signal) gives back the jobs no
+    handler saw, at-most-once ones too. A runner woken for one of them is
+    not cancelled (its wake-up was due), and it started the job while the
+    job went back to its queue: an at-most-once job could run twice (found
+    by a read-only review)."""
+    import anyio.lowlevel
+
+    worker = pgq.Worker("dbname=unused", concurrency=1, grace=0)
+    ran: list[str] = []
+
+    @worker.task("q")
+    async def handle(job: pgq.Job) -> None:
+        ran.append(job.id)
+
+    client = _Settling()
+
+    async def main() -> None:
+        worker.client = client  # type: ignore[assignment]
+        worker._new_run(until_empty=False)
+        job = _job(1, retry=0.0)
+        async with anyio.create_task_group() as jobs:
+            jobs.start_soon(worker._runner)
+            while not worker._idle:  # the runner parks
+                await anyio.lowlevel.checkpoint()
+            worker._in_flight[job.id] = job  # as a claim hands it over
+            worker._ready.append(job)
+            worker._wake_runner()
+            # The drain's end, with no turn of the loop between:
+            jobs.cancel_scope.cancel()
+            await worker._interrupt({job.id: job}, "a test's stop")
+        assert ran == [] and client.given_back == [job.id] and client.dead == []
+
+    anyio.run(main)
+
+
+def test_a_job_that_finishes_as_it_is_given_up_is_acknowledged_once_and_counted_once():
+    """A handler whose result came in as the drain's end gave its job back
+    was acknowledged as well, and counted both interrupted and succeeded."""
+    import anyio.lowlevel
+
+    worker = pgq.Worker("dbname=unused", concurrency=1)
+    release = []
+
+    @worker.task("q")
+    async def handle(job: pgq.Job) -> None:
+        await release[0].wait()
+
+    client = _Settling()
+
+    async def main() -> None:
+        worker.client = client  # type: ignore[assignment]
+        worker._new_run(until_empty=False)
+        release.append(anyio.Event())
+        job = _job(2, retry=5.0)
+        async with anyio.create_task_group() as jobs:
+            jobs.start_soon(worker._runner)
+            while not worker._idle:
+                await anyio.lowlevel.checkpoint()
+            worker._in_flight[job.id] = job
+            worker._ready.append(job)
+            worker._wake_runner()
+            while worker._ready:  # the runner took it: the handler waits
+                await anyio.lowlevel.checkpoint()
+            await worker._interrupt(worker._unsettled(), "a test's stop")
+            release[0].set()  # its result comes in after all
+            while job.id in worker._in_flight:
+                await anyio.lowlevel.checkpoint()
+            jobs.cancel_scope.cancel()
+        assert client.given_back == [job.id]
+        assert worker._acks == [job.id]  # finished: acknowledged, not run again for nothing
+        assert (worker.stats.interrupted, worker.stats.succeeded) == (1, 0)
+
+    anyio.run(main)
+
+
+def test_the_runs_last_ack_flush_waits_for_one_in_flight():
+    """The last flush found the IDs taken by a flush still in flight, said
+    nothing, and when that one failed its IDs were never acknowledged."""
+    worker = pgq.Worker("dbname=unused", concurrency=1)
+    client = _Settling()
+
+    async def main() -> None:
+        worker.client = client  # type: ignore[assignment]
+        worker._new_run(until_empty=False)
+        client.release_ack = release = anyio.Event()
+        worker._ack_later("D-a")
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(worker._flush_acks)  # the flushing task's, in flight
+            await client.ack_started.wait()
+            last = []
+
+            async def last_flush() -> None:
+                last.append(await worker._flush_acks())
+
+            tasks.start_soon(last_flush)
+            release.set()  # the one in flight fails: its IDs come back
+        assert last == [True] and client.acked == [("D-a",)] and worker._acks == []
 
     anyio.run(main)
 
