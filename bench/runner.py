@@ -250,6 +250,16 @@ def run_once(server: Server, contender: Contender, workload: Workload, peer_pyth
     return result
 
 
+def row_names(smoke: bool, with_cluster: bool = True) -> list[str]:
+    """Every row a run may measure (what ``--only`` picks from)."""
+    names = [w.key for w in workloads(smoke)]
+    if with_cluster:
+        from .cluster import PYTHON_ROWS, closed_rows, resp_rows
+
+        names += [*PYTHON_ROWS, *closed_rows(smoke), *resp_rows(smoke)]
+    return names
+
+
 def run(smoke: bool, rounds: int, only: list[str] | None, log: Callable[[str], None],
         with_cluster: bool = True) -> Results:
     results = Results()

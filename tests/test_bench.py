@@ -54,3 +54,20 @@ def test_bench_smoke_run_reports_every_contender(tmp_path):
     assert "| add, 4 connections (HTTP) | " in markdown and "| pgq, HTTP API |" in markdown
     assert (tmp_path / "throughput.png").stat().st_size > 1000
     assert (tmp_path / "cluster_latency.png").stat().st_size > 1000
+
+
+def test_bench_refuses_bad_options_before_it_runs_anything(tmp_path):
+    """Found by a read-only review: `--rounds -1` or an `--only` that
+    matched nothing ran nothing and wrote an empty report over the committed
+    one, and `--out` naming a file failed only at the end of the whole run."""
+    report = ROOT / "bench" / "results" / "results.md"
+    before = report.read_bytes() if report.exists() else None
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for args, said in [(["--rounds", "-1"], "--rounds must be at least 1"),
+                       (["--only", "no such row", "--no-cluster"], "matches no workload"),
+                       (["--out", str(a_file)], "is a file: name a directory")]:
+        done = subprocess.run([sys.executable, "-m", "bench", *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr[-500:])
+    assert (report.read_bytes() if report.exists() else None) == before
