@@ -128,6 +128,37 @@ def test_a_path_the_command_cannot_use_is_one_line_of_error(tmp_path):
     assert "Not a directory (check the path and its permissions)" in done.stderr
 
 
+def test_bad_input_found_by_a_review_is_a_usage_error_or_exit_1_not_a_traceback(tmp_path):
+    unreachable = "postgresql://nobody@127.0.0.1:1/x"
+    # Standard input closed (<&-): click's RuntimeError came out as a traceback.
+    done = subprocess.run([*PGQ, "add", "q", "--file", "-", "--dsn", unreachable],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60,
+                          preexec_fn=lambda: os.close(0))
+    assert done.returncode == 2 and "cannot read '-'" in done.stderr and "Traceback" not in done.stderr
+    # A node whose database does not answer: what is known is printed, and the
+    # exit status says it (it was 0, as for a healthy node).
+    done = pgq("node", "status", "--dsn", unreachable, check=False)
+    assert done.returncode == 1 and "database_error" in done.stdout
+    assert "did not answer" in done.stderr
+    # A worker module that does not compile: one line naming the file and line.
+    (tmp_path / "brokenjobs.py").write_text("def f(:\n")
+    done = subprocess.run([*PGQ, "worker", "brokenjobs:f", "--dsn", unreachable], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "SyntaxError: invalid syntax (brokenjobs.py, line 1)" in done.stderr
+
+
+def test_the_default_spark_ingest_id_fits_for_any_queue_name():
+    # A queue name of 184 characters or more made a default ingest ID
+    # over 200 characters, which the ingestion refused once Spark started.
+    from pgq.cli.spark import _default_ingest_id
+
+    long_a, long_b = "a" * 512, "a" * 511 + "b"
+    assert len(_default_ingest_id((), long_a)) <= 200
+    assert _default_ingest_id((), long_a) != _default_ingest_id((), long_b)
+    assert _default_ingest_id((), "q").startswith("q-")  # short names keep their ID
+
+
 def test_pause_and_stats(dsn):
     assert pgq("pause", "p-cli", "in", dsn=dsn).stdout.strip() == "in"
     snapshot = json.loads(pgq("stats", "--json", dsn=dsn).stdout)

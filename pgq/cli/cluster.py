@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import click
 
 from .. import contracts
-from ..errors import PgqError
+from ..errors import DatabaseUnavailableError, PgqError
 from .common import (
     SECONDS,
     check_metrics,
@@ -269,7 +269,8 @@ def node_stop(data: str, timeout: float, postgres: bool, as_json: bool) -> None:
 @click.option("--show-password", is_flag=True, help="Show the DSN with its password (default: masked).")
 @handles_errors
 def node_status(data: str | None, dsn: str | None, as_json: bool, show_password: bool) -> None:
-    """Report a node's id, DSN, bus address and state."""
+    """Report a node's id, DSN, bus address and state (exit 1 when its database does
+    not answer: what its directory says is printed all the same)."""
     from ..cluster.nodedir import NodeDirectory
     from ..dsn import redact
 
@@ -299,6 +300,11 @@ def node_status(data: str | None, dsn: str | None, as_json: bool, show_password:
     if info.get("dsn") and not show_password:
         info["dsn"] = redact(str(info["dsn"]))
     emit(info, as_json)
+    if "database_error" in info:
+        # What the state file says is printed, but a script must tell a node
+        # whose database is down from a healthy one (it exited 0).
+        fail(DatabaseUnavailableError(f"the node's database did not answer: "
+                                      f"{info['database_error']}"))
 
 
 @click.group("cluster")

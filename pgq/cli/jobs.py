@@ -33,6 +33,18 @@ from .common import (
 )
 
 
+class _InputFile(click.File):
+    """click.File for reading, '-' included: standard input that is closed
+    (``<&-``) is a usage error, not click's RuntimeError and a traceback
+    (found by a read-only review)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return super().convert(value, param, ctx)
+        except RuntimeError as exc:
+            self.fail(f"cannot read {value!r}: {exc}", param, ctx)
+
+
 def _progress() -> Progress:
     # In bytes of the file (its lines are not counted before they are read).
     return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
@@ -43,7 +55,7 @@ def _progress() -> Progress:
 @click.command()
 @click.argument("queue")
 @click.argument("bodies", nargs=-1)
-@click.option("--file", "path", type=click.File("rb"),
+@click.option("--file", "path", type=_InputFile("rb"),
               help="Add one job per line of this file ('-' for stdin), in batches.")
 @click.option("--replicate", type=int, help="Copies to keep (default: min(3, reachable nodes)).")
 @click.option("--delay", type=float, default=0, show_default=True, help="Seconds before it is queued.")

@@ -95,7 +95,12 @@ def _default_ingest_id(inputs: tuple[str, ...], queue: str) -> str:
                 stat = file.stat()
                 digest.update(f"{file}:{stat.st_size}:{stat.st_mtime_ns}".encode(
                     errors="surrogateescape"))
-    return f"{queue}-{digest.hexdigest()[:16]}"
+    # At most 200 characters (what an ingest ID may be): a queue name of 184
+    # or more (names go to 512 bytes) made one the ingestion refused, for an
+    # option never given, once the JVM had started (found by a review). The
+    # digest covers the whole name, so a shortened one stays distinct, and
+    # shorter names keep the ID they had (a re-run finds its ingestion).
+    return f"{queue[:183]}-{digest.hexdigest()[:16]}"
 
 
 def _input_format(inputs: tuple[str, ...], fmt: str | None) -> str:

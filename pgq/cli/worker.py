@@ -25,6 +25,10 @@ def _load(target: str) -> Any:
         module = importlib.import_module(module_name)
     except (ImportError, TypeError, ValueError) as exc:  # TypeError: a relative name (.jobs)
         raise click.UsageError(f"cannot import {module_name}: {exc}") from None
+    except SyntaxError as exc:  # its message names the file and line; other errors of the
+        # module's own code keep their traceback (where in it they came from)
+        raise click.UsageError(f"cannot import {module_name}: {exc.__class__.__name__}: "
+                               f"{exc}") from None
     try:
         return getattr(module, attribute)
     except AttributeError:
