@@ -393,6 +393,7 @@ class Worker:
         # flight, whose IDs come back to _acks if it fails (it found _acks
         # empty, said nothing, and those jobs were never acknowledged).
         self._acking = anyio.Lock()
+        self._last_flush = False  # the run's last ACK flush has begun
         self._in_flight: dict[str, Job] = {}
         self._cut = {}
         self._given_up = set()
@@ -580,11 +581,12 @@ class Worker:
             while self._in_flight and not self._grace_over.is_set():  # noqa: ASYNC110
                 await anyio.sleep(0.05)
         if self._in_flight:
-            left = self._unsettled()
-            log.info("worker: %d job(s) still running after %g s", len(left), self.grace)
+            left = self._unsettled()  # (those settling or finishing end by themselves)
             jobs.cancel_scope.cancel()
-            await self._interrupt(left, f"still running {self.grace:g} s after the worker was "
-                                        "told to stop")
+            if left:
+                log.info("worker: %d job(s) still running after %g s", len(left), self.grace)
+                await self._interrupt(left, f"still running {self.grace:g} s after the worker "
+                                            "was told to stop")
 
     def _unsettled(self) -> dict[str, Job]:
         """The jobs in flight but those a failure is settling (their NACK's
@@ -951,17 +953,26 @@ class Worker:
         while True:
             await self._acks_ready.wait()
             await anyio.sleep(0.005)  # let a few more finish: one ACK statement for all
-            if not await self._flush_acks():
+            if not await self._flush_acks(last=False):
                 await anyio.sleep(ACK_RETRY)
 
-    async def _flush_acks(self) -> bool:
+    async def _flush_acks(self, last: bool = True) -> bool:
         """ACK the finished jobs; False if the database refused or could not
         be reached. Their IDs then stay for the next flush: a worker that
         lost its database for a while goes on (the jobs may be delivered
         again meanwhile, as at-least-once allows), where the error used to
-        end the worker and drop the IDs. Waits for a flush in flight."""
+        end the worker and drop the IDs. Waits for a flush in flight.
+
+        Once the run's last flush (``last``) has begun, the flushing task's
+        own flushes stop: it cannot be cancelled in one (shielded), and with
+        the database away it went on retrying after the last flush, and the
+        stop waited for both (found by a read-only review)."""
+        if last:
+            self._last_flush = True
         with anyio.CancelScope(shield=True):  # a cancelled run's last flush still runs
             async with self._acking:
+                if not last and self._last_flush:
+                    return True  # the last flush has them
                 done = await self._flush_acks_now()
         return done
 

@@ -4,6 +4,7 @@ with back-off and dead letters, timeouts, transactional mode."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -651,7 +652,7 @@ def test_a_database_away_neither_ends_the_worker_nor_loses_its_acks():
 
     async def main() -> None:
         worker.client = away  # type: ignore[assignment]
-        worker._acks, worker._acks_ready, worker._acking = [], anyio.Event(), anyio.Lock()
+        worker._new_run(until_empty=False)
         worker._ack_later("a")
         worker._ack_later("b")
         assert await worker._flush_acks() is False
@@ -773,14 +774,55 @@ def test_a_job_that_finishes_as_it_is_given_up_is_acknowledged_once_and_counted_
             worker._wake_runner()
             while worker._ready:  # the runner took it: the handler waits
                 await anyio.lowlevel.checkpoint()
-            await worker._interrupt(worker._unsettled(), "a test's stop")
-            release[0].set()  # its result comes in after all
-            while job.id in worker._in_flight:
-                await anyio.lowlevel.checkpoint()
+            release[0].set()  # its result is due...
+            # ...as the drain's end comes, with no turn of the loop between:
+            # the runner's wake-up is due, so the cancellation skips it.
             jobs.cancel_scope.cancel()
+            await worker._interrupt(worker._unsettled(), "a test's stop")
         assert client.given_back == [job.id]
         assert worker._acks == [job.id]  # finished: acknowledged, not run again for nothing
         assert (worker.stats.interrupted, worker.stats.succeeded) == (1, 0)
+
+    anyio.run(main)
+
+
+def test_a_job_keeping_its_result_at_the_drains_end_is_acknowledged_not_given_back():
+    """A job whose handler returned and that was storing its result when the
+    grace ran out was given back (or dead-lettered) and acknowledged too."""
+    import anyio.lowlevel
+
+    worker = pgq.Worker("dbname=unused", concurrency=1, keep_results=60)
+
+    @worker.task("q")
+    async def handle(job: pgq.Job) -> str:
+        return "done"
+
+    client = _Settling()
+    storing = anyio.Event()
+
+    async def store_result(job_id: str, value: object, error: object, keep: float) -> None:
+        storing.set()
+        await anyio.sleep_forever()  # the result's round trip, cut off by the drain
+
+    client.store_result = store_result  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        worker.client = client  # type: ignore[assignment]
+        worker._new_run(until_empty=False)
+        job = _job(3, retry=0.0)
+        async with anyio.create_task_group() as jobs:
+            jobs.start_soon(worker._runner)
+            while not worker._idle:
+                await anyio.lowlevel.checkpoint()
+            worker._in_flight[job.id] = job
+            worker._ready.append(job)
+            worker._wake_runner()
+            await storing.wait()
+            left = worker._unsettled()  # as the drain's end reads them
+            jobs.cancel_scope.cancel()
+            await worker._interrupt(left, "a test's stop")
+        assert left == {} and client.given_back == [] and client.dead == []
+        assert worker._acks == [job.id]  # acknowledged: its handler succeeded
 
     anyio.run(main)
 
@@ -797,7 +839,7 @@ def test_the_runs_last_ack_flush_waits_for_one_in_flight():
         client.release_ack = release = anyio.Event()
         worker._ack_later("D-a")
         async with anyio.create_task_group() as tasks:
-            tasks.start_soon(worker._flush_acks)  # the flushing task's, in flight
+            tasks.start_soon(functools.partial(worker._flush_acks, last=False))  # the flushing task's
             await client.ack_started.wait()
             last = []
 
@@ -807,6 +849,12 @@ def test_the_runs_last_ack_flush_waits_for_one_in_flight():
             tasks.start_soon(last_flush)
             release.set()  # the one in flight fails: its IDs come back
         assert last == [True] and client.acked == [("D-a",)] and worker._acks == []
+        # The flushing task's flushes stop once the last one began (shielded,
+        # they went on retrying a database that was away, and the stop
+        # waited for them too).
+        worker._ack_later("D-b")
+        assert await worker._flush_acks(last=False) is True
+        assert client.acked == [("D-a",)] and worker._acks == ["D-b"]
 
     anyio.run(main)
 
