@@ -36,6 +36,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
                        "asyncio's own event loop; default uvloop where it is installed."),
     ("PGQ_HTTP_BODY_TIMEOUT", "Seconds a request body may take to arrive at the HTTP API "
                               "(408 past it); default 120."),
+    ("PGQ_RESP_MAX_CLIENTS", "Connections the RESP port serves at once (Disque's maxclients; "
+                             "past it: `-ERR max number of clients reached`); default 10000."),
     ("PGQ_METRICS", "HOST:PORT of the Prometheus endpoint of a node or worker (as `--metrics`)."),
     ("PGQ_ADVERTISE_DSN", "The DSN a node advertises for other nodes' clients to write copies "
                           "into (as `pgq node start --advertise-dsn`; `none`: no direct copies)."),

@@ -29,6 +29,7 @@ import fnmatch
 import hmac
 import logging
 import math
+import os
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -833,7 +834,8 @@ class Session:
         # reply follows a PostgreSQL commit flushed to the WAL.
         return {"appendonly": "yes", "appendfsync": "always",
                 "requirepass": "" if self.password is None else "(set)",
-                "maxmemory": "0", "maxmemory-policy": "noeviction"}
+                "maxmemory": "0", "maxmemory-policy": "noeviction",
+                "maxclients": str(max_clients())}
 
     async def debug(self, args: list[bytes]) -> Any:
         """``DEBUG SLEEP seconds`` and ``DEBUG ERROR message``: the harmless
@@ -1014,6 +1016,27 @@ async def _serve_connection(stream: Any, parser: Parser, session: Session) -> No
                 await send(bytes(out))
 
 
+# Disque's maxclients (10000 by default; PGQ_RESP_MAX_CLIENTS): each
+# connection may buffer a request of up to MAX_REQUEST bytes, so without a
+# cap a client could open connections until the server's memory ran out
+# (found by a read-only review). A connection past it gets Redis's error
+# and is closed.
+DEFAULT_MAX_CLIENTS = 10_000
+TOO_MANY_CLIENTS = b"-ERR max number of clients reached\r\n"
+
+
+def max_clients() -> int:
+    """The cap on connections: PGQ_RESP_MAX_CLIENTS, or Disque's default."""
+    text = os.environ.get("PGQ_RESP_MAX_CLIENTS")
+    if text is None:
+        return DEFAULT_MAX_CLIENTS
+    if not (text.strip().isdigit() and int(text) >= 1):
+        log.warning("PGQ_RESP_MAX_CLIENTS=%r is not a positive number: using %d", text,
+                    DEFAULT_MAX_CLIENTS)
+        return DEFAULT_MAX_CLIENTS
+    return int(text)
+
+
 async def serve(client: AsyncClient, host: str, port: int, password: str | None = None,
                 ready: Callable[[], None] | None = None) -> None:
     """Serve Disque's protocol on ``host:port`` until cancelled."""
@@ -1022,10 +1045,20 @@ async def serve(client: AsyncClient, host: str, port: int, password: str | None 
     listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
     if ready is not None:
         ready()
+    cap, connected = max_clients(), [0]
 
     async def handle(stream: Any) -> None:
         try:
-            await _connection(stream, client, password)
+            if connected[0] >= cap:
+                with anyio.move_on_after(1):  # a client that reads nothing is not waited for
+                    await stream.send(TOO_MANY_CLIENTS)
+                await stream.aclose()
+                return
+            connected[0] += 1
+            try:
+                await _connection(stream, client, password)
+            finally:
+                connected[0] -= 1
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the client went away while its reply was written: nothing is wrong here
         except Exception:  # one connection's failure is its own

@@ -4,6 +4,7 @@ pipelining, AUTH; and the parser and encoder alone."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -69,13 +70,14 @@ class Resp:
         raise AssertionError(f"not RESP: {line!r}")
 
 
-def start_server(dsn, tmp_path, secret: str | None):
+def start_server(dsn, tmp_path, secret: str | None, env=None):
     port = free_port("127.0.0.1")
     command = [sys.executable, "-m", "pgq", "serve", "--resp", f"127.0.0.1:{port}", "--dsn", dsn]
     if secret:
         (tmp_path / "secret").write_text(secret)
         command += ["--token-file", str(tmp_path / "secret")]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               env=None if env is None else {**os.environ, **env})
 
     def up():
         try:
@@ -109,6 +111,44 @@ def resp(dsn, tmp_path):
 
     try:
         yield connect
+    finally:
+        for client in clients:
+            client.close()
+        process.terminate()
+        process.wait(20)
+
+
+def test_connections_past_maxclients_are_refused_as_disque_refuses_them(dsn, tmp_path):
+    """Each connection may buffer a request of up to a GiB: without a cap,
+    a client could open connections until the server's memory ran out."""
+    process, port = start_server(dsn, tmp_path, None, env={"PGQ_RESP_MAX_CLIENTS": "2"})
+    clients = []
+    try:
+        # (the probe of start_server may still count for a moment: wait until two serve)
+        def two_served() -> bool:
+            for client in clients:
+                client.close()
+            clients[:] = [Resp(port), Resp(port)]
+            return all(c.call("PING") == Status("PONG") for c in clients)
+
+        wait_until(two_served, 30, message="two connections to be served")
+        third = Resp(port)
+        assert third.reply() == Error("ERR max number of clients reached")
+        assert third.sock.recv(1) == b""  # closed by the server
+        third.close()
+        assert clients[0].call("CONFIG", "GET", "maxclients") == [b"maxclients", b"2"]
+        clients.pop().close()  # room again, once the server saw it go
+
+        def served() -> bool:
+            other = Resp(port)
+            try:
+                return other.call("PING") == Status("PONG")
+            except AssertionError:  # refused: the close not seen yet
+                return False
+            finally:
+                other.close()
+
+        wait_until(served, 30, message="a connection to be served after one closed")
     finally:
         for client in clients:
             client.close()
