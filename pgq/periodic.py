@@ -142,14 +142,25 @@ def _first(cron: str, tz: str, start: dt.datetime, reverse: bool) -> dt.datetime
         raise InvalidArgumentError(f"cron expression {cron!r} never fires") from None
 
 
+def _instant(now: dt.datetime) -> dt.datetime:
+    """``now`` in UTC, where adding seconds and subtracting datetimes count
+    real time. In the schedule's own zone (the database session's time zone
+    when it is the same: zoneinfo caches one object per zone) Python does
+    both by wall clock and drops DST's fold: during the repeated autumn
+    hour `now + 1 s` landed an hour back, and that hour's ticks were lost,
+    or fired 45 minutes early; `next - now` was 0 for up to an hour, and the
+    scheduler looked 20 times a second (found by a read-only review)."""
+    return now.astimezone(dt.UTC)
+
+
 def latest_tick(cron: str, tz: str, now: dt.datetime) -> dt.datetime:
     """The latest tick at or before ``now``."""
-    return _first(cron, tz, now.replace(microsecond=0) + dt.timedelta(seconds=1), True)
+    return _first(cron, tz, _instant(now).replace(microsecond=0) + dt.timedelta(seconds=1), True)
 
 
 def next_tick(cron: str, tz: str, now: dt.datetime) -> dt.datetime:
     """The first tick after ``now``."""
-    return _first(cron, tz, now, False)
+    return _first(cron, tz, _instant(now), False)
 
 
 def due_tick(cron: str, tz: str, last_tick: dt.datetime | None, now: dt.datetime,
@@ -159,6 +170,7 @@ def due_tick(cron: str, tz: str, last_tick: dt.datetime | None, now: dt.datetime
     seconds old (older missed ticks are skipped). A tick at most
     ``ON_TIME`` seconds old is never missed, whatever ``catch_up``: the
     scheduler wakes just after a tick, and looks at least that often."""
+    now = _instant(now)
     tick = latest_tick(cron, tz, now)
     # Compared as instants: two datetimes of one time zone compare by wall
     # clock, ignoring DST's fold, so the second 02:00 of an autumn night
@@ -223,7 +235,7 @@ def database_now(conn: psycopg.Connection[Any]) -> dt.datetime:
     row = conn.execute(sql.DB_NOW).fetchone()
     assert row is not None
     now: dt.datetime = row[0]
-    return now
+    return _instant(now)  # (psycopg answers in the session's time zone)
 
 
 def cluster_size(conn: psycopg.Connection[Any]) -> int:
@@ -471,7 +483,7 @@ def _no_answer(home: TickHome, how: str) -> PgqError:
 
 def _until_next(schedules: list[tuple[Schedule, dt.datetime | None]], now: dt.datetime) -> float:
     """Seconds until the next tick of any of ``schedules`` (at most 60)."""
-    wait = 60.0
+    wait, now = 60.0, _instant(now)
     for schedule, _last in schedules:
         wait = min(wait, (next_tick(schedule.cron, schedule.tz, now) - now).total_seconds())
     return max(wait, 0.0)

@@ -82,6 +82,34 @@ def test_the_hour_after_an_autumn_dst_change_keeps_its_ticks():
     assert all(t is not None for t in every15)
 
 
+def test_the_repeated_hour_keeps_its_ticks_when_now_is_in_the_schedules_zone():
+    """``now`` comes from the database in its session's time zone. When
+    that is the schedule's zone (zoneinfo hands out one object per zone),
+    Python added and subtracted by wall clock and dropped DST's fold:
+    during the repeated hour, `now + 1 s` landed an hour back and those
+    ticks were lost (or fired 45 minutes early), and the wait for the next
+    tick was 0 (found by a read-only review). Looked at every 20 s from
+    23:00 UTC, `*/15` must fire 16 times across 2024-10-27 01:00-05:00 in
+    Paris (the hour 02:xx twice), as with ``now`` in UTC."""
+    paris = ZoneInfo("Europe/Paris")
+    fired: dict[str, list[dt.datetime]] = {"UTC": [], "Paris": []}
+    for zone_name, zone in (("UTC", UTC), ("Paris", paris)):
+        last = None
+        now = at("2024-10-26T23:00")
+        while now < at("2024-10-27T03:00"):
+            tick = periodic.due_tick("*/15 * * * *", "Europe/Paris", last, now.astimezone(zone))
+            if tick is not None:
+                fired[zone_name].append(tick.astimezone(UTC))
+                last = tick
+            now += dt.timedelta(seconds=20)
+    assert fired["Paris"] == fired["UTC"] and len(fired["UTC"]) == 16
+    assert len(set(fired["UTC"])) == 16  # each once
+    # The wait for the next tick, inside the repeated hour: 60 s (at most), not 0.
+    schedule = periodic.Schedule("s", "*/15 * * * *", "q", tz="Europe/Paris")
+    inside = at("2024-10-27T00:45:30").astimezone(paris)
+    assert periodic._until_next([(schedule, None)], inside) == 60.0
+
+
 def test_a_tick_seen_on_time_fires_whatever_catch_up_says():
     # the scheduler wakes 0.05 s after a tick: catch_up=0 used to mean never
     tick = at("2026-11-25T09:00")
