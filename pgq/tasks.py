@@ -125,8 +125,10 @@ class Task(Generic[P, R]):
     def using(self, *, conn: object = None, queue: str | None = None, **add: Any) -> Task[P, R]:
         """The same task with options for one call: ``conn`` (add inside the
         caller's transaction), ``queue``, add_job's options (``priority``
-        too), and ``key``: an idempotency key (while the job of a defer with
-        that key lives, another adds nothing and returns its ID)."""
+        too), and ``key``: an idempotency key (while the job of a defer of
+        this task with that key lives, another adds nothing and returns its
+        ID; stored as ``"<task name>:<key>"``, so two tasks sharing a queue
+        never share a key)."""
         unknown = set(add) - set(_CALL_OPTIONS)
         if unknown:
             raise InvalidArgumentError(f"unknown option(s) {sorted(unknown)}: "
@@ -163,8 +165,15 @@ class Task(Generic[P, R]):
 
     def defer(self, **kwargs: Any) -> str:
         """Queue a call with these keyword arguments; returns the job's ID."""
+        add = self.options.add
+        if add.get("key") is not None:
+            # A key names a call of this task: stored as "<task name>:<key>".
+            # Keys are per queue, and tasks may share one: send_sms's defer
+            # with the key of a live send_email job added nothing and
+            # returned that job's ID (and its result), found by a review.
+            add = {**add, "key": f"{self.name}:{add['key']}"}
         job_id: str = self.app.client.add_job(self.options.queue, self.body(kwargs),
-                                              conn=self.options.conn, **self.options.add)
+                                              conn=self.options.conn, **add)
         return job_id
 
     def defer_many(self, calls: Iterable[Mapping[str, Any]]) -> list[str]:

@@ -151,6 +151,15 @@ def test_calls_may_carry_a_priority_and_an_idempotency_key(client):
     assert [j.id for j in client.get_job("mail", count=2, nohang=True)] == [urgent, first]
     with pytest.raises(InvalidArgumentError, match="one call"):
         send_email.using(key="k").defer_many([{"to": "a@example.com"}, {"to": "b@example.com"}])
+    # Keys are per task: another task on the same queue with the same key
+    # is its own call (it added nothing and answered send_email's job).
+    @app.task(queue="mail", retry=30)
+    def send_sms(to: str) -> None:
+        calls.append(("sms", to))
+
+    sms = send_sms.using(key="welcome-ada").defer(to="+331234")
+    assert sms != first and client.qlen("mail") == 1  # (the two others were claimed above)
+    assert client.show(sms)["key"] == f"{send_sms.name}:welcome-ada"
 
 
 def test_a_job_naming_an_unknown_task_ends_in_the_dead_letters(client):
