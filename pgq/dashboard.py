@@ -59,7 +59,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hmac
 import html
 import string
 import time
@@ -81,7 +80,16 @@ from starlette.routing import Route
 from . import errors
 from .aio import AsyncClient
 from .contracts import meta
-from .httpjson import BadRequest, error_response, hosts_for, json_body, middleware, status_of
+from .httpjson import (
+    BadRequest,
+    bearer_matches,
+    error_response,
+    exception_handlers,
+    hosts_for,
+    json_body,
+    middleware,
+    status_of,
+)
 from .jsonable import jsonable
 
 __all__ = ["create_app", "PAUSE_STATES", "hosts_for"]
@@ -305,9 +313,9 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _carries(token: str | None, request: Request) -> bool:
-    """Whether the request carries the dashboard token (compared in constant time)."""
-    sent = request.headers.get("authorization", "")
-    return bool(token) and hmac.compare_digest(sent.encode(), f"Bearer {token}".encode())
+    """Whether the request carries the dashboard token (as the HTTP API
+    reads it: the same bytes, scheme in any case; compared in constant time)."""
+    return bearer_matches(request, token)
 
 
 def _refusal(token: str | None, request: Request) -> JSONResponse | None:
@@ -468,7 +476,8 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         Route("/api/jobs/{id:path}", handle(job), methods=["GET"]),
         Route("/health", handle(health, data=False), methods=["GET"]),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware(allowed_hosts))
+    return Starlette(routes=routes, lifespan=lifespan, middleware=middleware(allowed_hosts),
+                     exception_handlers=exception_handlers("the page at / uses them", _HEADERS))
 
 
 # ----------------------------------------------------- in another thread

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -48,7 +47,6 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
@@ -56,7 +54,17 @@ from starlette.routing import Route
 from . import errors
 from .aio import AsyncClient
 from .arguments import MAX_COUNT, MAX_IDS, MAX_PRIORITY, MAX_REPLICATE, seconds
-from .httpjson import SMALL_BODY, BadRequest, Busy, error_response, json_body, middleware, status_of
+from .httpjson import (
+    SMALL_BODY,
+    BadRequest,
+    Busy,
+    bearer_matches,
+    error_response,
+    exception_handlers,
+    json_body,
+    middleware,
+    status_of,
+)
 from .job import Job
 from .jsonable import body_fields, jsonable
 
@@ -149,13 +157,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
     leases and waits answer at once, as at the end of their timeout."""
 
     def authorized(request: Request) -> bool:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        # Starlette decodes a header's bytes as latin-1: encoding them back
-        # gives the bytes the client sent (a UTF-8 token's, say).
-        # Only HTTP's blanks are stripped: str.strip() also took a UTF-8
-        # token's last byte when it was 0x85 or 0xA0 (latin-1 spaces).
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip(" \t").encode("latin-1"),
-                                                                  (token or "").encode())
+        return bearer_matches(request, token)
 
     def guarded(handler: Handler, public: bool = False) -> Handler:
         async def run(request: Request) -> Response:
@@ -355,7 +357,7 @@ def create_app(client: AsyncClient, token: str | None = None, *,
     # On loopback only loopback Host names: a page that rebinds its own name
     # to 127.0.0.1 passes the Origin check (its Origin is its Host).
     return Starlette(routes=routes, middleware=middleware(allowed_hosts),
-                     exception_handlers={HTTPException: _http_error, Exception: _server_error})
+                     exception_handlers=exception_handlers("GET /openapi.json lists the routes"))
 
 
 async def _while_connected(request: Request, waiting: Handler0,
@@ -422,21 +424,6 @@ def _utf8_path(request: Request) -> None:
 def _same_origin(request: Request) -> bool:
     origin = request.headers.get("origin")
     return origin is None or origin == f"{request.url.scheme}://{request.headers.get('host', '')}"
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    """Starlette's own refusals (no such route 404, wrong method 405) as JSON."""
-    assert isinstance(exc, HTTPException)
-    kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(kind, f"{exc.detail}: {request.method} {request.url.path} "
-                          "(GET /openapi.json lists the routes)", exc.status_code)
-
-
-async def _server_error(request: Request, exc: Exception) -> Response:
-    """A failure pgq did not foresee: JSON like every other error (the
-    traceback goes to the log, not to the client)."""
-    return error_response("internal_error", f"{type(exc).__name__} while serving "
-                          f"{request.method} {request.url.path}; see the server's log", 500)
 
 
 _ERROR = {"description": "refused", "content": {"application/json": {"schema": {

@@ -12,6 +12,7 @@ looks the same from both.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import math
@@ -20,15 +21,17 @@ from typing import Any
 
 import anyio
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 
 from . import errors
 
 __all__ = ["hosts_for", "BadRequest", "RequestTooLarge", "RequestTimeout", "MAX_REQUEST_BYTES",
            "SMALL_BODY", "error_response", "status_of",
-           "json_body", "BodyBudget", "OnlyHosts", "middleware"]
+           "json_body", "BodyBudget", "OnlyHosts", "middleware", "bearer_matches",
+           "exception_handlers"]
 
 STATUS: list[tuple[type[errors.PgqError], int]] = [
     (errors.NoJobError, 404),
@@ -230,6 +233,8 @@ def _parse(raw: bytes) -> dict[str, Any]:
                          "send each field once") from None
     except json.JSONDecodeError:
         raise BadRequest("the request body is not JSON") from None
+    except UnicodeDecodeError:
+        raise BadRequest("the request body is not JSON in UTF-8") from None
     except ValueError:  # an integer of more than 4,300 digits (int()'s limit)
         raise BadRequest("a number in the request body has too many digits") from None
     except RecursionError:  # arrays or objects nested about a thousand deep
@@ -308,7 +313,56 @@ def hosts_for(listen_host: str) -> list[str] | None:
     """The Host headers a server on ``listen_host`` answers: on loopback
     only loopback names, so a web page elsewhere cannot reach it through DNS
     rebinding (its requests carry the attacker's host name); beyond
-    loopback, any (None)."""
-    loopback = ["localhost", "127.0.0.1", "::1", "[::1]"]
-    return sorted({*loopback, listen_host}) if listen_host in loopback or listen_host.startswith("127.") \
-        else None
+    loopback, any (None). Loopback as the CLI judges it (pgq.ports): a name
+    that merely began with "127." counted as loopback here and not there,
+    so a dashboard on such a name answered its reads without the token the
+    CLI had asked for (found by a read-only review)."""
+    from .ports import is_loopback
+
+    bare = listen_host[1:-1] if listen_host.startswith("[") and listen_host.endswith("]") \
+        else listen_host
+    if not is_loopback(bare):
+        return None
+    names = {"localhost", "127.0.0.1", "::1", "[::1]", bare}
+    if ":" in bare:
+        names.add(f"[{bare}]")  # as a Host header writes an IPv6 address
+    return sorted(names)
+
+
+def bearer_matches(request: Request, token: str | None) -> bool:
+    """Whether the request's Authorization header is ``Bearer <token>``
+    (the scheme in any case, HTTP's blanks around the token), compared in
+    constant time; never without a token. Starlette decodes a header's
+    bytes as latin-1: encoding them back gives the bytes the client sent (a
+    UTF-8 token's, say). Only HTTP's blanks are stripped: str.strip() also
+    took a UTF-8 token's last byte when it was 0x85 or 0xA0 (latin-1
+    spaces)."""
+    if not token:
+        return False
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip(" \t").encode("latin-1"), token.encode())
+
+
+def exception_handlers(routes: str, headers: dict[str, str] | None = None) -> dict[Any, Any]:
+    """Starlette's own refusals (no such route 404, wrong method 405) and a
+    failure nobody foresaw (500) as JSON like every other error, with
+    ``headers``; ``routes`` says where the routes are listed. The 500's
+    traceback goes to the log, not to the client."""
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        response = error_response(kind, f"{exc.detail}: {request.method} {request.url.path} "
+                                  f"({routes})", exc.status_code)
+        response.headers.update(headers or {})
+        return response
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        response = error_response("internal_error", f"{type(exc).__name__} while serving "
+                                  f"{request.method} {request.url.path}; see the server's log",
+                                  500)
+        response.headers.update(headers or {})
+        return response
+
+    return {HTTPException: http_error, Exception: server_error}

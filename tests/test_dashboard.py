@@ -175,13 +175,21 @@ def test_a_job_shows_its_details_history_and_dead_letter(boards, client):
     ("POST", "/api/dead-letters/requeue", b'{"ids": "one"}', 400, "bad_request"),
     ("POST", "/api/queues/q/pause", b'{"state": "sideways"}', 400, "bad_request"),
     ("GET", "/static/../dashboard.py", None, 404, None),
+    # Starlette's own refusals were plain text without the page's headers
+    # (found by a read-only review): JSON like every other error now.
+    ("GET", "/api/nope", None, 404, "not_found"),
+    ("POST", "/api/overview", b"{}", 405, "method_not_allowed"),
+    ("POST", "/api/queues/q/pause", b"\xff\xfe{", 400, "bad_request"),
 ])
 def test_bad_input_gets_a_typed_4xx(boards, method, path, body, status, kind):
     board = boards(TOKEN)
     response = board.request(method, path, content=body, headers={"Authorization": f"Bearer {TOKEN}"})
     assert response.status_code == status
+    assert response.headers["X-Frame-Options"] == "DENY"
     if kind:
         assert response.json()["error"] == kind and response.json()["message"]
+    if body == b"\xff\xfe{":  # it said "a number in the request body has too many digits"
+        assert response.json()["message"] == "the request body is not JSON in UTF-8"
 
 
 def test_actions_are_refused_without_the_token(boards, client):
@@ -347,6 +355,11 @@ def test_a_loopback_dashboard_refuses_other_host_names(dsn):
     from pgq.dashboard import hosts_for
 
     assert hosts_for("0.0.0.0") is None  # beyond loopback: any name (a token guards actions)
+    # Loopback as the CLI judges it: a name that merely begins with "127."
+    # was loopback here and not there (reads then needed no token).
+    assert hosts_for("127.foo.example") is None
+    assert "[0:0:0:0:0:0:0:1]" in hosts_for("0:0:0:0:0:0:0:1")  # type: ignore[operator]
+    assert "[0:0:0:0:0:0:0:1]" in hosts_for("[0:0:0:0:0:0:0:1]")  # type: ignore[operator]
     app = create_app(pgq.AsyncClient(dsn), allowed_hosts=hosts_for("127.0.0.1"))
     with TestClient(app, base_url="http://127.0.0.1:7780") as browser:
         assert browser.get("/api/overview").status_code == 200
