@@ -267,9 +267,9 @@ class AsyncClient(ClientCore):
         if conn is not None:
             from .connections import async_connection
 
+            raw = await async_connection(conn)  # a wrong type refused before any I/O, as Client does
             if self._pool is None:
                 await self.open()
-            raw = await async_connection(conn)
             try:
                 return await AsyncDriver(raw, prepare=False).run(make(self.session(owned=False)))
             except psycopg.Error as exc:

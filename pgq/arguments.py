@@ -27,6 +27,7 @@ __all__ = [
     "MAX_IDS",
     "MAX_PRIORITY",
     "MAX_KEY_BYTES",
+    "MAX_RESULT_ERROR",
     "JobParams",
     "job_priority",
     "idempotency_key",
@@ -51,6 +52,7 @@ MAX_COUNT = 100_000
 MAX_IDS = 100_000
 MAX_PRIORITY = 1_000_000
 MAX_KEY_BYTES = 512
+MAX_RESULT_ERROR = 100_000  # characters of a kept error (longer is cut, as a dead letter's reason)
 
 
 def _is_number(value: object) -> bool:

@@ -402,7 +402,7 @@ class ClientCore:
     def wait_replicated_command(self, ids: Iterable[object], timeout: object) -> CommandFactory[None]:
         if isinstance(ids, str):
             ids = [ids]
-        checked = list(dict.fromkeys(validate_job_ids(_iterable(ids, "ids"))))
+        checked = _job_ids(tuple(_iterable(ids, "ids")))  # at most MAX_IDS, as everywhere
         wait = args.seconds("timeout", timeout, maximum=args.MAX_TTL)
         return lambda session: commands.wait_replicated(session, checked, wait)
 
@@ -417,9 +417,17 @@ class ClientCore:
             raise InvalidTypeError(f"a result is bytes (or None), not {type(value).__name__}")
         if error is not None and not isinstance(error, str):
             raise InvalidTypeError(f"an error is a str (or None), not {type(error).__name__}")
+        # Checked as every other text and body the API stores: a NUL or a lone
+        # surrogate in the error came back as psycopg's own DataError or
+        # UnicodeEncodeError, and a result had no size limit (found by a
+        # read-only review).
+        text = None if error is None else args.text("error", error, max_chars=args.MAX_RESULT_ERROR)
+        data = None if value is None else bytes(value)
+        if data is not None and len(data) > self.options.max_body_size:
+            raise InvalidArgumentError(f"a result is at most {self.options.max_body_size} bytes "
+                                       f"(the client's max_body_size), not {len(data)}")
         seconds = args.seconds("keep", keep, maximum=args.MAX_TTL, allow_minimum=False)
-        data = bytes(value) if value is not None else None
-        return lambda session: commands.store_result(session, checked, data, error, seconds)
+        return lambda session: commands.store_result(session, checked, data, text, seconds)
 
     @staticmethod
     def cluster_meet_command(address: object) -> CommandFactory[None]:

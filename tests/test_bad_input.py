@@ -84,11 +84,40 @@ def test_malformed_ids_are_bad_id_errors(client, call):
     (lambda c: c.jscan(states="bogus"), InvalidArgumentError),
     (lambda c: c.ack_job(*(["D-01234567-aaaaaaaaaaaaaaaaaaaaaaaa-0001"] * 100_001)),
      InvalidArgumentError),
+    # Found by a read-only review: no cap on wait_replicated's IDs, and a
+    # kept error with a NUL or a lone surrogate came back as psycopg's own
+    # DataError or UnicodeEncodeError; a result had no size limit.
+    (lambda c: c.wait_replicated(["D-01234567-aaaaaaaaaaaaaaaaaaaaaaaa-0001"] * 100_001),
+     InvalidArgumentError),
+    (lambda c: c.store_result("D-01234567-aaaaaaaaaaaaaaaaaaaaaaaa-0001", None, error="a\x00b"),
+     InvalidArgumentError),
+    (lambda c: c.store_result("D-01234567-aaaaaaaaaaaaaaaaaaaaaaaa-0001", None, error="\udc80"),
+     InvalidArgumentError),
+    (lambda c: c.store_result("D-01234567-aaaaaaaaaaaaaaaaaaaaaaaa-0001",
+                              b"x" * (c.options.max_body_size + 1)), InvalidArgumentError),
 ])
 def test_bad_arguments_are_typed_and_explained(client, call, error):
     with pytest.raises(error) as info:
         call(client)
     assert isinstance(info.value, PgqError) and str(info.value)
+
+
+def test_a_wrong_connection_type_is_refused_before_the_async_client_connects():
+    """AsyncClient opened its pool (and waited out the connect timeout of
+    an unreachable database) before it looked at conn=; Client did not."""
+    import anyio
+
+    class NotAConnection:
+        pass
+
+    async def main() -> None:
+        client = pgq.AsyncClient("postgresql://nobody@127.0.0.1:1/x", connect_timeout=1)
+        with pytest.raises(InvalidTypeError):
+            await client.ack_job("D-01234567-aaaaaaaaaaaaaaaaaaaaaaaa-0001", conn=NotAConnection())
+        assert client._pool is None  # nothing was opened
+        await client.close()
+
+    anyio.run(main)
 
 
 def test_unknown_client_options_and_dsn_types(dsn):
