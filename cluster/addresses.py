@@ -53,12 +53,16 @@ def check_host(host: str) -> str:
     return host
 
 
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port), checked."""
+def parse_address(text: str, what: str = "") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port), checked;
+    ``what`` names the option in the error (``--bus``)."""
     host, sep, port = text.rpartition(":")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     number = port_number(port)
-    if number is None or not sep or not host or not valid_port(number):
-        raise InvalidArgumentError(f"expected HOST:PORT, not {text!r}")
+    named = f"{what}: " if what else ""
+    if not sep or not host or number is None:
+        raise InvalidArgumentError(f"{named}expected HOST:PORT, not {text!r}")
+    if not valid_port(number):
+        raise InvalidArgumentError(f"{named}the port of {text!r} is not from 1 to 65535")
     return check_host(host), number

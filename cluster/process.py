@@ -212,9 +212,9 @@ def _run_node(name: str, bus: str, data: str | None, dsn: str | None, joins: tup
 
     setup_logging(name)
     faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
-    host, port = parse_address(bus)
+    host, port = parse_address(bus, "--bus")
     refuse_unspecified(host)
-    peers = [parse_address(j) for j in joins]
+    peers = [parse_address(j, "--join") for j in joins]
     advertised(advertise_dsn, "")  # a bad DSN fails before anything starts
     if dsn is None and data is None:
         raise InvalidArgumentError("give the node a database: --data DIR or --dsn DSN")

@@ -404,6 +404,11 @@ def test_bad_input_is_one_line_and_an_exit_status_never_a_traceback(tmp_path):
         (["spark", "ingest", str(tmp_path / "missing.csv"), "--queue", "q"], 2,
          "no such file or directory"),
         (["demo", "--jobs", "-5"], 2, "--jobs"),
+        # the option named, and a port out of range said as such (a review)
+        (["node", "start", "--name", "n", "--bus", "nope", "--data", str(tmp_path / "n")], 1,
+         "--bus: expected HOST:PORT, not 'nope'"),
+        (["node", "start", "--name", "n", "--bus", "127.0.0.1:1", "--join", "x:99999",
+          "--data", str(tmp_path / "n")], 1, "--join: the port of 'x:99999' is not from 1 to 65535"),
     ]
     for args, status, message in cases:
         done = pgq(*args, check=False)
