@@ -803,8 +803,17 @@ class NodeCore:
             # written (persist).
             self._on_advert(peer, message)
             return None
+        # A FORGET ends the ACK GCs waiting on that node only when membership
+        # honours it: not from a sender it ignores (a node forgotten less than
+        # the ban ago, still running), not of this node. Such a FORGET made
+        # this node stop waiting for a live holder's GOTACK and DELJOB the
+        # job before that holder had the SETACK: its copy re-queued and the
+        # acknowledged job was delivered again (found by a read-only review).
+        honoured = isinstance(message, m.Forget) and not self.membership.ignores(peer) \
+            and message.node != self.node_id
         self._act(self.membership.receive(peer, message, self.clock.monotonic()))
-        if isinstance(message, m.Forget):
+        if honoured:
+            assert isinstance(message, m.Forget)
             return self._finish_gcs(self.acks.forget_node(message.node))
         return None
 

@@ -293,9 +293,13 @@ class Membership:
 
     # ------------------------------------------------------------ receiving
 
+    def ignores(self, sender: str) -> bool:
+        """Whether messages from ``sender`` are ignored (forgotten lately)."""
+        return sender in self._banned
+
     def receive(self, sender: str, message: Message, now: float) -> list[Action]:
         """Handle a membership message from node ``sender`` (authenticated by the bus)."""
-        if sender in self._banned:
+        if self.ignores(sender):
             return []
         actions: list[Action] = []
         updates = getattr(message, "updates", ())

@@ -86,6 +86,27 @@ def _core() -> NodeCore:
     return core
 
 
+def test_a_forget_that_membership_ignores_ends_no_ack_collection():
+    """A node forgotten less than the ban ago (still running) that sent a
+    FORGET of a live holder made this node stop waiting for that holder's
+    GOTACK and DELJOB the job before the holder had the SETACK: its copy
+    re-queued, and the acknowledged job was delivered again (found by a
+    read-only review). A FORGET of this node ends nothing either."""
+    from pgq.cluster.acks import AckCollector
+
+    core = _core()
+    core.acks = AckCollector(core.node_id)
+    banned, holder, job = "b" * 40, "c" * 40, "D-aaaaaaaa-" + "A" * 24 + "-0001"
+    core.acks.add(job, {core.node_id, holder}, 0.0)
+    core.membership.forget(banned, core.clock.monotonic())  # forgotten now: ignored for a while
+    assert core.gossip(banned, m.Forget(holder)) is None
+    assert core.gossip(holder, m.Forget(core.node_id)) is None
+    assert job in core.acks.pending  # still waiting for the holder's GOTACK
+    # A FORGET that membership honours does end it.
+    step = core.gossip("d" * 40, m.Forget(holder))
+    assert step is not None and job not in core.acks.pending
+
+
 def test_a_failed_save_of_the_members_loses_no_forgotten_node():
     core = _core()
     core._forgotten = ["b" * 40]
