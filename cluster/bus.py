@@ -67,6 +67,7 @@ from .wire import (
 __all__ = ["Bus", "BusStats", "BusLimits", "MAX_MESSAGE"]
 
 log = logging.getLogger("pgq.cluster.bus")
+DROP_LOG_EVERY = 1.0  # seconds between lines about dropped connections
 Handler = Callable[[str, Message], Awaitable[None]]
 MAX_MESSAGE = MAX_FRAME - TAG  # the largest encoded message one frame carries
 ACCEPT_RETRY = 0.1  # seconds after a failed accept (file descriptors may come free)
@@ -156,6 +157,23 @@ class Bus:
         self._pending_handshakes = 0
         self._pending_by_host: collections.Counter[str] = collections.Counter()
         self._tasks: anyio.abc.TaskGroup | None = None
+        self._drops_unlogged = 0  # dropped connections since the last line about them
+        self._drop_logged_at = -DROP_LOG_EVERY
+
+    def _log_drop(self, stream: SocketStream, exc: Exception) -> None:
+        """A warning per dropped connection, at most one a DROP_LOG_EVERY
+        seconds (the others counted in it and in stats.rejected): anyone
+        who could reach the port wrote a line per 77 bytes of garbage, and
+        the node's log (never rotated under --detach) filled the disk at
+        connection rate (found by a read-only review)."""
+        self._drops_unlogged += 1
+        now = time.monotonic()
+        if now - self._drop_logged_at < DROP_LOG_EVERY:
+            return
+        more = self._drops_unlogged - 1
+        log.warning("bus: dropped a connection from %s: %s%s", _remote(stream), exc,
+                    f" (and {more} more since the last such line)" if more else "")
+        self._drops_unlogged, self._drop_logged_at = 0, now
 
     # ------------------------------------------------------------ serving
 
@@ -200,7 +218,7 @@ class Bus:
                 await self._read(stream, peer, reader)
             except (WireError, MessageError) as exc:
                 self.stats.rejected[type(exc).__name__] += 1
-                log.warning("bus: dropped a connection from %s: %s", _remote(stream), exc)
+                self._log_drop(stream, exc)
             except TimeoutError:
                 self.stats.rejected["handshake timeout"] += 1
             except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.IncompleteRead,

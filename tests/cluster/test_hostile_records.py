@@ -163,6 +163,36 @@ def test_one_host_with_idle_connections_cannot_keep_the_others_out():
     anyio.run(main)
 
 
+def test_connections_of_garbage_cost_a_log_line_a_second_not_one_each(caplog):
+    """Anyone who could reach the bus wrote a warning per 77 bytes of
+    garbage, and a detached node's log (never rotated) filled the disk."""
+    import time
+
+    from pgq.cluster.bus import DROP_LOG_EVERY
+
+    async def main() -> float:
+        sock = socket.create_server(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        bus = Bus("a" * 40, b"s" * 32, "127.0.0.1", port, handler=_ignore, listener=sock)
+        started = time.monotonic()
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(bus.serve)
+            for _ in range(20):
+                async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                    await stream.send(b"\x00" * 77)  # not the bus's magic
+            with anyio.fail_after(10):  # the drops happen in the bus's tasks
+                while sum(bus.stats.rejected.values()) < 20:  # noqa: ASYNC110 (the bus's own state)
+                    await anyio.sleep(0.01)
+            tasks.cancel_scope.cancel()
+        return time.monotonic() - started
+
+    with caplog.at_level("WARNING", logger="pgq.cluster.bus"):
+        elapsed = anyio.run(main)
+    lines = [r for r in caplog.records if "dropped a connection" in r.getMessage()]
+    # at most one line a DROP_LOG_EVERY, whatever this machine's speed
+    assert 1 <= len(lines) <= elapsed / DROP_LOG_EVERY + 1 < 20
+
+
 def test_a_failed_accept_is_counted_and_the_listener_goes_on():
     """Out of file descriptors, accept() raises: anyio's serve() ended there,
     and the node process with it."""
