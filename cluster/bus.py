@@ -13,10 +13,10 @@ Invariants:
   effort: every protocol above (replication, ACK GC, re-queue, membership)
   retries on its own.
 * Nothing a peer sends can stop the node or exhaust it: at most
-  ``max_pending_handshakes`` connections may be unauthenticated at once,
-  at most ``max_pending_per_host`` of them from one address (so one host
-  opening idle connections cannot keep every peer out), each for
-  ``handshake_timeout`` seconds; a failed accept (out of file
+  ``max_pending_handshakes`` connections may be unauthenticated at once
+  (past it the oldest is closed to make room, so idle connections from a
+  few addresses cannot keep a peer out), at most ``max_pending_per_host``
+  of them from one address, each for ``handshake_timeout`` seconds; a failed accept (out of file
   descriptors, say) is counted and retried, never the end of the
   listener; frames are bounded; a link table
   holds at most ``max_links`` peers (idle links are dropped); a message
@@ -154,7 +154,8 @@ class Bus:
         self.stats = BusStats()
         self._links: dict[tuple[str, int], _Link] = {}
         self._inbound: dict[str, _Inbound] = {}
-        self._pending_handshakes = 0
+        # Handshakes under way, oldest first (evicted in that order when full).
+        self._handshaking: dict[object, anyio.CancelScope] = {}
         self._pending_by_host: collections.Counter[str] = collections.Counter()
         self._tasks: anyio.abc.TaskGroup | None = None
         self._drops_unlogged = 0  # dropped connections since the last line about them
@@ -198,23 +199,32 @@ class Bus:
         self.stats.connections_in += 1
         async with stream:
             host = _remote(stream).rpartition(":")[0]
-            if self._pending_handshakes >= self.limits.max_pending_handshakes:
-                self.stats.rejected["too many handshakes"] += 1
-                return
             if self._pending_by_host[host] >= self.limits.max_pending_per_host:
                 self.stats.rejected["too many handshakes from one host"] += 1
                 return
+            if len(self._handshaking) >= self.limits.max_pending_handshakes:
+                # The oldest handshake makes room, not the newcomer: refused,
+                # a few addresses holding idle connections (13 a second, each
+                # kept 5 s) kept every restarted peer out. A real handshake
+                # takes milliseconds, so it is never the oldest for long
+                # (found by a read-only review).
+                self._handshaking.pop(next(iter(self._handshaking))).cancel()
+                self.stats.rejected["oldest handshake evicted"] += 1
             peer = ""
+            scope, key = anyio.CancelScope(), object()
             try:
-                self._pending_handshakes += 1
+                self._handshaking[key] = scope
                 self._pending_by_host[host] += 1
                 try:
-                    peer, reader = await self._handshake_as_acceptor(stream)
+                    with scope:
+                        peer, reader = await self._handshake_as_acceptor(stream)
                 finally:
-                    self._pending_handshakes -= 1
+                    self._handshaking.pop(key, None)
                     self._pending_by_host[host] -= 1
                     if not self._pending_by_host[host]:
                         del self._pending_by_host[host]
+                if scope.cancelled_caught:
+                    return  # evicted (counted above)
                 await self._read(stream, peer, reader)
             except (WireError, MessageError) as exc:
                 self.stats.rejected[type(exc).__name__] += 1

@@ -163,6 +163,45 @@ def test_one_host_with_idle_connections_cannot_keep_the_others_out():
     anyio.run(main)
 
 
+def test_idle_connections_filling_the_handshakes_do_not_keep_a_peer_out():
+    """Past max_pending_handshakes the newcomer was refused: a few addresses
+    holding idle connections kept every restarted peer out. The oldest
+    handshake now makes room."""
+    limits = BusLimits(max_pending_handshakes=2, handshake_timeout=30)
+    got: list[m.Message] = []
+    arrived = anyio.Event()
+
+    async def handler(_peer: str, message: m.Message) -> None:
+        got.append(message)
+        arrived.set()
+
+    async def main() -> None:
+        sock = socket.create_server(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        bus = Bus("a" * 40, b"s" * 32, "127.0.0.1", port, handler=handler, listener=sock,
+                  limits=limits)
+        peer = Bus("b" * 40, b"s" * 32, "127.0.0.1", 0, handler=_ignore)
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(bus.serve)
+            idle = [await anyio.connect_tcp("127.0.0.1", port) for _ in range(2)]
+            with anyio.fail_after(10):  # the accepts run in the bus's tasks
+                while len(bus._handshaking) < 2:  # noqa: ASYNC110 (the bus's own state)
+                    await anyio.sleep(0.01)
+            await tasks.start(peer.serve)
+            peer.send("127.0.0.1", port, m.Ping(7))
+            with anyio.fail_after(10):
+                await arrived.wait()
+            assert got == [m.Ping(7)]
+            assert bus.stats.rejected["oldest handshake evicted"] >= 1
+            with anyio.fail_after(10), pytest.raises(anyio.EndOfStream):
+                await idle[0].receive()  # the oldest was closed to make room
+            for stream in idle:
+                await stream.aclose()
+            tasks.cancel_scope.cancel()
+
+    anyio.run(main)
+
+
 def test_connections_of_garbage_cost_a_log_line_a_second_not_one_each(caplog):
     """Anyone who could reach the bus wrote a warning per 77 bytes of
     garbage, and a detached node's log (never rotated) filled the disk."""
