@@ -71,3 +71,41 @@ def test_bench_refuses_bad_options_before_it_runs_anything(tmp_path):
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and said in done.stderr, (args, done.stderr[-500:])
     assert (report.read_bytes() if report.exists() else None) == before
+
+
+def test_ctrl_c_stops_the_bench_and_its_servers_with_status_130(tmp_path):
+    """`pgq bench` said click's "Aborted!" and exited 1 (every other command:
+    130); `python -m bench` printed a traceback. The servers it started must
+    not outlive it either way."""
+    import shutil
+    import signal
+    import tempfile
+    import time
+
+    # Its servers' directories go here, to look for them alone (xdist); not
+    # under tmp_path, which the postgres user may not enter.
+    home = Path(tempfile.mkdtemp(prefix="pgq-bench-interrupt-"))
+    home.chmod(0o711)
+    process = subprocess.Popen([sys.executable, "-m", "pgq", "bench", "--smoke", "--only",
+                                "single add", "--no-cluster", "--out", str(tmp_path / "out")],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(home)})
+    try:
+        assert process.stdout is not None
+        # Interrupted once a run has reported (its server is up by then).
+        deadline = time.monotonic() + 300  # the peers' virtualenv may be made first
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            if not line or line.startswith("[1/"):
+                break
+        assert line.startswith("[1/"), process.stderr.read()[-2000:]
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        assert process.returncode == 130 and "Traceback" not in err, err[-2000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(30)
+    leftover = subprocess.run(["pgrep", "-f", str(home)], capture_output=True, text=True)
+    shutil.rmtree(home, ignore_errors=True)
+    assert leftover.stdout == "", "a bench server outlived the interrupted run"

@@ -57,6 +57,7 @@ __all__ = ["main"]
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
+@handles_errors  # Ctrl-C: 130, as every command (click said "Aborted!" and 1)
 def bench(ctx: click.Context) -> None:
     """Run the benchmarks (options as `python -m bench --help`: --smoke, --rounds, --only, --out,
     --json)."""
