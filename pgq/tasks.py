@@ -83,17 +83,37 @@ class JsonSerializer:
         try:
             # allow_nan=False: NaN and Infinity are not JSON; jsonb and other
             # languages refuse them.
-            return json.dumps(call, separators=(",", ":"), ensure_ascii=False,
-                              allow_nan=False).encode()
+            text = json.dumps(call, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise InvalidTypeError(f"task arguments must be JSON values: {exc} "
                                    "(pass ids or plain data, or give Tasks a serializer)") from None
+        _string_keys(call)  # after dumps: it refused cycles, which this walk would follow
+        return text.encode()
 
     def loads(self, body: bytes) -> dict[str, Any]:
         value = json.loads(bytes(body).decode())
         if not isinstance(value, dict):
             raise ValueError("not an object")
         return value
+
+
+def _string_keys(value: Any) -> None:
+    """Refuse a dict key that is not a str: json.dumps writes 1, 1.5, True
+    and None as strings, so {1: 'a', '1': 'b'} came back {'1': 'b'} (a key
+    changed, an entry lost) without a word (found by a read-only review)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    raise InvalidTypeError(
+                        f"task arguments must be JSON values: a dict key of type "
+                        f"{type(key).__name__} ({key!r}), and JSON keys are strings "
+                        "(use str keys, or give Tasks a serializer)")
+                stack.append(inner)
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
 
 
 @dataclass(frozen=True)

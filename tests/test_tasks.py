@@ -71,6 +71,11 @@ def test_a_wrong_call_fails_in_the_caller_and_adds_nothing(client):
         send_email.defer(to=object())
     with pytest.raises(InvalidTypeError, match="JSON"):  # NaN is no JSON: jsonb refuses it
         send_email.defer(to="a", subject=float("nan"))
+    # A key that is no str: json.dumps wrote it as one, and {1: 'a', '1': 'b'}
+    # came back {'1': 'b'} without a word.
+    with pytest.raises(InvalidTypeError, match="a dict key of type int"):
+        send_email.defer(to="a", subject=[{"x": {1: "a", "1": "b"}}])  # type: ignore[arg-type]
+    assert client.qlen("mail") == 0
     with pytest.raises(InvalidArgumentError, match="unknown option"):
         send_email.using(prority=3)  # a typo
     with pytest.raises(InvalidArgumentError):  # it fell back to the task's queue
