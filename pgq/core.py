@@ -125,6 +125,14 @@ class ClientOptions:
                 raise InvalidTypeError(f"{name} must be a bool")
         if self.migrate is not None and not isinstance(self.migrate, bool):
             raise InvalidTypeError("migrate must be a bool or None")
+        if self.home is not None:  # Path() raised Python's own TypeError (a review)
+            path = os.fspath(self.home) if isinstance(self.home, (str, os.PathLike)) else None
+            if not isinstance(path, str):
+                raise InvalidTypeError(f"home must be a directory path (a str or an os.PathLike "
+                                       f"of one), not {type(self.home).__name__}")
+            if not path or "\x00" in path:
+                raise InvalidArgumentError("home must be a directory path, not empty and "
+                                           "without NUL characters")
         # libpq sends it as a C string: a NUL cut it short, a lone surrogate
         # failed every connection (30 s later, as "database unavailable").
         args.text("application_name", self.application_name, max_chars=len(self.application_name))

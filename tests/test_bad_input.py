@@ -123,6 +123,11 @@ def test_a_wrong_connection_type_is_refused_before_the_async_client_connects():
 def test_unknown_client_options_and_dsn_types(dsn):
     with pytest.raises(InvalidTypeError, match="allowed"):
         pgq.Client(dsn, poolsize=3)
+    for home in (5, b"/tmp/x"):  # Python's own TypeError from Path() before (a review)
+        with pytest.raises(InvalidTypeError, match="home must be a directory path"):
+            pgq.Client(home=home)
+    with pytest.raises(InvalidArgumentError, match="NUL"):
+        pgq.Client(home="/tmp/a\x00b")
     with pytest.raises(InvalidTypeError):
         pgq.Client(12345)
     with pytest.raises(InvalidArgumentError):
