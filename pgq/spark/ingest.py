@@ -206,6 +206,10 @@ class Ingestion:
             ingest_id = uuid.uuid4().hex
         if not isinstance(ingest_id, str) or not 1 <= len(ingest_id) <= 200:
             raise InvalidArgumentError("ingest_id must be a str of 1 to 200 characters")
+        # Stored as text: a NUL was psycopg's DataError, a lone surrogate (an
+        # --ingest-id of bytes that are not UTF-8) a UnicodeEncodeError, both
+        # from deep inside (found by a read-only review).
+        args.text("ingest_id", ingest_id, max_chars=200)
         if partitions is not None and (not isinstance(partitions, int) or partitions < 1):
             raise InvalidArgumentError("partitions must be a positive int")
         self.body_col = _check_body_column(df, body_col)

@@ -141,6 +141,10 @@ def test_bad_input_is_refused_before_anything_is_written(spark, client, db, dsn)
         write_jobs(good, "lake", nodes=dsn, delay=100, ttl=10)
     with pytest.raises(InvalidArgumentError, match="queue"):
         write_jobs(good, "", nodes=dsn)
+    # psycopg's DataError and a UnicodeEncodeError from deep inside before (a review)
+    for bad in ("a\x00b", "\udcff"):
+        with pytest.raises(InvalidArgumentError, match="ingest_id"):
+            write_jobs(good, "lake", nodes=dsn, ingest_id=bad)
     # one database, two DSNs (localhost and 127.0.0.1, say): half the rows were lost
     twice = dsn + ("&" if "?" in dsn else "?") + "application_name=another-spelling"
     with pytest.raises(InvalidArgumentError, match="same database twice"):
