@@ -432,7 +432,15 @@ class Ingestion:
             return IngestResult(self.plan.ingest_id, self.plan.queue, 0, self.plan.replicate,
                                 already_done=True, seconds=time.perf_counter() - started)
         try:
-            prepared = self.prepare()
+            self.number_rows()
+            if not self.total:
+                # Nothing to add, and nothing recorded: an empty input marked
+                # the ingest ID done with 0 jobs, and data arriving later under
+                # that ID was dropped as "already done" (found by a review).
+                return IngestResult(self.plan.ingest_id, self.plan.queue, 0, self.plan.replicate,
+                                    seconds=time.perf_counter() - started)
+            self.open_staging()
+            prepared = self.with_ids()
             if prepared is not None:
                 # One Spark job per node, run side by side (Spark schedules
                 # concurrent jobs from threads); then the merges, also in parallel.

@@ -152,6 +152,12 @@ def test_bad_input_is_refused_before_anything_is_written(spark, client, db, dsn)
     write_jobs(good, "lake", nodes=dsn, ingest_id="fixed", retry=10)
     with pytest.raises(InvalidArgumentError, match="other options"):
         write_jobs(good, "lake", nodes=dsn, ingest_id="fixed", retry=20)
+    # An empty input adds nothing and records nothing: it marked the ID done,
+    # and the data that came later under that ID was dropped (a review).
+    empty = spark.createDataFrame([], "body string")
+    assert write_jobs(empty, "later", nodes=dsn, ingest_id="daily").jobs == 0
+    assert write_jobs(frame(spark, ["x"]), "later", nodes=dsn, ingest_id="daily").jobs == 1
+    assert client.qlen("later") == 1
     client.pause("paused", "in")
     with pytest.raises(PausedError):
         write_jobs(good, "paused", nodes=dsn)
