@@ -710,14 +710,23 @@ def _job(n: int, retry: float) -> pgq.Job:
     return pgq.Job(f"D-{n}", "q", b"", nacks=0, additional_deliveries=0, retry=retry)
 
 
+async def _hand_over(worker: pgq.Worker, jobs: anyio.abc.TaskGroup, job: pgq.Job) -> None:
+    """One runner in ``jobs``, parked; then ``job`` handed to it as a claim
+    does (in flight, ready, a runner woken), with no turn of the loop after."""
+    jobs.start_soon(worker._runner)
+    while not worker._idle:  # the runner parks
+        await anyio.lowlevel.checkpoint()
+    worker._in_flight[job.id] = job
+    worker._ready.append(job)
+    worker._wake_runner()
+
+
 def test_a_job_given_back_unstarted_is_not_started_by_the_runner_woken_for_it():
     """The drain's end (grace 0, or a second signal) gives back the jobs no
     handler saw, at-most-once ones too. A runner woken for one of them is
     not cancelled (its wake-up was due), and it started the job while the
     job went back to its queue: an at-most-once job could run twice (found
     by a read-only review)."""
-    import anyio.lowlevel
-
     worker = pgq.Worker("dbname=unused", concurrency=1, grace=0)
     ran: list[str] = []
 
@@ -732,12 +741,7 @@ def test_a_job_given_back_unstarted_is_not_started_by_the_runner_woken_for_it():
         worker._new_run(until_empty=False)
         job = _job(1, retry=0.0)
         async with anyio.create_task_group() as jobs:
-            jobs.start_soon(worker._runner)
-            while not worker._idle:  # the runner parks
-                await anyio.lowlevel.checkpoint()
-            worker._in_flight[job.id] = job  # as a claim hands it over
-            worker._ready.append(job)
-            worker._wake_runner()
+            await _hand_over(worker, jobs, job)
             # The drain's end, with no turn of the loop between:
             jobs.cancel_scope.cancel()
             await worker._interrupt({job.id: job}, "a test's stop")
@@ -749,8 +753,6 @@ def test_a_job_given_back_unstarted_is_not_started_by_the_runner_woken_for_it():
 def test_a_job_that_finishes_as_it_is_given_up_is_acknowledged_once_and_counted_once():
     """A handler whose result came in as the drain's end gave its job back
     was acknowledged as well, and counted both interrupted and succeeded."""
-    import anyio.lowlevel
-
     worker = pgq.Worker("dbname=unused", concurrency=1)
     release = []
 
@@ -766,12 +768,7 @@ def test_a_job_that_finishes_as_it_is_given_up_is_acknowledged_once_and_counted_
         release.append(anyio.Event())
         job = _job(2, retry=5.0)
         async with anyio.create_task_group() as jobs:
-            jobs.start_soon(worker._runner)
-            while not worker._idle:
-                await anyio.lowlevel.checkpoint()
-            worker._in_flight[job.id] = job
-            worker._ready.append(job)
-            worker._wake_runner()
+            await _hand_over(worker, jobs, job)
             while worker._ready:  # the runner took it: the handler waits
                 await anyio.lowlevel.checkpoint()
             release[0].set()  # its result is due...
@@ -789,8 +786,6 @@ def test_a_job_that_finishes_as_it_is_given_up_is_acknowledged_once_and_counted_
 def test_a_job_keeping_its_result_at_the_drains_end_is_acknowledged_not_given_back():
     """A job whose handler returned and that was storing its result when the
     grace ran out was given back (or dead-lettered) and acknowledged too."""
-    import anyio.lowlevel
-
     worker = pgq.Worker("dbname=unused", concurrency=1, keep_results=60)
 
     @worker.task("q")
@@ -811,12 +806,7 @@ def test_a_job_keeping_its_result_at_the_drains_end_is_acknowledged_not_given_ba
         worker._new_run(until_empty=False)
         job = _job(3, retry=0.0)
         async with anyio.create_task_group() as jobs:
-            jobs.start_soon(worker._runner)
-            while not worker._idle:
-                await anyio.lowlevel.checkpoint()
-            worker._in_flight[job.id] = job
-            worker._ready.append(job)
-            worker._wake_runner()
+            await _hand_over(worker, jobs, job)
             await storing.wait()
             left = worker._unsettled()  # as the drain's end reads them
             jobs.cancel_scope.cancel()
