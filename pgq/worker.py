@@ -562,8 +562,6 @@ class Worker:
             job = self._ready.popleft()
             if self._ready:
                 self._wake_runner()
-            if job.id in self._given_up:  # settled by _interrupt as never started
-                continue
             await self._process(job)
 
     def _wake_runner(self) -> None:
@@ -687,12 +685,14 @@ class Worker:
             self._room.set()
 
     def _late_success(self, job: Job, outcome: _Returned | None) -> None:
-        if job.retry and outcome is not None:
+        if outcome is None:
+            how = "acknowledged with its transaction"
+        elif job.retry:
             self._ack_later(job.id)
-        log.info("worker: job %s of %s finished after it was given up (%s)", job.id, job.queue,
-                 "acknowledged" if job.retry and outcome is not None else
-                 "acknowledged with its transaction" if outcome is None else
-                 "its dead letter stays")
+            how = "acknowledged"
+        else:
+            how = "its dead letter stays"
+        log.info("worker: job %s of %s finished after it was given up (%s)", job.id, job.queue, how)
 
     async def _traced_call(self, task: _Task, job: Job) -> _Returned | None:
         """:meth:`_call` in a span when spans are recorded. Without, no span
