@@ -1030,11 +1030,13 @@ def max_clients() -> int:
     text = os.environ.get("PGQ_RESP_MAX_CLIENTS")
     if text is None:
         return DEFAULT_MAX_CLIENTS
-    if not (text.strip().isdigit() and int(text) >= 1):
+    digits = text.strip()
+    # ASCII digits only, and few: str.isdigit() takes '²', which int() refuses
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 9 and int(digits) >= 1):
         log.warning("PGQ_RESP_MAX_CLIENTS=%r is not a positive number: using %d", text,
                     DEFAULT_MAX_CLIENTS)
         return DEFAULT_MAX_CLIENTS
-    return int(text)
+    return int(digits)
 
 
 async def serve(client: AsyncClient, host: str, port: int, password: str | None = None,

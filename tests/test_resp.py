@@ -675,3 +675,13 @@ def test_jobs_claimed_for_a_getjob_the_servers_stop_cut_off_go_back(dsn, tmp_pat
         if process.poll() is None:
             process.kill()
         process.wait(20)
+
+
+@pytest.mark.parametrize("value,cap", [("2", 2), (" 7 ", 7), ("0", 10_000), ("²", 10_000),
+                                       ("many", 10_000), ("9" * 5000, 10_000)])
+def test_max_clients_reads_a_positive_number_or_keeps_disques_default(monkeypatch, value, cap):
+    # '²' passed str.isdigit() and made int() raise as the server started
+    from pgq.resp import max_clients
+
+    monkeypatch.setenv("PGQ_RESP_MAX_CLIENTS", value)
+    assert max_clients() == cap
