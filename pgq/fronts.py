@@ -14,7 +14,9 @@ Invariants:
   behind a burst of adds).
 * Every address is checked before anything serves: a port already taken is
   one :class:`~pgq.errors.PgqError` naming it (uvicorn alone would exit the
-  process with status 3, pgq's "nothing found").
+  process with status 3, pgq's "nothing found"). So is the database: one
+  that cannot be reached, or has no pgq schema, stops the start with the
+  client's own error.
 * A node process serves its fronts in a thread of their own with their own
   event loop (:class:`FrontsThread`): the node's protocol loop never waits
   for a slow HTTP client, and a front that fails does not stop the node.
@@ -129,6 +131,10 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
     resp_scope = anyio.CancelScope()  # entered by the RESP task, cancelled on a graceful stop
     listener_scope = anyio.CancelScope()  # the blocked GETs' shared LISTEN (pgq.listener)
     try:
+        # The database is reached (and its schema checked) before anything
+        # serves: a wrong DSN was found only by the first request, and
+        # /health answered 200 meanwhile (its node "").
+        await client.open()
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(_within, listener_scope, client._serve_listener)
             if fronts.http:

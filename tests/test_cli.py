@@ -657,3 +657,26 @@ def test_a_scrape_that_waits_on_a_lock_gives_up_and_says_so(dsn, monkeypatch):
         assert [s.value for s in families["pgq_database_up"].samples] == [0]
     finally:
         lock.release()
+
+
+def test_every_dsn_option_refuses_an_empty_dsn(tmp_path):
+    # libpq took '' for its defaults (the local socket, a role named after
+    # the OS user): `--dsn "$PGQ_DSN"` with the variable unset reached
+    # another database, or failed with a message about role "root".
+    for args in (("qlen", "q"), ("migrate",), ("serve", "--http", "127.0.0.1:0"),
+                 ("node", "status"), ("spark", "report"),
+                 ("node", "start", "--name", "n", "--bus", "127.0.0.1:1", "--data",
+                  str(tmp_path / "n"))):
+        flag = "--node" if args[0] == "spark" else "--dsn"
+        done = pgq(*args, flag, " ", check=False)
+        assert done.returncode == 2 and "is empty: give a DSN" in done.stderr, (args, done.stderr)
+    assert not (tmp_path / "n").exists()
+
+
+def test_serve_stops_at_once_on_a_database_it_cannot_use(server, dsn):
+    # It served, and /health answered 200 (node ""), while every request
+    # failed on the database.
+    missing = dsn.replace(dsn.rsplit("/", 1)[-1].split("?")[0], "pgq_no_such_database")
+    done = pgq("serve", "--http", "127.0.0.1:0", dsn=missing, check=False)
+    assert done.returncode == 1 and "pgq_no_such_database" in done.stderr, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr

@@ -25,6 +25,7 @@ from .common import (
     fail,
     fronts_of,
     fronts_options,
+    given_dsn,
     handles_errors,
     json_logs_option,
     json_option,
@@ -38,7 +39,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _node_target(func: F) -> F:
-    func = click.option("--dsn", help="The node's database DSN.")(func)
+    func = click.option("--dsn", callback=given_dsn, help="The node's database DSN.")(func)
     func = click.option("--data", type=click.Path(file_okay=False),
                         help="The node's data directory.")(func)
     return func
@@ -97,7 +98,7 @@ def node_group() -> None:
 @click.option("--name", required=True, help="Node name (for logs and `cluster nodes`).")
 @click.option("--data", type=click.Path(file_okay=False),
               help="Node directory: embedded PostgreSQL, node.json, secret.")
-@click.option("--dsn", help="Use this database instead of an embedded one.")
+@click.option("--dsn", callback=given_dsn, help="Use this database instead of an embedded one.")
 @click.option("--bus", required=True, help="Bus address HOST:PORT this node listens on.")
 @click.option("--join", "joins", multiple=True, help="HOST:PORT of a node to join (repeatable).")
 @click.option("--secret-file", type=click.Path(dir_okay=False, exists=True),

@@ -245,11 +245,23 @@ def node_dsn(data: str | None, dsn: str | None) -> str:
     return found
 
 
+def given_dsn(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Click callback of every --dsn option: an empty one is bad usage. libpq
+    took '' for its defaults (the local socket, the OS user's name), so
+    `--dsn "$PGQ_DSN"` with the variable unset reached another database, or
+    failed with a message about a role named after the OS user."""
+    for dsn in value if isinstance(value, tuple) else (value,):
+        if dsn is not None and not dsn.strip():
+            raise click.BadParameter("is empty: give a DSN (postgresql://USER@HOST:PORT/DB) "
+                                     "or leave the option out", ctx, param)
+    return value
+
+
 def target_options(func: F) -> F:
     """--dsn / --data: which database a command talks to (default: the embedded one)."""
     func = click.option("--data", type=click.Path(file_okay=False),
                         help="A node's data directory (its node.json names the DSN).")(func)
-    func = click.option("--dsn", envvar="PGQ_DSN",
+    func = click.option("--dsn", envvar="PGQ_DSN", callback=given_dsn,
                         help="Database DSN (default: $PGQ_DSN, else the embedded server).")(func)
     return func
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import click
 
-from .common import emit, handles_errors, json_option, node_dsn, report
+from .common import emit, given_dsn, handles_errors, json_option, node_dsn, report
 
 
 @click.command()
-@click.option("--dsn", envvar="PGQ_DSN", help="Database to migrate (default: the embedded server).")
+@click.option("--dsn", envvar="PGQ_DSN", callback=given_dsn, help="Database to migrate (default: the embedded server).")
 @click.option("--data", type=click.Path(file_okay=False),
               help="A node's data directory (its node.json names the DSN).")
 @click.option("--home", envvar="PGQ_HOME", help="Embedded server directory when no DSN is given.")

@@ -27,7 +27,7 @@ import click
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
 from ..errors import PgqError, first_line
-from .common import handles_errors, progress_console, table, to_json
+from .common import given_dsn, handles_errors, progress_console, table, to_json
 
 FORMATS = ("parquet", "csv", "json")
 
@@ -39,6 +39,7 @@ def spark_group() -> None:
 
 def _nodes_option(func: Any) -> Any:
     return click.option("--node", "--dsn", "nodes", multiple=True, metavar="DSN",
+                        callback=given_dsn,
                         help="A node database (repeat for several; default: $PGQ_DSN, "
                              "else the embedded server).")(func)
 
