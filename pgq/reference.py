@@ -37,7 +37,9 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
     ("PGQ_HTTP_BODY_TIMEOUT", "Seconds a request body may take to arrive at the HTTP API "
                               "(408 past it); default 120."),
     ("PGQ_RESP_MAX_CLIENTS", "Connections the RESP port serves at once (Disque's maxclients; "
-                             "past it: `-ERR max number of clients reached`); default 10000."),
+                             "past it: `-ERR max number of clients reached`); default 10000, "
+                             "lowered with a warning to fit the open-files limit (`ulimit -n`) "
+                             "less 64 where that cannot be raised."),
     ("PGQ_METRICS", "HOST:PORT of the Prometheus endpoint of a node or worker (as `--metrics`)."),
     ("PGQ_ADVERTISE_DSN", "The DSN a node advertises for other nodes' clients to write copies "
                           "into (as `pgq node start --advertise-dsn`; `none`: no direct copies)."),

@@ -25,13 +25,14 @@ in, commands out, no I/O), :func:`encode` (reply values to bytes), and
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hmac
 import logging
 import math
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +55,13 @@ MAX_REQUEST = 1024 * 1024 * 1024
 # authenticated could otherwise make the server hold 512 MiB per connection.
 UNAUTHENTICATED_BULK = 16 * 1024
 UNAUTHENTICATED_ARGS = 10
+# Disque's maxclients (10000 by default; PGQ_RESP_MAX_CLIENTS): each
+# connection may buffer a request of up to MAX_REQUEST bytes, so without a
+# cap a client could open connections until the server's memory ran out
+# (found by a read-only review). A connection past it gets Redis's error
+# and is closed.
+DEFAULT_MAX_CLIENTS = 10_000
+TOO_MANY_CLIENTS = b"-ERR max number of clients reached\r\n"
 
 
 class ProtocolError(Exception):
@@ -411,10 +419,11 @@ class Session:
     """One connection's commands, run against an :class:`AsyncClient`."""
 
     def __init__(self, client: AsyncClient, password: str | None = None,
-                 address: str | None = None) -> None:
+                 address: str | None = None, max_clients: int = DEFAULT_MAX_CLIENTS) -> None:
         self.client = client
         self.password = password
         self.address = address  # HOST:PORT this connection reached (HELLO's own entry)
+        self.max_clients = max_clients  # the server's cap (CONFIG GET maxclients)
         self.authenticated = password is None
         self.resp3 = False  # after HELLO 3 (redis-py 8 asks for it on connect)
         # Jobs GETJOB claimed for this connection whose reply is not written
@@ -835,7 +844,7 @@ class Session:
         return {"appendonly": "yes", "appendfsync": "always",
                 "requirepass": "" if self.password is None else "(set)",
                 "maxmemory": "0", "maxmemory-policy": "noeviction",
-                "maxclients": str(max_clients())}
+                "maxclients": str(self.max_clients)}
 
     async def debug(self, args: list[bytes]) -> Any:
         """``DEBUG SLEEP seconds`` and ``DEBUG ERROR message``: the harmless
@@ -942,13 +951,14 @@ async def _run_watched(stream: Any, parser: Parser, session: Session,
     return _GONE if gone else reply
 
 
-async def _connection(stream: Any, client: AsyncClient, password: str | None) -> None:
+async def _connection(stream: Any, client: AsyncClient, password: str | None,
+                      max_clients: int = DEFAULT_MAX_CLIENTS) -> None:
     import anyio
     from anyio.abc import SocketAttribute
 
     local = stream.extra(SocketAttribute.local_address, None)  # (host, port, ...) on TCP
     address = f"{local[0]}:{local[1]}" if isinstance(local, tuple) else None
-    session = Session(client, password, address)
+    session = Session(client, password, address, max_clients)
     parser = Parser() if session.authenticated else \
         Parser(UNAUTHENTICATED_BULK, UNAUTHENTICATED_ARGS)
     try:
@@ -1016,15 +1026,6 @@ async def _serve_connection(stream: Any, parser: Parser, session: Session) -> No
                 await send(bytes(out))
 
 
-# Disque's maxclients (10000 by default; PGQ_RESP_MAX_CLIENTS): each
-# connection may buffer a request of up to MAX_REQUEST bytes, so without a
-# cap a client could open connections until the server's memory ran out
-# (found by a read-only review). A connection past it gets Redis's error
-# and is closed.
-DEFAULT_MAX_CLIENTS = 10_000
-TOO_MANY_CLIENTS = b"-ERR max number of clients reached\r\n"
-
-
 def max_clients() -> int:
     """The cap on connections: PGQ_RESP_MAX_CLIENTS, or Disque's default."""
     text = os.environ.get("PGQ_RESP_MAX_CLIENTS")
@@ -1039,6 +1040,73 @@ def max_clients() -> int:
     return int(digits)
 
 
+# File descriptors the process keeps for itself beside the RESP
+# connections: its database connections, the HTTP API's and dashboard's,
+# log files, the listening sockets (Redis keeps 32; pgq's pools need more).
+RESERVED_FILES = 64
+
+
+def fitted_max_clients(cap: int) -> int:
+    """``cap``, within the open-files limit, as Redis fits maxclients: the
+    soft limit is raised towards ``cap`` + RESERVED_FILES (up to the hard
+    one), and the cap lowered, with a warning, where it still does not fit.
+    With the common soft limit of 1,024 and the default cap of 10,000, the
+    1,025th descriptor made accept() fail, which ended the server."""
+    try:
+        import resource
+    except ImportError:  # not on this platform (Windows): nothing to fit
+        return cap
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = cap + RESERVED_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        fitted = max(1, soft - RESERVED_FILES)
+        log.warning("pgq resp: at most %d clients, not %d: the open-files limit is %d "
+                    "(raise it with `ulimit -n`, or LimitNOFILE= under systemd)", fitted, cap, soft)
+        return fitted
+    return cap
+
+
+# accept() errors that say "not now" (out of descriptors or memory), not
+# "this listener is broken": the loop waits a little and accepts again, as
+# asyncio's own servers do. They ended the RESP server (anyio's serve()
+# raises them).
+ACCEPT_LATER = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_PAUSE = 0.1  # seconds; connections ending free descriptors meanwhile
+
+
+async def _accept_loop(listener: Any, handle: Callable[[Any], Coroutine[Any, Any, None]]) -> None:
+    """Accept connections on ``listener`` (one socket) and handle each in a
+    task, until cancelled; a connection that failed as it was accepted
+    (reset before accept() returned) is skipped, a shortage waited out."""
+    import anyio
+
+    short = False
+    async with anyio.create_task_group() as tasks:
+        while True:
+            try:
+                stream = await listener.accept()
+            except ConnectionError:
+                continue
+            except OSError as exc:
+                if exc.errno not in ACCEPT_LATER:
+                    raise
+                if not short:  # once per shortage, not ten times a second
+                    log.warning("pgq resp: cannot accept connections for now (%s): retrying",
+                                exc.strerror or exc)
+                short = True
+                await anyio.sleep(ACCEPT_PAUSE)
+                continue
+            short = False
+            tasks.start_soon(handle, stream)
+
+
 async def serve(client: AsyncClient, host: str, port: int, password: str | None = None,
                 ready: Callable[[], None] | None = None) -> None:
     """Serve Disque's protocol on ``host:port`` until cancelled."""
@@ -1047,7 +1115,7 @@ async def serve(client: AsyncClient, host: str, port: int, password: str | None 
     listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
     if ready is not None:
         ready()
-    cap, connected = max_clients(), [0]
+    cap, connected = fitted_max_clients(max_clients()), [0]
 
     async def handle(stream: Any) -> None:
         try:
@@ -1058,7 +1126,7 @@ async def serve(client: AsyncClient, host: str, port: int, password: str | None 
                 return
             connected[0] += 1
             try:
-                await _connection(stream, client, password)
+                await _connection(stream, client, password, cap)
             finally:
                 connected[0] -= 1
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -1066,4 +1134,7 @@ async def serve(client: AsyncClient, host: str, port: int, password: str | None 
         except Exception:  # one connection's failure is its own
             log.exception("pgq resp: a connection failed; it is closed")
 
-    await listener.serve(handle)
+    # One accept loop per socket (a name such as localhost may give two).
+    async with listener, anyio.create_task_group() as tasks:
+        for one in getattr(listener, "listeners", [listener]):
+            tasks.start_soon(_accept_loop, one, handle)

@@ -70,14 +70,24 @@ class Resp:
         raise AssertionError(f"not RESP: {line!r}")
 
 
-def start_server(dsn, tmp_path, secret: str | None, env=None):
+def start_server(dsn, tmp_path, secret: str | None, env=None, files: int | None = None,
+                 extra: tuple[str, ...] = ()):
+    """`pgq serve --resp` (``files``: its open-files limit, soft and hard)."""
     port = free_port("127.0.0.1")
-    command = [sys.executable, "-m", "pgq", "serve", "--resp", f"127.0.0.1:{port}", "--dsn", dsn]
+    command = [sys.executable, "-m", "pgq", "serve", "--resp", f"127.0.0.1:{port}", "--dsn", dsn,
+               *extra]
     if secret:
         (tmp_path / "secret").write_text(secret)
         command += ["--token-file", str(tmp_path / "secret")]
+
+    def limited() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               env=None if env is None else {**os.environ, **env})
+                               env=None if env is None else {**os.environ, **env},
+                               preexec_fn=limited if files else None)
 
     def up():
         try:
@@ -154,6 +164,45 @@ def test_connections_past_maxclients_are_refused_as_disque_refuses_them(dsn, tmp
             client.close()
         process.terminate()
         process.wait(20)
+
+
+def test_maxclients_fits_the_open_files_limit_and_a_shortage_is_waited_out(dsn, tmp_path):
+    """With the common limit of 1,024 open files and maxclients 10,000, the
+    1,025th descriptor made accept() fail, and that ended the server. The cap
+    now fits the limit, as Redis's does, and a shortage of descriptors (here
+    taken by the HTTP API's connections in the same process) is waited out."""
+    http = free_port("127.0.0.1")
+    process, port = start_server(dsn, tmp_path, None, files=100,
+                                 extra=("--http", f"127.0.0.1:{http}"))
+    held: list[socket.socket] = []
+    try:
+        first = Resp(port)
+        assert first.call("CONFIG", "GET", "maxclients") == [b"maxclients", b"36"]  # 100 - 64
+        # HTTP connections, each answered (so accepted), until one is not:
+        # the process has no descriptor left.
+        for _ in range(100):
+            held.append(socket.create_connection(("127.0.0.1", http), timeout=5))
+            held[-1].sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            try:
+                # 2 s: an answer on this machine takes milliseconds
+                held[-1].settimeout(2)
+                assert held[-1].recv(12) == b"HTTP/1.1 200"
+            except (TimeoutError, ConnectionResetError):  # not accepted, or closed at once
+                break
+        else:
+            raise AssertionError("100 connections were all served: no shortage to wait out")
+        waiting = Resp(port)  # in the listen backlog: accept() fails with EMFILE meanwhile
+        waiting.sock.sendall(b"PING\r\n")
+        for sock in held:
+            sock.close()
+        assert waiting.reply() == Status("PONG")  # accepted once descriptors were free
+        assert first.call("PING") == Status("PONG") and process.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        process.terminate()
+        out = process.communicate(timeout=20)[0].decode()
+    assert "at most 36 clients, not 10000" in out and "Traceback" not in out, out
 
 
 def test_the_job_commands_reply_as_disque(resp):
