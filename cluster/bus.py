@@ -39,13 +39,15 @@ import collections
 import logging
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 from anyio.abc import SocketStream, TaskStatus
 from anyio.streams.buffered import BufferedByteReceiveStream
+
+from pgq import accepting
 
 from .addresses import valid_host, valid_port
 from .messages import Message, MessageError, UnknownKind, decode, encode
@@ -70,7 +72,6 @@ log = logging.getLogger("pgq.cluster.bus")
 DROP_LOG_EVERY = 1.0  # seconds between lines about dropped connections
 Handler = Callable[[str, Message], Awaitable[None]]
 MAX_MESSAGE = MAX_FRAME - TAG  # the largest encoded message one frame carries
-ACCEPT_RETRY = 0.1  # seconds after a failed accept (file descriptors may come free)
 
 
 @dataclass(frozen=True)
@@ -401,20 +402,14 @@ async def _close_quietly(stream: SocketStream) -> None:
         pass
 
 
-async def accept_forever(listener: Any, handle: Callable[[Any], Awaitable[None]],
+async def accept_forever(listener: Any, handle: Callable[[Any], Coroutine[Any, Any, None]],
                          tasks: anyio.abc.TaskGroup, stats: BusStats) -> None:
-    """Accept connections and handle each in a task of ``tasks``, until
-    cancelled. anyio's ``Listener.serve`` ends at the first failed accept: out
-    of file descriptors (EMFILE), the node process ended with it."""
-    while True:
-        try:
-            stream = await listener.accept()
-        except (OSError, anyio.BrokenResourceError) as exc:
-            stats.rejected["accept failed"] += 1
-            log.warning("bus: accepting a connection failed (retrying): %s", exc)
-            await anyio.sleep(ACCEPT_RETRY)
-            continue
-        tasks.start_soon(handle, stream)
+    """The bus's accept loop (:func:`pgq.accepting.accept_forever`), with
+    each failed accept counted in ``stats``."""
+    def failed(_exc: BaseException) -> None:
+        stats.rejected["accept failed"] += 1
+
+    await accepting.accept_forever(listener, handle, tasks, "bus", failed)
 
 
 def _remote(stream: SocketStream) -> str:

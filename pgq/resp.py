@@ -25,18 +25,18 @@ in, commands out, no I/O), :func:`encode` (reply values to bytes), and
 
 from __future__ import annotations
 
-import errno
 import fnmatch
 import hmac
 import logging
 import math
 import os
 import re
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import commands, errors
+from .accepting import accept_forever
 from .aio import AsyncClient
 from .arguments import DEFAULT_TTL, MAX_QUEUE_NAME_BYTES, MAX_REPLICATE
 from .job import Job
@@ -1073,40 +1073,6 @@ def fitted_max_clients(cap: int) -> int:
     return cap
 
 
-# accept() errors that say "not now" (out of descriptors or memory), not
-# "this listener is broken": the loop waits a little and accepts again, as
-# asyncio's own servers do. They ended the RESP server (anyio's serve()
-# raises them).
-ACCEPT_LATER = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-ACCEPT_PAUSE = 0.1  # seconds; connections ending free descriptors meanwhile
-
-
-async def _accept_loop(listener: Any, handle: Callable[[Any], Coroutine[Any, Any, None]]) -> None:
-    """Accept connections on ``listener`` (one socket) and handle each in a
-    task, until cancelled; a connection that failed as it was accepted
-    (reset before accept() returned) is skipped, a shortage waited out."""
-    import anyio
-
-    short = False
-    async with anyio.create_task_group() as tasks:
-        while True:
-            try:
-                stream = await listener.accept()
-            except ConnectionError:
-                continue
-            except OSError as exc:
-                if exc.errno not in ACCEPT_LATER:
-                    raise
-                if not short:  # once per shortage, not ten times a second
-                    log.warning("pgq resp: cannot accept connections for now (%s): retrying",
-                                exc.strerror or exc)
-                short = True
-                await anyio.sleep(ACCEPT_PAUSE)
-                continue
-            short = False
-            tasks.start_soon(handle, stream)
-
-
 async def serve(client: AsyncClient, host: str, port: int, password: str | None = None,
                 ready: Callable[[], None] | None = None) -> None:
     """Serve Disque's protocol on ``host:port`` until cancelled."""
@@ -1137,4 +1103,4 @@ async def serve(client: AsyncClient, host: str, port: int, password: str | None 
     # One accept loop per socket (a name such as localhost may give two).
     async with listener, anyio.create_task_group() as tasks:
         for one in getattr(listener, "listeners", [listener]):
-            tasks.start_soon(_accept_loop, one, handle)
+            tasks.start_soon(accept_forever, one, handle, tasks, "pgq resp")
