@@ -88,15 +88,22 @@ class _Combiners:
     def __init__(self) -> None:
         self.adds: SyncCombiner[commands.AddCall] = SyncCombiner(
             lambda client, calls: client._run(lambda s: commands.add_batch(s, calls)),
-            weigh=commands.call_bytes, limit=commands.BATCH_BYTES)
+            weigh=commands.call_bytes, limit=commands.BATCH_BYTES, usable=_open)
         self.replicated: SyncCombiner[commands.AddCall] = SyncCombiner(
             lambda client, calls: client._run(lambda s: commands.add_replicated_batch(s, calls)),
             parallel=commands.REPLICATED_FLUSHES, weigh=commands.call_bytes,
-            limit=commands.BATCH_BYTES)
+            limit=commands.BATCH_BYTES, usable=_open)
         self.claims: SyncCombiner[commands.ClaimCall] = SyncCombiner(
-            lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)))
+            lambda client, calls: client._run(lambda s: commands.claim_batch(s, calls)),
+            usable=_open)
         self.acks: SyncCombiner[list[str]] = SyncCombiner(
-            lambda client, calls: client._run(lambda s: commands.ack_batch(s, calls)))
+            lambda client, calls: client._run(lambda s: commands.ack_batch(s, calls)),
+            usable=_open)
+
+
+def _open(client: Client) -> bool:
+    """Whether ``client`` may run a batch (its pool is not closed)."""
+    return not client._closed
 
 
 _SHARED: Shared[Any] = Shared(_Combiners)
@@ -253,9 +260,11 @@ class Client(ClientCore):
         in the process (threads sharing one client, or each with its own)
         share statements and commits (see pgq.combine)."""
         # (Clients that differ in how they write share no batch: a batch runs
-        # with its first caller's client, its settings and its connections.
-        # So a closed client's call never enters one: as the leader of a
-        # batch it failed the other clients' calls with its closed pool.)
+        # with its leader's client, its settings and its connections. So a
+        # closed client's call never enters one: as the leader of a batch it
+        # failed the other clients' calls with its closed pool. One that
+        # was waiting when its client closed still leads, with an open
+        # client of its batch: SyncCombiner's usable.)
         if self._closed:
             raise DatabaseUnavailableError("this client is closed")
         combiners: _Combiners = _SHARED.get((self._dsn, self.options.turbo, self.options.prepare,

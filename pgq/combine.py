@@ -25,11 +25,12 @@ Invariants:
   scopes or asyncio's ``Task.cancel()`` alike (:mod:`pgq.cancelsafe`); the
   leader's cancellation is raised in the leader only, after the flush.
 * A caller interrupted while it waits leaves the queue, and passes on the
-  next flush if it was to make it. A caller of a delivering combiner
-  (claims) cancelled while its call is in a flush waits for its outcome:
-  anyio's cancellation hands it the jobs first (anyio cancels again at its
-  next checkpoint); asyncio's, which must not be swallowed, is raised
-  carrying them (:func:`pgq.cancelsafe.undelivered`).
+  next flush if it was to make it. A caller cancelled while its call is in
+  a flush waits for its outcome, as the leader does: anyio's cancellation
+  hands it the outcome first (anyio cancels again at its next checkpoint);
+  asyncio's, which must not be swallowed, is raised after it, carrying the
+  jobs of a delivering combiner's call (claims;
+  :func:`pgq.cancelsafe.undelivered`).
 * At most ``parallel`` flushes are in flight at once.
 * Calls are flushed in arrival order.
 * A batch weighs at most ``limit`` (by ``weigh``: an add's body bytes)
@@ -45,6 +46,7 @@ queueing rule in :class:`_Queue`.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -152,10 +154,12 @@ class SyncCombiner(Generic[C]):
 
     def __init__(self, flush: Callable[[Any, list[C]], Sequence[Outcome]],
                  parallel: int = 1, weigh: Callable[[C], int] | None = None,
-                 limit: int = 0) -> None:
+                 limit: int = 0, usable: Callable[[Any], bool] | None = None) -> None:
         self._flush = flush
         self._queue: _Queue[C] = _Queue(parallel, weigh, limit)
         self._lock = threading.Lock()
+        # Whether a context may still run a flush (a client not closed).
+        self._usable = usable
 
     def submit(self, call: C, context: Any = None) -> Any:
         slot = _Slot(call, context)
@@ -180,6 +184,17 @@ class SyncCombiner(Generic[C]):
             self._lead(slot, context)
         return _result(slot)
 
+    def _runner(self, context: Any, batch: list[_Slot[C]]) -> Any:
+        """The context that runs ``batch``: the leader's, or where that is
+        no longer usable, the first usable one of the batch. A caller whose
+        client was closed while it waited was made the leader all the same,
+        and every call of its batch, other clients' too, failed with "this
+        client is closed" (found by a read-only review)."""
+        usable = self._usable
+        if usable is None or usable(context):
+            return context
+        return next((s.context for s in batch if usable(s.context)), context)
+
     def _leave(self, slot: _Slot[C]) -> None:
         """A caller stops waiting: out of the queue, and if it was to make
         the next flush, that passes on (left there, no one made it, and
@@ -198,6 +213,7 @@ class SyncCombiner(Generic[C]):
     def _lead(self, slot: _Slot[C], context: Any) -> None:
         with self._lock:
             batch = self._queue.take(slot)
+        context = self._runner(context, batch)
         try:
             outcomes: Sequence[Outcome] | BaseException = self._flush(
                 context, [s.call for s in batch])
@@ -231,7 +247,7 @@ class AsyncCombiner(Generic[C]):
         self._queue: _Queue[C] = _Queue(parallel, weigh, limit)
         self._changed = anyio.Event()
         # Outcomes that are jobs handed to the caller (claims): a caller
-        # cancelled while its call is in a flush waits for the outcome.
+        # cancelled by asyncio while its call is in a flush raises carrying them.
         self._delivers = delivers
 
     async def submit(self, call: C, context: Any = None) -> Any:
@@ -247,20 +263,21 @@ class AsyncCombiner(Generic[C]):
                     self._queue.finish()
                     self._notify()
                 raise
-            if not self._delivers and not slot.done:
-                raise  # its outcome is not worth the wait (a flush may retry for long)
-            # In a flush already (or settled): a claim's jobs are not left
-            # to nobody (they waited out their lease, and a retry-0 job
-            # never came back). anyio cancels again at the caller's next
-            # checkpoint, so they go to the caller; asyncio's cancellation
-            # came once and must not be swallowed, so it goes on, carrying
-            # them for the client to put back (pgq.cancelsafe).
+            # In a flush already (or settled): the statement ends first, then
+            # the cancellation goes on, as for the flush's leader. A claim's
+            # jobs are not left to nobody (they waited out their lease, and a
+            # retry-0 job never came back), nor an add's IDs (the caller
+            # left at once while its job committed, and could not tell).
+            # anyio cancels again at the caller's next checkpoint, so the
+            # outcome goes to the caller; asyncio's cancellation came once
+            # and must not be swallowed, so it goes on, carrying a claim's
+            # jobs for the client to put back (pgq.cancelsafe).
             by_anyio = cancelsafe.anyio_cancelled()  # decided now, before the wait
             _, again = await cancelsafe.finish(self._outcome_of, slot)
             native = again if by_anyio else exc
             if native is None:
                 return _result(slot)
-            if not isinstance(slot.outcome, Failed):
+            if self._delivers and not isinstance(slot.outcome, Failed):
                 cancelsafe.attach(native, slot.outcome)
             raise native from None
         if lead or (slot.lead and not slot.done):
@@ -310,12 +327,24 @@ class Shared(Generic[C]):
     so that threads that each made their own :class:`pgq.Client` batch
     together too. Keyed by what makes two clients' statements the same
     (the DSN and the options that change them). Combiners hold no
-    resources: each flush runs on the pool of the client that makes it."""
+    resources: each flush runs on the pool of the client that makes it.
+    A forked child gets none of its parent's."""
 
     def __init__(self, make: Callable[[], Any]) -> None:
         self._make = make
         self._lock = threading.Lock()
         self._by_key: dict[Any, Any] = {}
+        if hasattr(os, "register_at_fork"):  # not on Windows (no fork there)
+            os.register_at_fork(after_in_child=self._forget_in_child)
+
+    def _forget_in_child(self) -> None:
+        """A forked child starts with combiners of its own, as with pools
+        (pgq.sharedpool): a flush in flight in the parent at the fork is
+        never finished in the child, whose every call then queued behind it
+        for ever (found by a read-only review); a lock held then would be
+        held for ever too."""
+        self._lock = threading.Lock()
+        self._by_key = {}
 
     def get(self, key: Any) -> Any:
         found = self._by_key.get(key)
