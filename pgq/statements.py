@@ -603,7 +603,7 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
            CROSS JOIN LATERAL (
                SELECT j.requeue_at FROM pgq.jobs j
                WHERE j.queue = q.name AND j.state = 'active' AND j.requeue_at IS NOT NULL
-                 AND j.ctid NOT IN (SELECT ctid FROM picked)
+                 AND j.expires_at > pgq.now() AND j.ctid NOT IN (SELECT ctid FROM picked)
                ORDER BY j.requeue_at LIMIT 1) AS d)
        END{source}"""
 
@@ -631,9 +631,8 @@ def _claim(queues: dict[str, str], relaxed: bool) -> str:
         return body + _CLAIM_RESULT.format(source="") + "\n"
     return body + """, commit_mode AS (
     SELECT set_config('synchronous_commit',
-                      CASE WHEN EXISTS (SELECT 1 FROM claimed WHERE retry = 0)
-                           THEN current_setting('synchronous_commit') ELSE 'off' END,
-                      true) AS mode
+        CASE WHEN EXISTS (SELECT 1 FROM claimed WHERE retry = 0)
+             THEN current_setting('synchronous_commit') ELSE 'off' END, true) AS mode
 )""" + _CLAIM_RESULT.format(source="\nFROM commit_mode") + "\n"
 
 
@@ -647,7 +646,8 @@ CLAIM_ONE_RELAXED = _claim(_ONE_QUEUE, relaxed=True)
 # nothing says the same (its due_in); this is for a GET whose last claim
 # did not (a combined claim that took jobs, for other callers).
 # Seconds until the next lease of these queues runs out (negative: already),
-# NULL when none will. Not greatest(0, ...): GREATEST ignores NULL, so "none"
+# NULL when none will (an expired job, not swept yet, never will: it read as
+# due now, and a blocked GET claimed every millisecond until the sweep). Not greatest(0, ...): GREATEST ignores NULL, so "none"
 # read as "due now" and a blocked GET on an idle queue polled every
 # millisecond (790 statements/s; the simulation found it). The caller clamps.
 NEXT_DUE = f"""
@@ -656,6 +656,7 @@ FROM unnest(%(queues)s::text[]) AS q(name)
 CROSS JOIN LATERAL (
     SELECT j.requeue_at FROM pgq.jobs j
     WHERE j.queue = q.name AND j.state = 'active' AND j.requeue_at IS NOT NULL
+      AND j.expires_at > pgq.now()
     ORDER BY j.requeue_at LIMIT 1) AS d
 WHERE {_NOT_PAUSED_OUT}
 """

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 import pgq
 
 from .conftest import wait_until
@@ -237,6 +239,33 @@ def test_a_due_job_in_a_queue_paused_for_output_does_not_make_a_get_spin(dsn, cl
         queries.clear()
         assert consumer.get_job("held", "other", timeout=1) == []
     assert len(queries) < 40, len(queries)  # as an idle queue's (above); ~1000 before
+
+
+@pytest.mark.parametrize("why", ["locked by an open transaction", "expired"])
+def test_a_due_job_the_claim_cannot_take_does_not_make_a_get_spin(dsn, client, monkeypatch, why):
+    """A job whose lease ran out, acknowledged in a caller's transaction
+    still open (its row locked: the claim's SKIP LOCKED passes it), or
+    expired and not swept yet: the claim's "next due" said "now", and a
+    blocked GET claimed every millisecond, some 600 claims a second, for as
+    long as that lasted (found by a read-only review)."""
+    import psycopg
+
+    job_id = client.add_job("stuck", b"x", retry=30, ttl=60)
+    client.get_job("stuck")  # leased
+    queries = count_statements(monkeypatch)
+    # sweep_interval: a sweep would re-queue (or drop) the due job, which hid the spin
+    with pgq.Client(dsn, sweep_interval=3600) as consumer, psycopg.connect(dsn) as holder:
+        consumer.get_job("stuck", "other", nohang=True)  # its first sweep is done
+        with psycopg.connect(dsn, autocommit=True) as conn:  # the lease runs out
+            conn.execute("UPDATE pgq.jobs SET requeue_at = now() - interval '1 second'"
+                         + (", expires_at = now() - interval '1 second'" if why == "expired" else "")
+                         + " WHERE id = %s", (job_id,))
+        if why != "expired":
+            assert consumer.ack_job(job_id, conn=holder) == 1  # not committed: the row stays locked
+        queries.clear()
+        assert consumer.get_job("stuck", "other", timeout=1) == []
+        holder.rollback()
+    assert len(queries) < 40, len(queries)  # as an idle queue's (above); 584 before
 
 
 def test_a_combined_claim_that_runs_dry_tells_the_callers_it_left_when_a_job_is_due(client, db):
