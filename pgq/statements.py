@@ -647,9 +647,10 @@ CLAIM_ONE_RELAXED = _claim(_ONE_QUEUE, relaxed=True)
 # did not (a combined claim that took jobs, for other callers).
 # Seconds until the next lease of these queues runs out (negative: already),
 # NULL when none will (an expired job, not swept yet, never will: it read as
-# due now, and a blocked GET claimed every millisecond until the sweep). Not greatest(0, ...): GREATEST ignores NULL, so "none"
-# read as "due now" and a blocked GET on an idle queue polled every
-# millisecond (790 statements/s; the simulation found it). The caller clamps.
+# due now, and a blocked GET claimed every millisecond until the sweep).
+# Not greatest(0, ...): GREATEST ignores NULL, so "none" read as "due now"
+# and a blocked GET on an idle queue polled every millisecond (790
+# statements/s; the simulation found it). The caller clamps.
 NEXT_DUE = f"""
 SELECT extract(epoch FROM min(d.requeue_at) - pgq.now())::float8
 FROM unnest(%(queues)s::text[]) AS q(name)
