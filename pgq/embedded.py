@@ -182,6 +182,31 @@ def home_directory(home: str | os.PathLike[str] | None = None) -> Path:
     return Path(platformdirs.user_data_dir("pgq", appauthor=False))
 
 
+# Characters pg_ctl's /bin/sh command line would expand in the data and log
+# paths (it quotes them with ""): a backtick ran a command as the server
+# user, and '$x' or '"' made the start fail after initdb had succeeded, on
+# every later start too (found by a read-only review).
+_SHELL_SPECIAL = frozenset('"$`\\\n\r')
+
+
+def _check_home_path(home: Path) -> None:
+    """Refuse, before anything is created, a home the server cannot use by
+    its name: one pg_ctl's shell would rewrite, or one that is not UTF-8
+    (initdb echoes it, and decoding its output raised a traceback)."""
+    text = str(home)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EmbeddedServerError(
+            f"the embedded server's directory {text.encode('utf-8', 'replace').decode()!r} is not "
+            "valid UTF-8: choose another PGQ_HOME (or --home / --data)") from None
+    found = sorted(_SHELL_SPECIAL.intersection(text))
+    if found:
+        raise EmbeddedServerError(
+            f"the embedded server's directory {text!r} holds {' '.join(map(repr, found))}, which "
+            "PostgreSQL's pg_ctl passes through a shell: choose another PGQ_HOME (or --home / --data)")
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -327,6 +352,36 @@ def _owns(postmaster: Postmaster, data: Path) -> bool | None:
         return None
     return bool(cmdline) and cmdline[0].endswith(b"postgres") and \
         os.fsencode(str(data)) in cmdline
+
+
+# How long a postmaster.pid that cannot be read is given to become readable
+# before it is taken for a crash's leftover (a postmaster writes its first
+# lines in one write, right after creating the file).
+UNREADABLE_PID_GRACE = 0.5
+
+
+def _left_by_a_crash(data: Path) -> bool:
+    """Whether ``data``'s postmaster.pid, there but unreadable (empty, or
+    cut short: a crash while the postmaster wrote it), belongs to no live
+    process. pg_ctl refuses to start while such a file is there ("the PID
+    file ... is empty"), and every start failed the same way until someone
+    deleted it by hand (found by a read-only review). Called under the
+    home's lock, so no other pgq is starting a server there meanwhile."""
+    path = data / "postmaster.pid"
+    for attempt in range(2):
+        try:
+            first = path.read_text(errors="replace").split("\n", 1)[0].strip()
+        except FileNotFoundError:
+            return False  # gone meanwhile: nothing left to remove
+        except OSError:
+            return False
+        if read_postmaster(data) is not None:
+            return False  # readable now: the loop looks at it as any other
+        if first.isdigit():  # a pid: stale unless that process serves data
+            return _owns(Postmaster(int(first), str(data), 0, 0, ""), data) is False
+        if attempt == 0:
+            time.sleep(UNREADABLE_PID_GRACE)
+    return True
 
 
 def _serving(data: Path) -> bool:
@@ -486,9 +541,17 @@ def _write_runtime_conf(data: Path, runner: _Runner, port: int, listen: str) -> 
 
 
 def _prepare_directories(home: Path, runner: _Runner) -> tuple[Path, Path]:
+    created = not home.exists()
     home.mkdir(parents=True, exist_ok=True)
     if runner.user is not None:
-        os.chmod(home, 0o711)  # the server user may traverse, not list
+        # The server user may traverse, not list. A directory the user
+        # had (PGQ_HOME=/tmp, --home .) only gains the search bits: it was
+        # set to 0711, and /tmp lost its sticky bit and everyone's write
+        # access (found by a read-only review).
+        mode = home.stat().st_mode & 0o7777
+        wanted = 0o711 if created else mode | 0o011
+        if wanted != mode:
+            os.chmod(home, wanted)
         refused = runner.entry_refused(home)
         if refused is not None:
             raise EmbeddedServerError(
@@ -507,8 +570,11 @@ def _prepare_directories(home: Path, runner: _Runner) -> tuple[Path, Path]:
             "another PGQ_HOME (root runs the server as "
             f"{runner.user or 'itself'}, and leaves another user's server alone)")
     for directory in (data, log):
-        directory.mkdir(mode=0o700, exist_ok=True)
-        runner.chown(directory)
+        # Handed to the server user only if pgq made it (now, or empty from
+        # a start cut short): a data/ or log/ of the user's own stays theirs.
+        if not directory.exists() or not any(directory.iterdir()):
+            directory.mkdir(mode=0o700, exist_ok=True)
+            runner.chown(directory)
     return data, log
 
 
@@ -613,6 +679,15 @@ def _our_postmaster(data: Path, log: Path, runner: _Runner, instance: Instance,
     started = False
     while True:
         postmaster = read_postmaster(data)
+        if postmaster is None and (data / "postmaster.pid").exists() and not started:
+            if not _left_by_a_crash(data):
+                if time.monotonic() >= deadline:
+                    raise EmbeddedServerError(
+                        f"{data / 'postmaster.pid'} cannot be read, and its process is alive: "
+                        "is another PostgreSQL starting there?")
+                time.sleep(0.1)  # a live postmaster is still writing it
+                continue
+            (data / "postmaster.pid").unlink(missing_ok=True)
         if postmaster is not None:
             owned = _owns(postmaster, data)
             if owned is False:
@@ -736,6 +811,7 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
     does that (see :func:`pgq.migrate`).
     """
     directory = home_directory(home)
+    _check_home_path(directory)
     with _locked(directory):
         instance = _read_instance(directory)
         if instance is not None and host is not None and host != instance.host \

@@ -80,7 +80,9 @@ def find_server_binaries() -> Path:
     """Return the directory of the PostgreSQL server binaries, or raise with the fix."""
     explicit = os.environ.get("PGQ_PG_BINDIR")
     if explicit:
-        directory = Path(explicit)
+        # Absolute: the binaries run from / (a relative PGQ_PG_BINDIR passed
+        # this check from the caller's directory, then was not found).
+        directory = Path(explicit).expanduser().absolute()
         if has_server_binaries(directory):
             return directory
         raise EmbeddedServerError(
@@ -90,5 +92,5 @@ def find_server_binaries() -> Path:
     candidates = [_from_pg_config(), _from_path(), *_well_known(), _from_pip_package()]
     for candidate in candidates:
         if candidate is not None and has_server_binaries(candidate):
-            return candidate
+            return candidate.absolute()
     raise EmbeddedServerError(f"No PostgreSQL server binaries found. {HOW_TO_FIX}")

@@ -167,6 +167,32 @@ def test_a_home_the_server_cannot_use_is_a_typed_error(tmp_path):
     assert "a directory this user may write" in done.stderr
 
 
+def test_a_home_whose_name_the_server_cannot_use_is_refused_before_anything_is_made(tmp_path):
+    # pg_ctl passes the data and log paths through /bin/sh: a backtick ran
+    # a command as the server user, '$x' or '"' failed every start after
+    # initdb succeeded; a name that is not UTF-8 was a traceback.
+    for name in ("h`id`", "h$x", 'h"q', "h\\b", "h\udcff"):
+        home = tmp_path / name
+        with pytest.raises(EmbeddedServerError, match="choose another PGQ_HOME"):
+            embedded.ensure_running(home)
+        assert not home.exists(), name
+    done = subprocess.run([sys.executable, "-m", "pgq", "embedded", "start", "--home",
+                           os.fsencode(str(tmp_path / "h")) + b"\xff"],
+                          capture_output=True, timeout=60)
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode == 1 and "Traceback" not in err and "not valid UTF-8" in err, err
+
+
+def test_a_relative_pg_bindir_is_taken_from_the_current_directory(tmp_path, monkeypatch):
+    # The binaries run from /: a relative PGQ_PG_BINDIR passed the check,
+    # then initdb was not found, and the message blamed PGQ_HOME.
+    found = embedded.find_server_binaries()
+    (tmp_path / "pgbin").symlink_to(found)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PGQ_PG_BINDIR", "pgbin")
+    assert embedded.find_server_binaries() == tmp_path / "pgbin"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="takes another user's home: needs root")
 def test_root_leaves_another_users_server_alone(fresh_home):
     # sudo -E with a user's PGQ_HOME: root chowned that user's data/ to the
@@ -492,3 +518,36 @@ def test_a_bad_listen_address_names_where_it_came_from(monkeypatch):
         embedded._listen_addresses("127.0.0.1")
     monkeypatch.setenv("PGQ_EMBEDDED_LISTEN", "*")
     assert embedded._listen_addresses("127.0.0.1") == "*"
+
+
+def test_a_pid_file_left_empty_or_cut_short_by_a_crash_is_stale(fresh_home):
+    """A crash while the postmaster wrote its postmaster.pid leaves it empty
+    or cut short: pg_ctl refused to start ("the PID file ... is empty"), and
+    every later start failed the same way until it was deleted by hand."""
+    embedded.ensure_running(fresh_home)
+    data = fresh_home / "data"
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no process has now
+    for leftover in ("", f"{gone.pid}\n{data}\n"):
+        embedded.stop(fresh_home)
+        (data / "postmaster.pid").write_text(leftover)
+        instance = embedded.ensure_running(fresh_home)
+        with psycopg.connect(instance.dsn) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root hands the home to the server user")
+def test_a_home_the_user_made_keeps_its_permissions(fresh_home):
+    """PGQ_HOME=/tmp or --home . was set to 0711: /tmp lost its sticky bit
+    and everyone's write access. A directory of the user's only gains the
+    search bits the server user needs."""
+    os.chmod(fresh_home, 0o1777)
+    embedded.ensure_running(fresh_home)
+    assert fresh_home.stat().st_mode & 0o7777 == 0o1777
+    private = Path(tempfile.mkdtemp(prefix="pgq-private-"))  # 0700, as mkdtemp makes it
+    try:
+        embedded.ensure_running(private)
+        assert private.stat().st_mode & 0o7777 == 0o711  # searchable, not listable
+    finally:
+        embedded.stop(private)
+        shutil.rmtree(private, ignore_errors=True)
