@@ -2,14 +2,20 @@
 
 Invariants:
 
-* The whole upgrade runs in one transaction under a session advisory lock, so
-  several processes migrating the same database at once are serialised and the
-  losers find the work done.
+* The whole upgrade runs in one transaction under a transaction-level
+  advisory lock, so several processes migrating the same database at once
+  are serialised and the losers find the work done. Everything it takes or
+  sets (the lock, ``lock_timeout``) ends with that transaction: behind
+  PgBouncer in transaction mode, a session lock and a plain SET, taken and
+  undone in separate transactions, stayed with whichever server connection
+  ran them, and every later migration waited for that lock with no timeout
+  (found by a read-only review).
 * Alembic's version table lives in schema ``pgq`` (``pgq.alembic_version``),
-  next to the objects it versions; the schema is created here first (only
-  when missing: a role that owns the schema but may not create schemas in
-  the database, like the embedded server's ``pgq``, can still migrate)
-  because alembic writes that table before the first revision runs.
+  next to the objects it versions; the schema is created first, in the same
+  transaction (only when missing: a role that owns the schema but may not
+  create schemas in the database, like the embedded server's ``pgq``, can
+  still migrate) because alembic writes that table before the first
+  revision runs.
 * A schema ``pgq`` that holds objects but no ``pgq.alembic_version`` is not
   ours (Skytools PgQ uses the same name): nothing is touched and the
   migration stops with :class:`~pgq.errors.SchemaNotReadyError`.
@@ -57,10 +63,11 @@ def _claim_schema(connection) -> None:  # type: ignore[no-untyped-def]
 
 def run_migrations_online() -> None:
     connection = context.config.attributes["connection"]
-    connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
     try:
+        # No timeout on this wait: another migration may take a while.
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+        connection.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
         _claim_schema(connection)
-        connection.commit()
         context.configure(
             connection=connection,
             target_metadata=metadata,
@@ -68,15 +75,12 @@ def run_migrations_online() -> None:
             include_schemas=True,
             transaction_per_migration=False,
         )
-        connection.execute(text(f"SET lock_timeout = '{LOCK_TIMEOUT}'"))
-        with context.begin_transaction():
+        with context.begin_transaction():  # in ours already: alembic runs inside it
             context.run_migrations()
         connection.commit()
-    finally:
-        connection.rollback()  # a failed upgrade: unlock below, outside it
-        connection.execute(text("RESET lock_timeout"))
-        connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": MIGRATION_LOCK_KEY})
-        connection.commit()
+    except BaseException:
+        connection.rollback()
+        raise
 
 
 if context.is_offline_mode():

@@ -140,6 +140,10 @@ def test_downgrade_removes_everything_but_the_version_table(server):
     target = server.dsn("pgq_down")
     try:
         pgq.migrate(target)
+        with pgq.Client(target) as client:  # a dead letter's history: 0003's downgrade failed on it
+            job = client.add_job("down", b"x")
+            client.get_job("down")
+            assert client.dead_letter(job, reason="test") == 1
         engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(target),
                                poolclass=NullPool)
         with engine.connect() as connection:
@@ -157,6 +161,44 @@ def test_downgrade_removes_everything_but_the_version_table(server):
     finally:
         with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
             conn.execute("DROP DATABASE pgq_down WITH (FORCE)")
+
+
+def test_a_migration_is_one_transaction_that_leaves_nothing_on_its_connection(server):
+    """Behind PgBouncer in transaction mode every transaction may run on
+    another server connection: the migration's session advisory lock and
+    its SET lock_timeout, taken and undone in separate transactions, stayed
+    on whichever server connection ran them, and every later migration
+    waited for that lock with no timeout. One transaction, with a
+    transaction-level lock and SET LOCAL, leaves nothing behind wherever it
+    ran."""
+    from alembic import command
+    from sqlalchemy import event, text
+
+    from pgq.migrate import _alembic_config
+
+    server.create_database("pgq_onetx")
+    target = server.dsn("pgq_onetx")
+    try:
+        engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(target),
+                               poolclass=NullPool)
+        commits: list[object] = []
+        with engine.connect() as connection:
+            event.listen(connection, "commit", commits.append)
+            config = _alembic_config()
+            config.attributes["connection"] = connection
+            command.upgrade(config, "0010")
+            assert len(commits) == 1  # three before: lock, upgrade, unlock
+            command.upgrade(config, "head")  # from a schema that exists
+            assert len(commits) == 2
+            assert connection.execute(text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND pid = pg_backend_pid()")).scalar() == 0
+            assert connection.execute(text("SHOW lock_timeout")).scalar() == "0"
+        engine.dispose()
+        assert pgq.migrate(target) == SCHEMA_VERSION
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute("DROP DATABASE pgq_onetx WITH (FORCE)")
 
 
 def test_a_migration_behind_a_long_transaction_gives_up_instead_of_stalling_the_queue(server):
