@@ -118,6 +118,10 @@ def downgrade() -> None:
     op.execute("DROP VIEW pgq.dead_letter_queues")
     op.drop_table("dead_letters", schema="pgq")
     op.drop_constraint("history_outcome_check", "history", schema="pgq")
+    # Revision 0002 has no dead letters: their history rows say 'deleted'
+    # (the check refused them, and the downgrade failed whenever a job had
+    # ever been dead-lettered; found by a read-only review).
+    op.execute("UPDATE pgq.history SET outcome = 'deleted' WHERE outcome = 'dead'")
     op.create_check_constraint("history_outcome_check", "history", f"outcome = ANY ({OUTCOMES_2})",
                                schema="pgq")
     op.drop_column("jobs", "requeue_counts", schema="pgq")
