@@ -268,7 +268,7 @@ class ClientCore:
         found mostly dead, and prune the history past its retention (at most
         once a minute), in the background (pgq.vacuum)."""
         if row is not None:
-            _VACUUMER.request(self._dsn, row[SWEEP_TABLES_TO_VACUUM])
+            _VACUUMER.request(self._dsn, row[SWEEP_TABLES_TO_VACUUM], self.options.pgbouncer)
 
     def sweep_due(self) -> bool:
         now = time.monotonic()

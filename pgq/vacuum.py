@@ -13,8 +13,10 @@ jobs/s over ten rounds here). So pgq vacuums its own tables:
 * :class:`Vacuumer` then runs ``VACUUM`` on them in a background thread, on
   a connection of its own, so no caller waits for it;
 * one vacuum at a time per process (a flag) and per database (a session
-  advisory lock): many clients never vacuum the same table together; a
-  process that finds the lock taken leaves those tables for ``BACKOFF_MIN``;
+  advisory lock, released when done; none behind a transaction pooler,
+  where a session's lock outlives it): many clients never vacuum the same
+  table together; a process that finds the lock taken leaves those tables
+  for ``BACKOFF_MIN``;
 * a VACUUM that could not remove at least half of the dead rows (another
   session holds an old snapshot: the xmin horizon) makes the next one of
   that table wait, twice as long each time up to ``BACKOFF_MAX``, so a
@@ -65,9 +67,11 @@ class Vacuumer:
         self._backoff: dict[tuple[str, str], tuple[float, float]] = {}  # -> (until, wait)
         self._prune_at: dict[str, float] = {}  # dsn -> when its history is pruned next
 
-    def request(self, dsn: str, tables: Sequence[str] | None) -> None:
+    def request(self, dsn: str, tables: Sequence[str] | None, pooled: bool = False) -> None:
         """Vacuum ``tables`` (of schema pgq), and prune the history when that
-        is due, soon, unless this process runs maintenance already."""
+        is due, soon, unless this process runs maintenance already.
+        ``pooled``: ``dsn`` is a transaction pooler's (PgBouncer): no
+        database-wide lock then (see _run)."""
         now = time.monotonic()
         wanted = self.due(dsn, tables or (), now)
         prune_history = now >= self._prune_at.get(dsn, 0.0)
@@ -75,7 +79,7 @@ class Vacuumer:
             return
         if prune_history:
             self._prune_at[dsn] = now + PRUNE_EVERY
-        thread = threading.Thread(target=self._run, args=(dsn, wanted, prune_history),
+        thread = threading.Thread(target=self._run, args=(dsn, wanted, prune_history, pooled),
                                   daemon=True, name="pgq-vacuum")
         thread.start()
 
@@ -84,28 +88,46 @@ class Vacuumer:
         return [t for t in tables
                 if t in TABLES and self._backoff.get((dsn, t), (0.0, 0.0))[0] <= now]
 
-    def _run(self, dsn: str, tables: list[str], prune_history: bool = False) -> None:
+    def _run(self, dsn: str, tables: list[str], prune_history: bool = False,
+             pooled: bool = False) -> None:
         try:
             with psycopg.connect(dsn, autocommit=True, options=self.options,
                                  application_name="pgq-vacuum", connect_timeout=10) as conn:
-                locked = conn.execute("SELECT pg_try_advisory_lock(%s)", (VACUUM_LOCK,)).fetchone()
-                if not locked or not locked[0]:
-                    # Another client vacuums this database right now: look
-                    # again in BACKOFF_MIN, not at the next sweep (each
-                    # process opened a connection a second while it ran).
-                    self._wait_for_other(dsn, tables)
-                    return
-                for table in tables:
-                    before = self._dead_rows(conn, table)
-                    conn.execute(sql.SQL("VACUUM (SKIP_LOCKED) pgq.{}").format(sql.Identifier(table)))
-                    self._judge(dsn, table, before, self._dead_rows(conn, table))
-                if prune_history and self._prune(conn) >= PRUNE_BATCH * PRUNE_ROUNDS:
-                    self._prune_at[dsn] = 0.0  # more to take: at the next sweep
+                # The lock is a session's, and VACUUM cannot run in a
+                # transaction: behind a transaction pooler the lock stayed on
+                # whichever server connection took it, and every process
+                # found it taken until the pooler dropped that connection (no
+                # vacuum, no pruning; found by a read-only review). There,
+                # none is taken: VACUUM (SKIP_LOCKED) passes a table another
+                # one vacuums, and two prunes delete different rows.
+                if not pooled:
+                    locked = conn.execute("SELECT pg_try_advisory_lock(%s)",
+                                          (VACUUM_LOCK,)).fetchone()
+                    if not locked or not locked[0]:
+                        # Another client vacuums this database right now: look
+                        # again in BACKOFF_MIN, not at the next sweep (each
+                        # process opened a connection a second while it ran).
+                        self._wait_for_other(dsn, tables)
+                        return
+                try:
+                    self._maintain(conn, dsn, tables, prune_history)
+                finally:
+                    if not pooled:  # not left to the connection's end
+                        conn.execute("SELECT pg_advisory_unlock(%s)", (VACUUM_LOCK,))
         except Exception as exc:  # never the caller's problem
             log.warning("pgq: maintenance of %s failed: %s",
                         ", ".join([*tables, *(["history"] if prune_history else [])]), exc)
         finally:
             self._busy.release()
+
+    def _maintain(self, conn: psycopg.Connection, dsn: str, tables: list[str],
+                  prune_history: bool) -> None:
+        for table in tables:
+            before = self._dead_rows(conn, table)
+            conn.execute(sql.SQL("VACUUM (SKIP_LOCKED) pgq.{}").format(sql.Identifier(table)))
+            self._judge(dsn, table, before, self._dead_rows(conn, table))
+        if prune_history and self._prune(conn) >= PRUNE_BATCH * PRUNE_ROUNDS:
+            self._prune_at[dsn] = 0.0  # more to take: at the next sweep
 
     @staticmethod
     def _prune(conn: psycopg.Connection) -> int:

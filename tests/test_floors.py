@@ -5,6 +5,8 @@ xmin horizon."""
 
 from __future__ import annotations
 
+import time
+
 import psycopg
 
 import pgq.vacuum
@@ -105,6 +107,39 @@ def test_a_vacuum_that_finds_another_one_running_waits_before_it_looks_again(dsn
         now = time.monotonic()
         assert vacuumer.due(dsn, ["jobs", "acks"], now) == ["acks"]
         assert vacuumer.due(dsn, ["jobs"], now + BACKOFF_MIN) == ["jobs"]
+
+def test_maintenance_behind_a_transaction_pooler_takes_no_session_lock(dsn):
+    """Behind PgBouncer in transaction mode a session's advisory lock stays
+    on whichever server connection took it: every process then found it
+    taken, and nothing vacuumed or pruned until the pooler dropped that
+    connection. A client with pgbouncer=True takes none, and a direct one
+    releases its own when done."""
+    import psycopg
+
+    from pgq.vacuum import VACUUM_LOCK
+
+    vacuumer = Vacuumer(SESSION_OPTIONS)
+    with psycopg.connect(dsn, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", (VACUUM_LOCK,))  # left by a pooled connection
+        vacuumer._busy.acquire()
+        vacuumer._run(dsn, ["jobs"], pooled=True)
+        assert vacuumer.due(dsn, ["jobs"], time.monotonic()) == ["jobs"]  # vacuumed, no back-off
+        other.execute("SELECT pg_advisory_unlock(%s)", (VACUUM_LOCK,))
+    held = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid = %s"
+    seen: list[int] = []
+    maintain = vacuumer._maintain
+
+    def watching(conn, *args):  # the lock is held while it works, and released after
+        with psycopg.connect(dsn, autocommit=True) as look:
+            seen.append(look.execute(held, (VACUUM_LOCK,)).fetchone()[0])
+        return maintain(conn, *args)
+
+    vacuumer._maintain = watching
+    vacuumer._busy.acquire()
+    vacuumer._run(dsn, ["jobs"])
+    with psycopg.connect(dsn, autocommit=True) as look:
+        assert seen == [1] and look.execute(held, (VACUUM_LOCK,)).fetchone()[0] == 0
+
 
 HISTORY = "SELECT count(*) FROM pgq.history"
 
