@@ -1029,7 +1029,7 @@ def get_jobs(session: Session, queues: list[str], count: int, timeout: float | N
             leaving = "this node is leaving the cluster and does not block consumers: get jobs from another node"
             raise LeavingError(f"{leaving} (or use nohang=True)").for_cli(f"{leaving} (or use --nohang)")
         if session.can_listen and not listening:
-            unnoticed = yield Listen(tuple(queues))
+            unnoticed = yield Listen(tuple(queues), None if deadline is None else deadline - now)
             listening = True
             if unnoticed is not False:
                 continue  # claim again: a job may have been added before LISTEN took effect

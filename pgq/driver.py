@@ -171,7 +171,7 @@ class SyncDriver:
                 if self._early is not None:
                     self._ticket, self._early = self._early, None
                     return self.listener.listened(self._ticket)
-                self._ticket = self.listener.subscribe(request.queues)
+                self._ticket = self.listener.subscribe(request.queues, request.within)
                 return None
             conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})
             conn.execute(f"LISTEN {CHANNEL}")
@@ -390,7 +390,7 @@ class AsyncDriver:
                 if self._early is not None:
                     self._ticket, self._early = self._early, None
                     return self.listener.listened(self._ticket)
-                self._ticket = await self.listener.subscribe(request.queues)
+                self._ticket = await self.listener.subscribe(request.queues, request.within)
                 return None
             await conn.execute(sql.REGISTER_WAITER, {"queues": list(request.queues)})
             await conn.execute(f"LISTEN {CHANNEL}")

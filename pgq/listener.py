@@ -39,8 +39,11 @@ Invariants:
 * **A failing listener degrades to polling**, never to an error: its
   tickets are woken (their GETs claim again, on the pool, which reports an
   unreachable database as usual), and a ticket it could not register
-  waits by sleeping (``Ticket.failed``). The task reconnects and registers
-  again on the next subscription.
+  waits by sleeping (``Ticket.failed``), as does one that subscribes while
+  the listener waits to try again, or that the listener could not register
+  within its GET's time left. The task reconnects and registers again on
+  the next subscription, and wakes the tickets that waited through the
+  failure once more (a job added meanwhile notified nobody).
 
 :class:`Wakeups`, :class:`Linger` and :class:`BlockedCounts` are the rule (no I/O);
 :class:`SharedListener` runs it with anyio and psycopg, and
@@ -122,6 +125,18 @@ class Wakeups:
     def registered(self, registered: set[str]) -> list[Ticket]:
         """The tickets whose queues are all ``registered`` (to set ready)."""
         return [t for t in self.tickets if set(t.queues) <= registered]
+
+    def reregistered(self, queues: set[str]) -> list[Ticket]:
+        """``queues`` are registered again after the listener failed: the
+        tickets that waited on them meanwhile (ready already), woken, so
+        that their GETs claim once more. A job added between their last
+        claim and this registration notified nobody, and waited for the
+        GET's next poll (found by a read-only review). Before a failure
+        a ready ticket's queues are all registered: none is woken then."""
+        woken = [t for t in self.tickets if t.ready.is_set() and not queues.isdisjoint(t.queues)]
+        for ticket in woken:
+            ticket.woken = True
+        return woken
 
     def queues(self) -> set[str]:
         return {q for t in self.tickets for q in t.queues}
@@ -261,6 +276,7 @@ class SharedListener:
         self._changed = anyio.Event()
         self._reading: anyio.CancelScope | None = None  # the wait for notifications
         self._stopped = False  # run() ended: nothing will make a ticket ready any more
+        self._failing = False  # failed, waiting RETRY before it connects again
 
     # ------------------------------------------------------------ the GETs' side
 
@@ -272,19 +288,25 @@ class SharedListener:
         """See :meth:`Wakeups.listened`."""
         return self.wakeups.listened(ticket)
 
-    async def subscribe(self, queues: Sequence[str]) -> Ticket:
+    async def subscribe(self, queues: Sequence[str], within: float | None = None) -> Ticket:
         """A GET is about to block on ``queues``: its ticket, once they are
-        registered and LISTENed (or the listener failed: ``ticket.failed``)."""
+        registered and LISTENed (or the listener failed, is waiting to try
+        again, or could not register them ``within`` seconds, the GET's
+        time left: ``ticket.failed``, the GET polls). A GET that came while
+        the listener waited to try again waited for that, past its TIMEOUT."""
         ticket = self.wakeups.join(queues)
         try:
-            if self._stopped:  # the client is closing: the GET polls out its wait
+            if self._stopped or self._failing:  # closing, or failed: the GET polls out its wait
                 ticket.failed = True
                 ticket.ready.set()
             elif set(ticket.queues) <= self._registered:
                 ticket.ready.set()
             else:
                 self._poke()
-                await ticket.ready.wait()
+                with anyio.move_on_after(within):
+                    await ticket.ready.wait()
+                if not ticket.ready.is_set():
+                    ticket.failed = True
         except BaseException:
             self.leave(ticket)
             raise
@@ -329,7 +351,11 @@ class SharedListener:
                     for ticket in self.wakeups.all():
                         ticket.ready.set()
                         ticket.event.set()
-                    await anyio.sleep(RETRY)
+                    self._failing = True
+                    try:
+                        await anyio.sleep(RETRY)
+                    finally:
+                        self._failing = False
         finally:
             # A GET waiting to be registered (or subscribing from now on)
             # waited for ever: it polls instead, bounded by its timeout.
@@ -347,8 +373,11 @@ class SharedListener:
             self._changed = anyio.Event()
             self._dispatch()  # notifications read while registering, too
             wanted = self.wakeups.queues()
-            if wanted - self._registered:
-                await self._register(wanted - self._registered)
+            missing = wanted - self._registered
+            if missing:
+                await self._register(missing)
+                for ticket in self.wakeups.reregistered(missing):
+                    ticket.event.set()
             for ticket in self.wakeups.registered(self._registered):
                 ticket.ready.set()
             now = anyio.current_time()
@@ -368,7 +397,11 @@ class SharedListener:
             with anyio.move_on_after(timeout):
                 await self._changed.wait()
             return
-        if self._changed.is_set():
+        if self._changed.is_set() or self._received:
+            # Notifications psycopg read during the listener's own
+            # statements are dispatched now: the socket has nothing more
+            # to say, and they waited for the next notification, a change
+            # of tickets or the timeout (found by a read-only review).
             return
         readable = False
         with anyio.move_on_after(timeout) as self._reading:
@@ -466,6 +499,7 @@ class SyncSharedListener:
         self._received: list[str] = []
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._failing = False  # failed, waiting RETRY before it connects again (under _lock)
         # A socket pair wakes the thread's poll() when the tickets change
         # (made with the thread: a client that never blocks holds no more fds).
         self._poke_in: socket.socket | None = None
@@ -483,18 +517,24 @@ class SyncSharedListener:
         with self._lock:
             return self.wakeups.listened(ticket)
 
-    def subscribe(self, queues: Sequence[str], timeout: float = 30.0) -> Ticket:
+    def subscribe(self, queues: Sequence[str], within: float | None = None,
+                  timeout: float = 30.0) -> Ticket:
         """As :meth:`SharedListener.subscribe` (a listener that cannot
-        register within ``timeout`` seconds leaves the ticket polling)."""
+        register within ``within`` seconds, and at most ``timeout``, leaves
+        the ticket polling)."""
         ticket: Ticket | None = None
         try:  # from the join on: an interrupt anywhere after it must not leave the ticket
             with self._lock:
                 if self._stopping.is_set():
                     raise psycopg.OperationalError("this client is closed")
                 ticket = self.wakeups.join(queues)
+                if self._failing:  # waiting to try again: the GET polls meanwhile
+                    ticket.failed = True
+                    ticket.ready.set()
+                    return ticket
                 self._start()
             self._poke()
-            if not ticket.ready.wait(timeout):
+            if not ticket.ready.wait(timeout if within is None else min(within, timeout)):
                 ticket.failed = True
         except BaseException:  # interrupted: the ticket must not stay registered for good
             if ticket is not None:
@@ -571,10 +611,13 @@ class SyncSharedListener:
                     self._drop()
                     with self._lock:
                         woken = self.wakeups.all()
+                        self._failing = True
                     for ticket in woken:
                         ticket.ready.set()
                         ticket.event.set()
                     self._stopping.wait(RETRY)
+                    with self._lock:
+                        self._failing = False
         finally:
             self._close()
 
@@ -589,6 +632,10 @@ class SyncSharedListener:
             ticket.event.set()
         if missing:
             self._register(missing)
+            with self._lock:
+                woken = self.wakeups.reregistered(missing)
+            for ticket in woken:
+                ticket.event.set()
         with self._lock:
             ready = self.wakeups.registered(self._registered)
         for ticket in ready:
@@ -611,7 +658,11 @@ class SyncSharedListener:
         if self._conn is not None and self._registered:
             poller.register(self._conn.fileno(), select.POLLIN)
         timeout = self.linger.timeout(bool(wanted), bool(self._registered))
-        events = poller.poll(1000 * (timeout if held is None else min(timeout, held)))
+        with self._lock:
+            # Read during the thread's own statements: dispatched at once
+            # (they waited for the next notification or the timeout).
+            pending = bool(self._received)
+        events = poller.poll(0 if pending else 1000 * (timeout if held is None else min(timeout, held)))
         readable = {fd for fd, _ in events}
         if self._conn is not None and self._registered and self._conn.fileno() in readable:
             queues = take_notifications(self._conn)

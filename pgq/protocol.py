@@ -136,6 +136,10 @@ class Listen:
     command need not claim again before it waits; otherwise ``None``."""
 
     queues: tuple[str, ...]
+    # Seconds the GET may still wait (None: no deadline): a listener that
+    # cannot register its queues that soon leaves it polling, rather than
+    # hold it past its TIMEOUT.
+    within: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,6 +76,64 @@ def test_a_failed_listener_leaves_unregistered_tickets_polling():
     assert not ready.failed and waiting.failed
 
 
+def test_tickets_that_waited_through_a_failure_are_woken_when_registered_again():
+    # A job added between their GETs' claim after the failure and the new
+    # registration notified nobody: it waited for the GET's next poll, up to
+    # poll_interval (found by a read-only review).
+    wakeups = Wakeups()
+    waited, elsewhere = wakeups.join(["a", "b"]), wakeups.join(["c"])
+    for ticket in wakeups.all():  # the listener failed: all claim again, then wait
+        ticket.ready.set()
+        ticket.woken = False  # their claims consumed the wakes
+    fresh = wakeups.join(["a"])  # subscribing now: it claims after its registration anyway
+    assert wakeups.reregistered({"a"}) == [waited] and waited.woken
+    assert not elsewhere.woken and not fresh.woken
+
+
+@pytest.mark.anyio
+async def test_a_subscribe_waits_for_the_registration_no_longer_than_its_get_may():
+    # A GET that subscribed while the listener could not connect (or waited
+    # to try again after a failure) waited for it, past its own TIMEOUT.
+    release = anyio.Event()
+
+    async def hanging_connect() -> psycopg.AsyncConnection:
+        await release.wait()
+        raise psycopg.OperationalError("unreachable")
+
+    listener = SharedListener(hanging_connect)
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(listener.run)
+        with anyio.fail_after(5):  # within=0.2: the bound is the GET's, not the connect's
+            ticket = await listener.subscribe(["q"], within=0.2)
+        assert ticket.failed and not ticket.ready.is_set()  # it polls
+        release.set()  # the connect fails: the listener waits RETRY to try again
+        await async_wait_until(lambda: _true(listener._failing), timeout=5)
+        with anyio.fail_after(0.5):  # at once, not after the retry's second
+            late = await listener.subscribe(["r"], within=30)
+        assert late.failed and late.ready.is_set()
+        tasks.cancel_scope.cancel()
+
+
+async def _true(value: object) -> bool:
+    return bool(value)
+
+
+@pytest.mark.anyio
+async def test_notifications_read_during_the_listeners_own_statements_are_dispatched_at_once():
+    # psycopg's handler took them while REGISTER_WAITER or SET_WAITER_GETS
+    # ran; the socket then had nothing more to say, and they waited for the
+    # next notification, a change of tickets or the 5 s timeout.
+    async def no_connection() -> psycopg.AsyncConnection:
+        raise AssertionError("not used")
+
+    listener = SharedListener(no_connection)
+    listener._registered = {"q"}
+    listener._conn = object()  # type: ignore[assignment]  # registered: _read would wait on its socket
+    listener._received.append("q")
+    with anyio.fail_after(1):  # at once (it read nothing from the object above)
+        await listener._read(5.0)
+
+
 @pytest.mark.anyio
 async def test_a_subscribe_after_the_listener_stopped_polls_instead_of_waiting_for_ever():
     # A GET whose driver had the listener before the client closed, and
