@@ -12,10 +12,10 @@ Invariants:
   (found by a read-only review).
 * Alembic's version table lives in schema ``pgq`` (``pgq.alembic_version``),
   next to the objects it versions; the schema is created first, in the same
-  transaction (only when missing: a role that owns the schema but may not
-  create schemas in the database, like the embedded server's ``pgq``, can
-  still migrate) because alembic writes that table before the first
-  revision runs.
+  transaction (only when missing: a role that owns the schemas ``pgq`` and
+  ``pgq_staging``, made by revision 0004, but may not create schemas in the
+  database, like the embedded server's ``pgq``, can still migrate) because
+  alembic writes that table before the first revision runs.
 * A schema ``pgq`` that holds objects but no ``pgq.alembic_version`` is not
   ours (Skytools PgQ uses the same name): nothing is touched and the
   migration stops with :class:`~pgq.errors.SchemaNotReadyError`.

@@ -540,8 +540,9 @@ def _write_runtime_conf(data: Path, runner: _Runner, port: int, listen: str) -> 
 # ---------------------------------------------------------------- lifecycle
 
 
-def _prepare_directories(home: Path, runner: _Runner) -> tuple[Path, Path]:
-    created = not home.exists()
+def _prepare_directories(home: Path, runner: _Runner, created: bool) -> tuple[Path, Path]:
+    """data/ and log/ under ``home`` (``created``: by this start, before its
+    lock file: made 0711 then, or only given the search bits it lacks)."""
     home.mkdir(parents=True, exist_ok=True)
     if runner.user is not None:
         # The server user may traverse, not list. A directory the user
@@ -812,6 +813,7 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
     """
     directory = home_directory(home)
     _check_home_path(directory)
+    created = not directory.exists()  # before _locked makes it for its lock file
     with _locked(directory):
         instance = _read_instance(directory)
         if instance is not None and host is not None and host != instance.host \
@@ -822,7 +824,7 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
                 f"the server in {directory} listens on {instance.host}, not {host}: "
                 "stop it first to move it")
         runner = _Runner(find_server_binaries(), _server_user())
-        data, log = _prepare_directories(directory, runner)
+        data, log = _prepare_directories(directory, runner, created)
         if not (data / "PG_VERSION").exists():
             instance = _initdb(directory, data, runner)
         elif instance is None:

@@ -39,9 +39,9 @@ Invariants:
 * **A failing listener degrades to polling**, never to an error: its
   tickets are woken (their GETs claim again, on the pool, which reports an
   unreachable database as usual), and a ticket it could not register
-  waits by sleeping (``Ticket.failed``), as does one that subscribes while
-  the listener waits to try again, or that the listener could not register
-  within its GET's time left. The task reconnects and registers again on
+  waits by sleeping (``Ticket.failed``), as does one that the listener
+  could not register within its GET's time left (a GET that came while the
+  listener waited to try again waited for that, past its TIMEOUT). The task reconnects and registers again on
   the next subscription, and wakes the tickets that waited through the
   failure once more (a job added meanwhile notified nobody).
 
@@ -131,8 +131,9 @@ class Wakeups:
         tickets that waited on them meanwhile (ready already), woken, so
         that their GETs claim once more. A job added between their last
         claim and this registration notified nobody, and waited for the
-        GET's next poll (found by a read-only review). Before a failure
-        a ready ticket's queues are all registered: none is woken then."""
+        GET's next poll (found by a read-only review). A ticket ready
+        otherwise (its GET polls: the listener could not register it in
+        its time) gets one claim more, nothing worse."""
         woken = [t for t in self.tickets if t.ready.is_set() and not queues.isdisjoint(t.queues)]
         for ticket in woken:
             ticket.woken = True
@@ -276,7 +277,6 @@ class SharedListener:
         self._changed = anyio.Event()
         self._reading: anyio.CancelScope | None = None  # the wait for notifications
         self._stopped = False  # run() ended: nothing will make a ticket ready any more
-        self._failing = False  # failed, waiting RETRY before it connects again
 
     # ------------------------------------------------------------ the GETs' side
 
@@ -290,13 +290,14 @@ class SharedListener:
 
     async def subscribe(self, queues: Sequence[str], within: float | None = None) -> Ticket:
         """A GET is about to block on ``queues``: its ticket, once they are
-        registered and LISTENed (or the listener failed, is waiting to try
-        again, or could not register them ``within`` seconds, the GET's
-        time left: ``ticket.failed``, the GET polls). A GET that came while
-        the listener waited to try again waited for that, past its TIMEOUT."""
+        registered and LISTENed (or the listener failed, or could not
+        register them ``within`` seconds, the GET's time left:
+        ``ticket.failed``, the GET polls). A GET that came while the
+        listener waited to try again after a failure waited for that, past
+        its TIMEOUT."""
         ticket = self.wakeups.join(queues)
         try:
-            if self._stopped or self._failing:  # closing, or failed: the GET polls out its wait
+            if self._stopped:  # the client is closing: the GET polls out its wait
                 ticket.failed = True
                 ticket.ready.set()
             elif set(ticket.queues) <= self._registered:
@@ -351,11 +352,7 @@ class SharedListener:
                     for ticket in self.wakeups.all():
                         ticket.ready.set()
                         ticket.event.set()
-                    self._failing = True
-                    try:
-                        await anyio.sleep(RETRY)
-                    finally:
-                        self._failing = False
+                    await anyio.sleep(RETRY)
         finally:
             # A GET waiting to be registered (or subscribing from now on)
             # waited for ever: it polls instead, bounded by its timeout.
@@ -499,7 +496,6 @@ class SyncSharedListener:
         self._received: list[str] = []
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._failing = False  # failed, waiting RETRY before it connects again (under _lock)
         # A socket pair wakes the thread's poll() when the tickets change
         # (made with the thread: a client that never blocks holds no more fds).
         self._poke_in: socket.socket | None = None
@@ -528,10 +524,6 @@ class SyncSharedListener:
                 if self._stopping.is_set():
                     raise psycopg.OperationalError("this client is closed")
                 ticket = self.wakeups.join(queues)
-                if self._failing:  # waiting to try again: the GET polls meanwhile
-                    ticket.failed = True
-                    ticket.ready.set()
-                    return ticket
                 self._start()
             self._poke()
             if not ticket.ready.wait(timeout if within is None else min(within, timeout)):
@@ -611,13 +603,10 @@ class SyncSharedListener:
                     self._drop()
                     with self._lock:
                         woken = self.wakeups.all()
-                        self._failing = True
                     for ticket in woken:
                         ticket.ready.set()
                         ticket.event.set()
                     self._stopping.wait(RETRY)
-                    with self._lock:
-                        self._failing = False
         finally:
             self._close()
 

@@ -545,9 +545,13 @@ def test_a_home_the_user_made_keeps_its_permissions(fresh_home):
     embedded.ensure_running(fresh_home)
     assert fresh_home.stat().st_mode & 0o7777 == 0o1777
     private = Path(tempfile.mkdtemp(prefix="pgq-private-"))  # 0700, as mkdtemp makes it
+    made = private / "made"  # one pgq makes: 0711, whatever the umask (0755 here)
     try:
         embedded.ensure_running(private)
-        assert private.stat().st_mode & 0o7777 == 0o711  # searchable, not listable
+        assert private.stat().st_mode & 0o7777 == 0o711  # searchable now, still not listable
+        embedded.ensure_running(made)
+        assert made.stat().st_mode & 0o7777 == 0o711
     finally:
+        embedded.stop(made)
         embedded.stop(private)
         shutil.rmtree(private, ignore_errors=True)
