@@ -413,6 +413,22 @@ _MERGED_HOLDERS = """
 # counted the re-queue twice (a real-process test under a loaded CI run).
 # The announcement goes out `ahead` seconds early, so this holds for any
 # delay shorter than that; past it the QUEUED tie-break still decides.
+# A copy this node serves: queued, or active with its time here passed (a
+# delayed job whose delay ended: a claim takes it as it takes a queued one;
+# a lease that ran out). Reported and tie-broken as queued: a delayed job
+# stayed 'active' here after its delay, so the other holders' timers
+# queued it too, and two nodes served it with no fault at all (found by a
+# read-only review, in the simulation).
+_QUEUED_HERE = "(j.state = 'queued' OR (j.state = 'active' AND j.requeue_at <= pgq.now()))"
+
+# A NACK's back-off still running here (its timer, requeue_counts false:
+# never shortened): answered as queued, so that a holder whose parked
+# timer came first (_PARKED, ten retries at most) stands aside. It read
+# 'active', and that holder queued the job long before the back-off
+# ended, counting a delivery (found by a read-only review).
+_BACKING_OFF = ("(j.state = 'active' AND NOT j.requeue_counts AND j.retry > 0 "
+                "AND j.cluster_requeue_at > pgq.now())")
+
 _STANDS_ASIDE = """(
     j.state = 'active' AND j.retry > 0
     AND j.cluster_requeue_at < pgq.now() + j.retry * interval '1 second'
@@ -429,7 +445,8 @@ WITH {_GIVEN_HOLDERS}, learned AS (
     WHERE j.id = g.id AND (NOT coalesce(j.nodes_delivered @> g.named, false) OR {_STANDS_ASIDE})
     RETURNING j.id, j.nodes_delivered
 )
-SELECT j.id, j.state, coalesce(l.nodes_delivered, j.nodes_delivered)
+SELECT j.id, CASE WHEN {_QUEUED_HERE} OR {_BACKING_OFF} THEN 'queued' ELSE j.state END,
+       coalesce(l.nodes_delivered, j.nodes_delivered)
 FROM pgq.jobs j LEFT JOIN learned l ON l.id = j.id
 WHERE j.id = ANY (%(ids)s::text[])
 UNION ALL
@@ -452,7 +469,7 @@ SELECT a.id, 'acked', a.nodes FROM pgq.acks a WHERE a.id = ANY (%(ids)s::text[])
 # parked copy back to one retry when the sender turns suspect, dead or gone
 # (UNPARK). A parked copy re-queues as a timer does (requeue_counts): a
 # NACK's back-off it replaced is moot, its job queued at the sender.
-_YIELDS = "(j.state = 'active' OR %(sender)s < %(myself)s)"
+_YIELDS = f"(NOT {_QUEUED_HERE} OR %(sender)s < %(myself)s)"
 # PARKED_RETRIES retries, but never past half the TTL left (nor below one
 # retry): the default retry is a tenth of the TTL, and a timer past the
 # expiry never fires, so a copy whose sender stopped holding the job queued
@@ -471,7 +488,9 @@ UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS},
     additional_deliveries = j.additional_deliveries
                             + (%(counter)s = 'additional_deliveries')::integer,
     state = CASE WHEN j.state = 'queued' AND %(sender)s < %(myself)s THEN 'active' ELSE j.state END,
-    requeue_at = CASE WHEN j.state = 'queued' AND %(sender)s < %(myself)s THEN NULL
+    -- A copy that yields serves nothing here: not at the end of a delay
+    -- still running (the sender queued the job already), nor of a lease.
+    requeue_at = CASE WHEN {_YIELDS} AND (j.retry > 0 OR {_QUEUED_HERE}) THEN NULL
                       ELSE j.requeue_at END,
     cluster_requeue_at = CASE
         WHEN j.retry = 0 THEN j.cluster_requeue_at
@@ -481,7 +500,7 @@ UPDATE pgq.jobs j SET nodes_delivered = {_MERGED_HOLDERS},
     requeue_counts = j.requeue_counts OR (j.retry > 0 AND {_YIELDS})
 FROM given g
 WHERE j.id = g.id AND j.state <> 'wait-repl' AND NOT {_STILL_PARKED}
-RETURNING j.id, j.state = 'queued' AS kept, j.nodes_delivered
+RETURNING j.id, NOT {_YIELDS} AS kept, j.nodes_delivered
 """
 
 # Copies parked on holders that turned suspect, dead or gone: back to one
@@ -613,6 +632,7 @@ SELECT w.queue, coalesce((SELECT sum(c.queued) FROM pgq.queue_counters c
                           WHERE c.queue = w.queue), 0)::bigint
 FROM (SELECT DISTINCT queue FROM pgq.waiters x
       WHERE EXISTS (SELECT 1 FROM pg_stat_get_activity(x.pid))) AS w
+WHERE NOT EXISTS (SELECT 1 FROM pgq.queues p WHERE p.name = w.queue AND p.paused IN ('out', 'all'))
 """
 
 QUEUE_READY = """

@@ -250,6 +250,40 @@ def test_an_at_most_once_job_is_never_requeued(sim_databases):
     assert s.get("n1") == []
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_a_delayed_job_is_served_by_one_node_once_its_delay_ends(sim_databases, asynchronous):
+    """The origin's copy of a delayed job stays 'active' past its delay (a
+    claim takes it then). It read as active to the other holders' timers,
+    which queued the job too: two nodes served it, with no fault at all,
+    and every copy counted an additional delivery (a read-only review
+    found it in the simulation)."""
+    s = cluster(sim_databases)
+    job = s.do("n1", lambda ses: commands.add_jobs(
+        ses, "q", [b"x"], params(replicate=3, delay=2, retry=3, asynchronous=asynchronous)),
+        "delayed add")[0]
+    s.until(lambda: len(s.holders(job)) == 3, 5.0, "three copies")
+    s.run_for(6.0)  # past the delay and the other copies' first timers (delay + retry)
+    served = [name for name in s.names if [j.id for j in s.get(name)] == [job]]
+    assert len(served) == 1, served
+    assert set(s.counters(job).values()) <= {(0, 0)}
+
+
+def test_a_nacks_back_off_holds_on_every_holder(sim_databases):
+    """A NACK with a back-off longer than ten retries: the other holders'
+    copies parked for ten retries at most, then their timers found the
+    nacking node's copy 'active' and queued the job long before the back-off
+    ended (found by a read-only review)."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3, retry=1)
+    assert [j.id for j in s.get("n1")] == [job]
+    began = s.now
+    assert s.do("n1", lambda ses: commands.nack_jobs(ses, [job], delay=30.0), "nack, 30 s") == 1
+    s.holds(lambda: s.queued_on(job) == [], 28.0, "no copy queued during the back-off")
+    again = s.until(lambda: next((n for n in s.names if s.get(n)), None), 10.0, "delivered again")
+    assert s.now - began >= 29.0 and again
+    assert set(s.counters(job).values()) == {(1, 0)}
+
+
 def test_working_keeps_every_copy_unqueued(sim_databases):
     s = cluster(sim_databases)
     job = s.add("n1", b"x", replicate=3, retry=2)
@@ -806,6 +840,23 @@ def test_a_queue_paused_for_output_is_not_exported(sim_databases):
     assert s.get("n1", timeout=3) == []
     s.do("n2", lambda ses: commands.pause(ses, "q", ["none"]), "unpause")
     assert [j.id for j in s.get("n1", timeout=5)] == [job]
+
+
+def test_a_node_whose_queue_is_paused_for_output_imports_nothing(sim_databases):
+    """A consumer blocked on a queue paused for output here asked the other
+    nodes for jobs (NEEDJOBS) that nobody here could take: an at-most-once
+    job moved here out of reach, and an at-least-once one stayed parked
+    (found by a read-only review)."""
+    s = cluster(sim_databases)
+    s.do("n2", lambda ses: commands.pause(ses, "q", ["out"]), "pause out on n2")
+    blocked = s.start("n2", lambda ses: commands.get_jobs(ses, ["q"], 1, 30.0, False, False),
+                      "a blocked get on n2", listen=True)
+    added = [s.add("n1", b"%d" % i, replicate=1, retry=retry)
+             for i, retry in enumerate((0.0, 0.0, 5.0, 5.0))]
+    s.run_for(3.0)
+    assert all(s.holders(job) == {"n1": "queued"} for job in added)
+    assert sorted(j.id for j in s.get("n1", count=10)) == sorted(added)
+    assert not blocked.done
 
 
 def test_a_pause_broadcast_reaches_every_node(sim_databases):
