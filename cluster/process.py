@@ -9,11 +9,12 @@ and leaves nothing behind:
 1. check the arguments and the cluster secret;
 2. take the node directory (a second start of the same node stops here:
    "n1 is already running (pid N)");
-3. bind the bus address (in use: one line saying so);
+3. bind the bus address, and check the fronts' and the metrics' (in use:
+   one line saying so);
 4. start (or find) the node's embedded PostgreSQL, migrate it, and take the
    database's node lock (one node process per database);
-5. serve. A failure in 4 or 5 before the node served stops the PostgreSQL
-   this start launched.
+5. serve. A failure in 4 or 5 before the node serves (its protocol loop
+   started: ``_serve`` says so) stops the PostgreSQL this start launched.
 
 SIGUSR1 writes every thread's Python stack to the node's standard error
 (its log under ``pgq demo`` and the local clusters), without stopping it:
@@ -45,7 +46,8 @@ import anyio
 
 from pgq.contracts import NODE_LOCK_KEY  # held by the node process serving a database
 from pgq.errors import InvalidArgumentError, PgqError
-from pgq.fronts import Fronts, FrontsThread
+from pgq.fronts import Fronts, FrontsThread, check_free
+from pgq.metrics import check_free as check_metrics_free
 
 from . import secret as cluster_secret
 from .addresses import parse_address
@@ -225,9 +227,18 @@ def _run_node(name: str, bus: str, data: str | None, dsn: str | None, joins: tup
     listener: socket.socket | None = None
     lock: NodeLock | None = None
     launched = False  # this start launched the embedded PostgreSQL
-    served = False
+    served = threading.Event()  # the node serves (set by _serve): a failure leaves PostgreSQL up
     try:
         listener = bind_bus(host, port)
+        # Every address before PostgreSQL starts. A front's taken port was
+        # found by the fronts' thread, which logged a traceback while the
+        # node went on without any front (its RESP address advertised all
+        # the same); a metrics port in use ended the start with PostgreSQL
+        # left running (found by a read-only review).
+        if fronts:
+            check_free(fronts)
+        if metrics:
+            check_metrics_free(metrics)
         if directory is not None:
             directory.write(name=name, bus=f"{host}:{port}", pid=os.getpid(), state="starting")
         if dsn is None:
@@ -237,16 +248,16 @@ def _run_node(name: str, bus: str, data: str | None, dsn: str | None, joins: tup
         migrate(dsn)
         lock = NodeLock(dsn, name)
         lock.take()
-        served = True
         served_fronts = FrontsThread(dsn, fronts).start() if fronts else None
         try:
             return _serve(name, dsn, host, port, peers, secret, metrics, listener, directory,
-                          advertised(advertise_dsn, dsn), resp_address(fronts, host), lock)
+                          advertised(advertise_dsn, dsn), resp_address(fronts, host), lock,
+                          served)
         finally:
             if served_fronts is not None:
                 served_fronts.stop()
     except BaseException:
-        if launched and not served and directory is not None:
+        if launched and not served.is_set() and directory is not None:
             with contextlib.suppress(Exception):
                 embedded.stop(directory.postgres)
         raise
@@ -298,7 +309,7 @@ def advertised(option: str | None, dsn: str) -> str:
 def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int]],
            secret: bytes, metrics: str | None, listener: socket.socket,
            directory: NodeDirectory | None, advertise_dsn: str, advertise_resp: str,
-           lock: NodeLock) -> int:
+           lock: NodeLock, served: threading.Event) -> int:
     from .node import Node, NodeSettings
 
     settings = NodeSettings(name=name, dsn=dsn, bus_host=host, bus_port=port,
@@ -310,6 +321,7 @@ def _serve(name: str, dsn: str, host: str, port: int, peers: list[tuple[str, int
         async with anyio.create_task_group() as tasks:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 await tasks.start(node.run)
+                served.set()
                 if directory is not None:
                     directory.write(id=node.node_id, dsn=dsn, state="running")
                 async for _signal in signals:

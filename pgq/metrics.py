@@ -43,6 +43,24 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", number
 
 
+def check_free(listen: str) -> None:
+    """Raise PgqError now if HOST:PORT ``listen`` cannot be served (a port
+    in use), as :func:`serve` would later: a node checks it before its
+    database starts, which a failure after it left running."""
+    from .errors import PgqError
+    from .ports import bindable
+
+    host, port = parse_listen(listen)
+    try:
+        free = bindable(host, port, reuse_address=True)  # as Python's HTTP servers bind
+    except OSError as exc:  # a name that does not resolve
+        raise PgqError(f"cannot serve metrics on {listen}: {exc.strerror or exc}; "
+                       "choose another --metrics address") from None
+    if free is None:
+        raise PgqError(f"cannot serve metrics on {listen}: it is in use; "
+                       "choose another --metrics address")
+
+
 def serve(registry: CollectorRegistry, listen: str) -> None:
     """Serve ``registry`` for Prometheus on HOST:PORT, in a thread."""
     from .errors import PgqError

@@ -170,6 +170,23 @@ def test_a_start_that_fails_leaves_nothing_behind(node_dir):
     assert not (data / "postgres" / "data" / "postmaster.pid").exists()  # no PostgreSQL left
     assert NodeDirectory(data).running_pid() is None
 
+    # A front's or the metrics' port in use: one line too, before PostgreSQL
+    # starts. The node served without any front (a traceback in its log, its
+    # RESP address advertised all the same), or failed with PostgreSQL left up.
+    for option in ("--http", "--metrics"):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            failed = pgq_cli("node", "start", "--name", "n2", "--data", str(data),
+                             "--bus", f"127.0.0.1:{free_port('127.0.0.1')}",
+                             "--secret-file", str(secret), option, f"127.0.0.1:{port}",
+                             timeout=60)
+        lines = [line for line in failed.stderr.splitlines() if line.strip()]
+        assert failed.returncode == 1 and len(lines) == 1, (option, failed.stderr)
+        assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0], (option, lines)
+        assert not (data / "postgres" / "data" / "postmaster.pid").exists(), option
+
     weak = root / "weak"
     weak.write_text("a long shared cluster secret")
     refused = pgq_cli("node", "start", "--name", "n2", "--data", str(data),
