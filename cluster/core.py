@@ -612,7 +612,9 @@ class NodeCore:
                 asked.setdefault(peer, []).append(job_id)
                 askers.setdefault(job_id, set()).add(peer)
         ids = list(told)
-        rows = yield _rows(sql.APPLY_SETACK, {"ids": ids, "nodes": [_csv(told[i]) for i in ids]})
+        rows = yield _rows(sql.APPLY_SETACK, {"ids": ids, "nodes": [_csv(told[i]) for i in ids],
+                                              "askers": [_csv(askers[i]) for i in ids],
+                                              "myself": self.node_id})
         for job_id in ids:
             self.replicator.forget(job_id)
         known = {r[0]: bool(r[1]) for r in rows}

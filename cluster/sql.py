@@ -301,17 +301,32 @@ WHERE state = 'active' AND requeue_at IS NULL AND cluster_requeue_at IS NULL
 # late copy cannot resurrect it. `known` tells the sender whether we held it;
 # `nodes` are the holders we knew, so the node layer can tell whether we
 # know holders the sender does not.
+# The tombstone keeps the holders only this node knew of (the copy's
+# holders beyond those the senders named, the senders and this node) with
+# the named ones, as TRACK_ACK_GC writes them for the GC this node drives
+# (pgq.cluster.acks.take_over): written by TRACK_ACK_GC alone, they were
+# lost to a crash between the two statements (the copy, which named them,
+# deleted here), and the SETACK sent again found a tombstone naming none.
+# Those holders never heard of the ACK, and their timers delivered the job
+# again (found by a read-only review).
 APPLY_SETACK = """
 WITH incoming AS (
-    SELECT * FROM unnest(%(ids)s::text[], %(nodes)s::text[]) AS u(id, nodes)
+    SELECT u.id, u.nodes, string_to_array(u.nodes, ',') || string_to_array(u.askers, ',')
+                          || %(myself)s::text AS known
+    FROM unnest(%(ids)s::text[], %(nodes)s::text[], %(askers)s::text[]) AS u(id, nodes, askers)
 ), existing AS (  -- a dummy tombstone knows no holder: it answers 'unknown'
     SELECT id, nodes FROM pgq.acks WHERE id = ANY (%(ids)s::text[]) AND NOT dummy
 ), gone AS (
     DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
     RETURNING id, queue, expires_at, nodes_delivered
 ), tombstones AS (
-    INSERT INTO pgq.acks AS a (id, queue, expires_at, dummy)
-    SELECT g.id, g.queue, g.expires_at, false FROM gone g
+    INSERT INTO pgq.acks AS a (id, queue, expires_at, dummy, nodes)
+    SELECT g.id, g.queue, g.expires_at, false,
+           CASE WHEN EXISTS (SELECT 1 FROM unnest(g.nodes_delivered) AS n WHERE n <> ALL (i.known))
+                THEN ARRAY(SELECT DISTINCT n FROM unnest(
+                    g.nodes_delivered || array_remove(string_to_array(i.nodes, ','), '')) AS n
+                    ORDER BY n) END
+    FROM gone g JOIN incoming i ON i.id = g.id
     ON CONFLICT (id) DO NOTHING
 )
 SELECT i.id, (g.id IS NOT NULL OR e.id IS NOT NULL) AS known,

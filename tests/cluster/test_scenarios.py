@@ -779,6 +779,28 @@ def test_an_acking_node_that_crashes_resumes_its_gc_from_its_database(sim_databa
     s.until(collected(s, job), 20.0, "every trace gone once n1 is back")
 
 
+def test_a_setack_applied_again_after_a_crash_still_names_the_holders_only_this_node_knew(
+        sim_databases):
+    """APPLY_SETACK deleted the copy, which named the holders, and committed;
+    TRACK_ACK_GC wrote the ones this node must tell in a second statement. A
+    crash between the two (the simulation crashes between steps only: here
+    the first statement runs alone, as that crash leaves it) and the SETACK
+    sent again found a tombstone naming none: those holders never heard of
+    the ACK (found by a read-only review)."""
+    from pgq.cluster import sql as cluster_sql
+
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=3)
+    s.until(lambda: len(copies(s, job)) == 3, 3.0, "three copies")
+    s.crash("n2")  # its core stays out of the way: the statements below are the crashed step's
+    n1, n2, n3 = (s.node(n).node_id for n in ("n1", "n2", "n3"))
+    setack = {"ids": [job], "nodes": [n1], "askers": [n1], "myself": n2}  # n1 knew of n3 no more
+    first = s.sql("n2", cluster_sql.APPLY_SETACK, setack)
+    assert n3 in first[0][2]
+    again = s.sql("n2", cluster_sql.APPLY_SETACK, setack)  # sent again: the crash lost GOTACK
+    assert again[0][1] and n3 in again[0][2], again
+
+
 def test_an_ack_reaches_a_holder_that_imported_the_job(sim_databases):
     """A holder learnt of late (a federation import) is told of the ACK:
     by the announcements' holder lists, or by a holder that knows more
