@@ -48,6 +48,7 @@ __all__ = ["Replicator", "Pending", "WIDEN_EVERY", "GRACE"]
 WIDEN_EVERY = 0.05  # Disque's DELAYED_JOB_ADD_NODE_MIN_PERIOD
 RESEND_EVERY = 1.0  # the first re-send to a silent target; doubling after
 RESEND_MAX = 60.0
+RESEND_DOUBLINGS = 6  # 2 ** 6 s is past RESEND_MAX
 # How long the last copies of a defaulted-W job may take before a minimum
 # suffices: far above a healthy confirmation (a few ms), far below the
 # client's replication timeout (5 s).
@@ -109,6 +110,7 @@ class Replicator:
         self._expiry: list[tuple[float, str]] = []
         self._soft: set[str] = set()
         self._unrecorded: set[str] = set()
+        self._reachable: frozenset[str] = frozenset()  # at the last sends()
 
     def add(self, copy: JobCopy, needed: int, sync: bool, now: float, ttl_left: float,
             minimum: int | None = None, external: bool = False) -> None:
@@ -214,6 +216,15 @@ class Replicator:
     def sends(self, now: float, reachable: list[str]) -> dict[str, list[JobCopy]]:
         """REPLJOBs to send now, grouped by peer: of the jobs due now only."""
         out: dict[str, list[JobCopy]] = {}
+        reachable_now = frozenset(reachable)
+        if reachable_now - self._reachable:
+            # A peer came (back): every job short of copies may widen to it
+            # now, not at its next re-send (up to a minute out).
+            for entry in self.pending.values():
+                entry.due = now
+                entry.next_widen = min(entry.next_widen, now)
+                heapq.heappush(self._due, (now, entry.copy.id))
+        self._reachable = reachable_now
         while self._due and self._due[0][0] <= now:
             due, job_id = heapq.heappop(self._due)
             entry = self.pending.get(job_id)
@@ -248,7 +259,9 @@ class Replicator:
                 targets.append(self.rng.choice(candidates))
         if now >= entry.next_resend:
             entry.next_resend = now + min(RESEND_EVERY * 2 ** entry.resends, RESEND_MAX)
-            entry.resends += 1
+            # Capped: 2.0 ** 1024 overflows (17 h of re-sends), and the job
+            # fell out of the heap for good (found by a read-only review).
+            entry.resends = min(entry.resends + 1, RESEND_DOUBLINGS)
             targets += [n for n in entry.sent - entry.confirmed if n in reachable]
         return targets
 

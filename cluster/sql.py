@@ -192,6 +192,16 @@ STORE_COPIES = contracts.STORE_COPIES
 # them (SKIP LOCKED: a batch armed later looked like an empty queue).
 _ARMED = "pgq.now() + (j.retry + random() * 0.5) * interval '1 second'"
 
+# A delayed copy here (active, never delivered, its delay still running)
+# that has holders elsewhere: its timer is its delay's end, a timer that
+# counts nothing (requeue_counts false), so that TIMERS queues it then, as a
+# real queued copy: announced (the other holders stand aside), exportable
+# by federation, watched. Without it the copy stayed 'active' past its
+# delay, served only by a GET on this node (found by a read-only review).
+def _delay_timer(holders: str) -> str:
+    return (f"(j.state = 'active' AND j.enqueues = 0 AND j.requeue_at > pgq.now() "
+            f"AND j.retry > 0 AND cardinality({holders}) > 1)")
+
 # Synchronous replication achieved: queue the job (or keep it active until
 # its delay), record its holders, wake the client waiting for it. A durable
 # commit: the client is told at once, and a crash of PostgreSQL alone
@@ -211,7 +221,14 @@ WITH done AS (
         cluster_requeue_at = CASE WHEN NOT coalesce(j.requeue_at > pgq.now(), false)
                                        AND j.retry > 0
                                        AND cardinality(string_to_array(u.delivered, ',')) > 1
-                                  THEN {_ARMED} ELSE j.cluster_requeue_at END
+                                  THEN {_ARMED}
+                                  WHEN j.requeue_at > pgq.now() AND j.retry > 0
+                                       AND cardinality(string_to_array(u.delivered, ',')) > 1
+                                  THEN j.requeue_at  -- its delay's end (see _delay_timer)
+                                  ELSE j.cluster_requeue_at END,
+        requeue_counts = NOT coalesce(j.requeue_at > pgq.now() AND j.retry > 0
+                                      AND cardinality(string_to_array(u.delivered, ',')) > 1,
+                                      false)
     FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
         AS u(id, delivered, confirmed)
     WHERE j.id = u.id AND j.state = 'wait-repl'
@@ -241,7 +258,13 @@ UPDATE pgq.jobs j SET
     cluster_requeue_at = CASE WHEN j.state = 'queued' AND j.cluster_requeue_at IS NULL
                                    AND j.retry > 0
                                    AND cardinality(string_to_array(u.delivered, ',')) > 1
-                              THEN {_ARMED} ELSE j.cluster_requeue_at END
+                              THEN {_ARMED}
+                              WHEN j.cluster_requeue_at IS NULL
+                                   AND {_delay_timer("string_to_array(u.delivered, ',')")}
+                              THEN j.requeue_at
+                              ELSE j.cluster_requeue_at END,
+    requeue_counts = j.requeue_counts AND NOT coalesce(
+        j.cluster_requeue_at IS NULL AND {_delay_timer("string_to_array(u.delivered, ',')")}, false)
 FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
     AS u(id, delivered, confirmed)
 WHERE j.id = u.id
@@ -265,7 +288,13 @@ UPDATE pgq.jobs j SET
     cluster_requeue_at = CASE WHEN j.state = 'queued' AND j.cluster_requeue_at IS NULL
                                    AND j.retry > 0
                                    AND cardinality(string_to_array(u.delivered, ',')) > 1
-                              THEN {_ARMED} ELSE j.cluster_requeue_at END
+                              THEN {_ARMED}
+                              WHEN j.cluster_requeue_at IS NULL
+                                   AND {_delay_timer("string_to_array(u.delivered, ',')")}
+                              THEN j.requeue_at
+                              ELSE j.cluster_requeue_at END,
+    requeue_counts = j.requeue_counts AND NOT coalesce(
+        j.cluster_requeue_at IS NULL AND {_delay_timer("string_to_array(u.delivered, ',')")}, false)
 FROM unnest(%(ids)s::text[], %(delivered)s::text[]) AS u(id, delivered), relaxed
 WHERE j.id = u.id
 RETURNING j.id
@@ -428,13 +457,15 @@ _MERGED_HOLDERS = """
 # counted the re-queue twice (a real-process test under a loaded CI run).
 # The announcement goes out `ahead` seconds early, so this holds for any
 # delay shorter than that; past it the QUEUED tie-break still decides.
-# A copy this node serves: queued, or active with its time here passed (a
-# delayed job whose delay ended: a claim takes it as it takes a queued one;
-# a lease that ran out). Reported and tie-broken as queued: a delayed job
-# stayed 'active' here after its delay, so the other holders' timers
-# queued it too, and two nodes served it with no fault at all (found by a
-# read-only review, in the simulation).
-_QUEUED_HERE = "(j.state = 'queued' OR (j.state = 'active' AND j.requeue_at <= pgq.now()))"
+# A copy this node serves: queued, or a delayed one whose delay ended
+# (active, never delivered: a claim takes it as it takes a queued one, until
+# its timer queues it, see _delay_timer). Reported and tie-broken as
+# queued: a delayed job stayed 'active' here after its delay, so the other
+# holders' timers queued it too, and two nodes served it with no fault at
+# all (found by a read-only review, in the simulation). A lease that ran out
+# is not: that job is re-queued by some holder, counting a delivery.
+_QUEUED_HERE = ("(j.state = 'queued' OR (j.state = 'active' AND j.enqueues = 0 "
+                "AND j.requeue_at <= pgq.now()))")
 
 # A NACK's back-off still running here (its timer, requeue_counts false:
 # never shortened): answered as queued, so that a holder whose parked

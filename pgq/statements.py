@@ -237,7 +237,7 @@ WITH {_many_refusals(names)}, input AS (
 {rows}), inserted AS (
     INSERT INTO pgq.jobs (id, queue, state, body, repl, repl_min, retry, delay, expires_at,
                           requeue_at, queued_at, enqueues, nodes_delivered, nodes_confirmed,
-                          repl_waiter, priority, cluster_requeue_at)
+                          repl_waiter, priority, cluster_requeue_at, requeue_counts)
     SELECT i.id, i.queue,
            CASE WHEN %(wait)s THEN 'wait-repl' WHEN i.delay > 0 THEN 'active' ELSE 'queued' END,
            i.body, i.repl, i.repl_min, i.retry, i.delay,
@@ -250,9 +250,13 @@ WITH {_many_refusals(names)}, input AS (
            -- A queued copy with holders elsewhere (direct copies) keeps watch
            -- from the start (schema 0009), as TIMERS would arm it: a batch
            -- armed later is locked while the node does it, and claims skip it.
-           CASE WHEN NOT %(wait)s AND i.delay <= 0 AND i.retry > 0
-                     AND cardinality(string_to_array(i.holders, ',')) > 1
-                THEN pgq.now() + (i.retry + random() * 0.5) * interval '1 second' END
+           -- A delayed one: its delay's end, counting nothing (see
+           -- pgq.cluster.sql _delay_timer).
+           CASE WHEN %(wait)s OR i.retry <= 0 OR cardinality(string_to_array(i.holders, ',')) < 2
+                THEN NULL
+                WHEN i.delay <= 0 THEN pgq.now() + (i.retry + random() * 0.5) * interval '1 second'
+                ELSE pgq.now() + i.delay * interval '1 second' END,
+           %(wait)s OR i.delay <= 0 OR i.retry <= 0 OR cardinality(string_to_array(i.holders, ',')) < 2
     FROM input i
     WHERE NOT EXISTS (SELECT 1 FROM leaving)
       AND NOT EXISTS (SELECT 1 FROM paused p WHERE p.name = i.queue)

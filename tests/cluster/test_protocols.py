@@ -180,6 +180,25 @@ def test_re_sends_to_a_silent_target_back_off_and_a_step_looks_at_due_jobs_only(
     assert len(r._due) == 1  # one place in the heap, not one per step
 
 
+def test_a_peer_that_comes_back_is_widened_to_at_once_and_re_sends_never_overflow():
+    # Widening waited for the job's next re-send (up to a minute), and
+    # 2.0 ** 1024 (17 h of re-sends) raised, dropping the job from the heap.
+    r = Replicator("me", random.Random(7))
+    r.add(copy(), 2, sync=True, now=0.0, ttl_left=86400 * 2)
+    assert list(r.sends(0.0, ["a"])) == ["a"]  # b is down
+    r.confirmed("a", ["J"])
+    now = 0.0
+    for _ in range(30):  # the re-sends back off to a minute apart
+        now += 10.0
+        r.sends(now, ["a"])
+    assert "b" in r.sends(now + 0.025, ["a", "b"])  # b is back: widened to at once
+    r.pending["J"].sent.discard("b")
+    for _ in range(2000):  # 33 h with a silent target: no overflow, still pending
+        now += 60.0
+        r.sends(now, ["a"])
+    assert "J" in r.pending and any(job_id == "J" for _, job_id in r._due)
+
+
 def test_jobs_that_got_their_copies_leave_no_trace_behind():
     r = Replicator("me", random.Random(6))
     for i in range(5000):

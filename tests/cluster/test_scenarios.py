@@ -268,6 +268,25 @@ def test_a_delayed_job_is_served_by_one_node_once_its_delay_ends(sim_databases, 
     assert set(s.counters(job).values()) <= {(0, 0)}
 
 
+@pytest.mark.parametrize(("asynchronous", "direct"), [(False, False), (True, False), (False, True)],
+                         ids=["sync", "async", "direct copies"])
+def test_a_delayed_job_reaches_a_consumer_on_another_node(sim_databases, asynchronous, direct):
+    """Once its delay ended, the origin's copy stayed 'active': only a GET
+    on the origin could take it (no export, no counter), and the other
+    holders, told it was queued there, parked on it for its whole TTL (a
+    review of this stop's first fix found it). Its timer now queues it at
+    the delay's end."""
+    s = cluster(sim_databases, direct=direct)
+    blocked = s.start("n2", lambda ses: commands.get_jobs(ses, ["q"], 1, 60.0, False, False),
+                      "a blocked get on n2", listen=True)
+    job = s.do("n1", lambda ses: commands.add_jobs(
+        ses, "q", [b"x"], params(replicate=3, delay=2, retry=3, asynchronous=asynchronous)),
+        "delayed add on n1")[0]
+    s.until(lambda: blocked.done, 10.0, "the job on n2")
+    assert [j.id for j in blocked.value] == [job]
+    assert set(s.counters(job).values()) <= {(0, 0)}
+
+
 def test_a_nacks_back_off_holds_on_every_holder(sim_databases):
     """A NACK with a back-off longer than ten retries: the other holders'
     copies parked for ten retries at most, then their timers found the
