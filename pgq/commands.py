@@ -1125,8 +1125,13 @@ def _claim(session: Session, queues: list[str], count: int) -> Command[tuple[lis
     starts = floors.for_claim(queues, session.clock())
     started = session.clock()
     jobs, epoch, due = yield from _claim_from(session, queues, starts, count)
-    floors.claimed(queues, starts, [(j.queue, j.ctime) for j in jobs if j.from_ready],
-                   started, session.clock(), epoch=epoch)
+    # A claim in the caller's transaction (conn=) may roll back: its jobs
+    # then come back below a floor it moved, hidden from every claim of the
+    # process until the next full walk (up to FULL_WALK_EVERY, 2 s; found
+    # by a read-only review). It reads the floors, and moves none.
+    if session.owned:
+        floors.claimed(queues, starts, [(j.queue, j.ctime) for j in jobs if j.from_ready],
+                       started, session.clock(), epoch=epoch)
     if known is not None and epoch != known and len(jobs) < count \
             and any(start != FROM_THE_FRONT for start in starts):
         more, _epoch, due = yield from _claim_from(session, queues, [FROM_THE_FRONT] * len(queues),

@@ -8,8 +8,11 @@ roll back with the caller's business writes. Accepted:
 * async: :class:`psycopg.AsyncConnection`, SQLAlchemy ``AsyncConnection`` or
   ``AsyncSession`` on the ``postgresql+psycopg`` driver.
 
-A SQLAlchemy session is asked for its connection, which begins its
-transaction if none is open; pgq never commits, rolls back or flushes it.
+A SQLAlchemy session is asked for its connection, and a SQLAlchemy
+connection's transaction is begun if none is open (so that its ``commit()``
+commits pgq's statements too); pgq never commits, rolls back or flushes it.
+The statements run with tuple rows and server-side parameters whatever the
+connection's row and cursor factories (pgq.driver).
 Anything else raises :class:`~pgq.errors.InvalidTypeError` saying what is
 accepted.
 """
@@ -35,7 +38,13 @@ _ASYNC_HELP = (
 
 
 def _driver_connection(sa_connection: Any) -> Any:
-    fairy = sa_connection.connection  # begins the SQLAlchemy transaction if needed
+    # SQLAlchemy begins its transaction on its own execute() only: pgq's
+    # statements ran in a server transaction SQLAlchemy did not know of,
+    # its commit() did nothing, and the pool rolled them back (an add or an
+    # ack "committed" and lost; found by a read-only review).
+    if not sa_connection.in_transaction():
+        sa_connection.begin()
+    fairy = sa_connection.connection
     return getattr(fairy, "driver_connection", None)
 
 
@@ -74,6 +83,8 @@ async def async_connection(conn: object) -> psycopg.AsyncConnection[Any]:
     if isinstance(conn, SAAsyncSession):
         conn = await conn.connection()
     if isinstance(conn, SAAsyncConnection):
+        if not conn.in_transaction():  # as _driver_connection
+            await conn.begin()
         raw = (await conn.get_raw_connection()).driver_connection
         if isinstance(raw, psycopg.AsyncConnection):
             return raw

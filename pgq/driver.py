@@ -40,6 +40,7 @@ import anyio
 import anyio.lowlevel
 import psycopg
 from psycopg.pq import ExecStatus
+from psycopg.rows import tuple_row
 
 from . import cancelsafe
 from . import statements as sql
@@ -100,6 +101,26 @@ def extract(cursor: Any, result: Result, rows: list[Any] | None) -> Any:
     return None
 
 
+def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """A cursor whose rows are tuples and whose parameters the server binds,
+    whatever the connection's own factories: a caller's connection (conn=)
+    may have a dict row factory (a row unpacked into its column names: an
+    add returned the ID "existing", a claim committed then failed, leaving
+    its job leased) or Django's ClientCursor (the smallest bigint inlined as
+    ``-9223372036854775808::bigint`` overflows: every full-walk claim
+    failed). Found by a read-only review."""
+    if conn.row_factory is tuple_row and conn.cursor_factory is psycopg.Cursor:
+        return conn.cursor()
+    return psycopg.Cursor(conn, row_factory=tuple_row)
+
+
+def _async_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
+    """As :func:`_cursor`, for async connections."""
+    if conn.row_factory is tuple_row and conn.cursor_factory is psycopg.AsyncCursor:
+        return conn.cursor()
+    return psycopg.AsyncCursor(conn, row_factory=tuple_row)
+
+
 class SyncDriver:
     """Runs commands on a blocking :class:`psycopg.Connection`."""
 
@@ -140,7 +161,7 @@ class SyncDriver:
     def _handle(self, request: Request) -> Any:
         conn = self.conn
         if isinstance(request, Query):
-            cursor = conn.execute(request.sql, request.params, prepare=self.prepare)
+            cursor = _cursor(conn).execute(request.sql, request.params, prepare=self.prepare)
             rows = cursor.fetchall() if _has_rows(cursor) else None
             return extract(cursor, request.result, rows)
         if isinstance(request, Begin):
@@ -359,7 +380,8 @@ class AsyncDriver:
     async def _handle(self, request: Request) -> Any:
         conn = self.conn
         if isinstance(request, Query):
-            cursor = await conn.execute(request.sql, request.params, prepare=self.prepare)
+            cursor = await _async_cursor(conn).execute(request.sql, request.params,
+                                                       prepare=self.prepare)
             rows = await cursor.fetchall() if _has_rows(cursor) else None
             return extract(cursor, request.result, rows)
         if isinstance(request, Begin):

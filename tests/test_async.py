@@ -91,6 +91,10 @@ async def test_transactions_with_async_psycopg_and_sqlalchemy(dsn):
         assert await client.show(job_id) is None
         engine = create_async_engine(dsn.replace("postgresql://", "postgresql+psycopg://"))
         try:
+            async with engine.connect() as alone:  # pgq's add, the only work: committed too
+                job_id = await client.add_job("atx", b"alone", conn=alone)
+                await alone.commit()
+            assert (await client.show(job_id))["state"] == "queued"
             async with AsyncSession(engine) as session:
                 await session.execute(text("SELECT 1"))
                 job_id = await client.add_job("atx", b"y", conn=session)

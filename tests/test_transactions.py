@@ -146,6 +146,56 @@ def test_sqlalchemy_connection(client, engine):
     assert client.show(job_id)["state"] == "queued"
 
 
+def test_a_sqlalchemy_connection_commits_pgqs_work_when_it_is_alone_in_it(client, engine):
+    """SQLAlchemy begins its transaction on its own execute() only: an add
+    or an ack that was the only work of a Connection ran in a transaction
+    SQLAlchemy did not know of, its commit() did nothing, and the pool
+    rolled it back: "added" and "acknowledged", and lost."""
+    with engine.connect() as conn:
+        job_id = client.add_job("sa-alone", b"x", conn=conn)
+        conn.commit()
+    assert client.show(job_id)["state"] == "queued"
+    assert [j.id for j in client.get_job("sa-alone")] == [job_id]
+    with engine.connect() as conn:
+        assert client.ack_job(job_id, conn=conn) == 1
+        conn.commit()
+    assert client.show(job_id) is None
+
+
+def test_a_caller_connection_with_its_own_row_and_cursor_factories(dsn, client):
+    """pgq's statements ran with the caller's factories: with dict rows an
+    add returned the ID "existing" and a claim committed, then failed,
+    leaving its job leased; Django's ClientCursor inlined the smallest
+    bigint of a full-walk claim, which overflowed."""
+    from psycopg.rows import dict_row
+
+    with psycopg.connect(dsn, row_factory=dict_row, autocommit=True) as conn:
+        job_id = client.add_job("factories", b"x", conn=conn)
+        assert job_id.startswith("D-") and client.show(job_id)["state"] == "queued"
+        assert [j.id for j in client.get_job("factories", conn=conn)] == [job_id]
+        assert client.working(job_id, conn=conn) > 0
+        assert client.ack_job(job_id, conn=conn) == 1
+    with psycopg.connect(dsn, cursor_factory=psycopg.ClientCursor) as conn:
+        job_id = client.add_job("client-cursor", b"y", conn=conn)
+        assert [j.id for j in client.get_job("client-cursor", conn=conn)] == [job_id]
+        conn.commit()
+
+
+def test_a_claim_rolled_back_hides_none_of_its_jobs(dsn, client):
+    """A claim in the caller's transaction moved the process's claim floor
+    past its jobs: rolled back, they were found again only by the next full
+    walk, up to 2 s later (the single-job test above did not show it)."""
+    ids = [client.add_job("floor-tx", b"%d" % i) for i in range(6)]
+    with psycopg.connect(dsn, autocommit=True) as conn:  # 200 ms apart, past the floors' margin
+        conn.execute("UPDATE pgq.jobs j SET ctime = j.ctime - (7 - o.n) * 200000000 "
+                     "FROM (SELECT id, row_number() OVER (ORDER BY ctime) AS n FROM pgq.jobs "
+                     "      WHERE queue = 'floor-tx') o WHERE j.id = o.id")
+    with psycopg.connect(dsn) as conn:
+        assert len(client.get_job("floor-tx", conn=conn, count=6)) == 6
+        conn.rollback()
+    assert sorted(j.id for j in client.get_job("floor-tx", nohang=True, count=6)) == sorted(ids)
+
+
 def test_unsupported_connections_are_type_errors(client):
     with pytest.raises(InvalidTypeError, match="psycopg.Connection"):
         client.add_job("q", b"x", conn="postgresql://localhost/db")
