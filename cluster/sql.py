@@ -198,9 +198,15 @@ _ARMED = "pgq.now() + (j.retry + random() * 0.5) * interval '1 second'"
 # real queued copy: announced (the other holders stand aside), exportable
 # by federation, watched. Without it the copy stayed 'active' past its
 # delay, served only by a GET on this node (found by a read-only review).
+# (Its delay may have ended already when its holders are recorded: an
+# asynchronous add replicated late, after a restart of the node process.
+# Then the timer is now.)
 def _delay_timer(holders: str) -> str:
-    return (f"(j.state = 'active' AND j.enqueues = 0 AND j.requeue_at > pgq.now() "
+    return (f"(j.state = 'active' AND j.enqueues = 0 AND j.requeue_at IS NOT NULL "
             f"AND j.retry > 0 AND cardinality({holders}) > 1)")
+
+
+_DELAY_END = "greatest(j.requeue_at, pgq.now())"
 
 # Synchronous replication achieved: queue the job (or keep it active until
 # its delay), record its holders, wake the client waiting for it. A durable
@@ -261,7 +267,7 @@ UPDATE pgq.jobs j SET
                               THEN {_ARMED}
                               WHEN j.cluster_requeue_at IS NULL
                                    AND {_delay_timer("string_to_array(u.delivered, ',')")}
-                              THEN j.requeue_at
+                              THEN {_DELAY_END}
                               ELSE j.cluster_requeue_at END,
     requeue_counts = j.requeue_counts AND NOT coalesce(
         j.cluster_requeue_at IS NULL AND {_delay_timer("string_to_array(u.delivered, ',')")}, false)
@@ -291,7 +297,7 @@ UPDATE pgq.jobs j SET
                               THEN {_ARMED}
                               WHEN j.cluster_requeue_at IS NULL
                                    AND {_delay_timer("string_to_array(u.delivered, ',')")}
-                              THEN j.requeue_at
+                              THEN {_DELAY_END}
                               ELSE j.cluster_requeue_at END,
     requeue_counts = j.requeue_counts AND NOT coalesce(
         j.cluster_requeue_at IS NULL AND {_delay_timer("string_to_array(u.delivered, ',')")}, false)
@@ -376,8 +382,15 @@ WHERE a.id = u.id
 # announced first (a WILLQUEUE once they are within the announce window):
 # fired at once, they queued here a job acked meanwhile elsewhere, before
 # the acker's SETACK (or the other holders' answer) could reach this node.
+# A delayed copy never delivered whose delay ended while this node was
+# down is no longer served here at once either (its delay's timer counted
+# nothing: another holder may have queued the job meanwhile, and a
+# consumer may hold it): it waits for the WILLQUEUE round like any copy,
+# and a re-queue then counts (found by a read-only review).
 POSTPONE_OVERDUE_TIMERS = """
-UPDATE pgq.jobs SET cluster_requeue_at = pgq.now() + %(after)s * interval '1 second'
+UPDATE pgq.jobs SET cluster_requeue_at = pgq.now() + %(after)s * interval '1 second',
+    requeue_counts = requeue_counts OR (enqueues = 0 AND requeue_at IS NOT NULL),
+    requeue_at = CASE WHEN enqueues = 0 THEN NULL ELSE requeue_at END
 WHERE cluster_requeue_at <= pgq.now() AND state = 'active' AND cardinality(nodes_delivered) > 1
 """
 

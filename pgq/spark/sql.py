@@ -92,7 +92,7 @@ WITH holders AS (
 )
 INSERT INTO pgq.jobs (id, queue, state, ctime, body, repl, retry, delay, expires_at,
                       requeue_at, cluster_requeue_at, queued_at, enqueues,
-                      nodes_delivered, nodes_confirmed)
+                      nodes_delivered, nodes_confirmed, requeue_counts)
 SELECT s.id, %(queue)s,
        CASE WHEN h.origin AND %(delay)s::float8 = 0 THEN 'queued' ELSE 'active' END,
        %(base_ctime)s::bigint + s.seq, s.body, %(repl)s, %(retry)s, %(delay)s,
@@ -101,11 +101,17 @@ SELECT s.id, %(queue)s,
             THEN pgq.now() + %(delay)s::float8 * interval '1 second' END,
        CASE WHEN NOT h.origin AND %(retry)s::float8 > 0
             THEN pgq.now()
-                 + (%(delay)s::float8 + %(retry)s::float8 + random() * 0.5) * interval '1 second' END,
+                 + (%(delay)s::float8 + %(retry)s::float8 + random() * 0.5) * interval '1 second'
+            -- the origin's delayed copy with holders: its delay's end, counting
+            -- nothing, as pgq.cluster.sql's _delay_timer (else only a GET on
+            -- the origin served it)
+            WHEN %(delay)s::float8 > 0 AND %(retry)s::float8 > 0 AND %(repl)s > 1
+            THEN pgq.now() + %(delay)s::float8 * interval '1 second' END,
        CASE WHEN h.origin AND %(delay)s::float8 = 0 THEN pgq.now() END,
        CASE WHEN h.origin AND %(delay)s::float8 = 0 THEN 1 ELSE 0 END,
        CASE WHEN %(repl)s > 1 THEN string_to_array(h.holders, ',') END,
-       CASE WHEN %(repl)s > 1 THEN string_to_array(h.holders, ',') END
+       CASE WHEN %(repl)s > 1 THEN string_to_array(h.holders, ',') END,
+       NOT (h.origin AND %(delay)s::float8 > 0 AND %(retry)s::float8 > 0 AND %(repl)s > 1)
 FROM {{staging}} s JOIN holders h ON h.grp = s.grp
 {skip_acked}
 """

@@ -287,6 +287,50 @@ def test_a_delayed_job_reaches_a_consumer_on_another_node(sim_databases, asynchr
     assert set(s.counters(job).values()) <= {(0, 0)}
 
 
+def test_a_delayed_job_replicated_after_its_delay_reaches_another_node(sim_databases):
+    """An asynchronous delayed add whose origin crashed before it replicated
+    had its holders recorded after its delay ended: no timer then, and the
+    job was served only by a GET on the origin (a review of this stop's
+    mends found it)."""
+    s = cluster(sim_databases)
+    blocked = s.start("n2", lambda ses: commands.get_jobs(ses, ["q"], 1, 120.0, False, False),
+                      "a blocked get on n2", listen=True)
+    add = s.start("n1", lambda ses: commands.add_jobs(
+        ses, "q", [b"x"], params(replicate=3, delay=1, retry=3, asynchronous=True)), "delayed add")
+
+    def added_then_crashed() -> bool:
+        if add.done:
+            s.crash("n1")
+        return add.done
+    s.until(added_then_crashed, 10.0, "the add", every=0)
+    s.run_for(3.0)  # the delay ends while n1 is down
+    s.restart("n1")
+    s.until(lambda: blocked.done, 30.0, "the job on n2")
+    assert [j.id for j in blocked.value] == add.value
+
+
+def test_a_delay_that_ended_while_its_origin_was_down_is_requeued_as_any_copy(sim_databases):
+    """The origin crashed during the delay; another holder's timer queued the
+    job and a consumer took it. Back, the origin's copy was claimable at
+    once, and its delay timer (counting nothing) re-queued the job without
+    counting that delivery. Now the copy waits for the WILLQUEUE round, and
+    a re-queue counts."""
+    s = cluster(sim_databases)
+    job = s.do("n1", lambda ses: commands.add_jobs(
+        ses, "q", [b"x"], params(replicate=3, delay=3, retry=5)), "delayed add")[0]
+    s.run_for(1.0)
+    s.crash("n1")
+    first = s.until(lambda: s.queued_on(job), 30.0, "a holder to queue the job")[0]
+    assert [j.id for j in s.get(first)] == [job]  # a consumer holds it (a 5 s lease)
+    s.run_for(0.5)
+    s.restart("n1")
+    assert s.get("n1") == []  # not at once
+    # n1 missed the QUEUED that counted the first delivery; it re-queues the
+    # job (its consumer may be gone) and counts that one at least
+    s.until(lambda: "n1" in s.queued_on(job), 15.0, "n1 to re-queue the job")
+    assert s.counters(job)["n1"][1] >= 1
+
+
 def test_a_nacks_back_off_holds_on_every_holder(sim_databases):
     """A NACK with a back-off longer than ten retries: the other holders'
     copies parked for ten retries at most, then their timers found the
