@@ -217,13 +217,20 @@ class Replicator:
         """REPLJOBs to send now, grouped by peer: of the jobs due now only."""
         out: dict[str, list[JobCopy]] = {}
         reachable_now = frozenset(reachable)
-        if reachable_now - self._reachable:
-            # A peer came (back): every job short of copies may widen to it
-            # now, not at its next re-send (up to a minute out).
+        came = reachable_now - self._reachable
+        if came:
+            # A peer came (back): a job short of copies that never went there
+            # may widen to it now, not at its next re-send (up to a minute
+            # out). Only those: a peer flapping between suspect and alive
+            # re-heaped every pending job each time.
             for entry in self.pending.values():
-                entry.due = now
-                entry.next_widen = min(entry.next_widen, now)
-                heapq.heappush(self._due, (now, entry.copy.id))
+                if entry.due > now and came - entry.sent:
+                    entry.due = now
+                    entry.next_widen = min(entry.next_widen, now)
+                    heapq.heappush(self._due, (now, entry.copy.id))
+            if len(self._due) > 2 * len(self.pending) + 1024:
+                self._due = [(e.due, i) for i, e in self.pending.items()]
+                heapq.heapify(self._due)
         self._reachable = reachable_now
         while self._due and self._due[0][0] <= now:
             due, job_id = heapq.heappop(self._due)

@@ -199,6 +199,21 @@ def test_a_peer_that_comes_back_is_widened_to_at_once_and_re_sends_never_overflo
     assert "J" in r.pending and any(job_id == "J" for _, job_id in r._due)
 
 
+def test_a_flapping_peer_re_heaps_only_jobs_that_may_widen_to_it():
+    r = Replicator("me", random.Random(8))
+    for i in range(2000):
+        r.add(copy(f"J{i}"), 2, sync=False, now=0.0, ttl_left=600)
+    r.sends(0.0, ["a", "b"])  # sent to both; b stays silent
+    r.confirmed("a", [f"J{i}" for i in range(2000)])
+    now = 0.0
+    for _ in range(100):  # b suspect, then alive again, every second
+        now += 0.5
+        r.sends(now, ["a"])
+        now += 0.5
+        r.sends(now, ["a", "b"])
+    assert len(r._due) <= 2 * len(r.pending) + 1024  # it grew by every job at every flap
+
+
 def test_jobs_that_got_their_copies_leave_no_trace_behind():
     r = Replicator("me", random.Random(6))
     for i in range(5000):
