@@ -101,24 +101,25 @@ def extract(cursor: Any, result: Result, rows: list[Any] | None) -> Any:
     return None
 
 
-def _cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+def _cursor(conn: psycopg.Connection[Any]) -> tuple[psycopg.Cursor[Any], bool]:
     """A cursor whose rows are tuples and whose parameters the server binds,
     whatever the connection's own factories: a caller's connection (conn=)
     may have a dict row factory (a row unpacked into its column names: an
     add returned the ID "existing", a claim committed then failed, leaving
     its job leased) or Django's ClientCursor (the smallest bigint inlined as
     ``-9223372036854775808::bigint`` overflows: every full-walk claim
-    failed). Found by a read-only review."""
+    failed). Found by a read-only review. The flag: whether the connection's
+    own factories are the defaults (else pgq prepares nothing there)."""
     if conn.row_factory is tuple_row and conn.cursor_factory is psycopg.Cursor:
-        return conn.cursor()
-    return psycopg.Cursor(conn, row_factory=tuple_row)
+        return conn.cursor(), True
+    return psycopg.Cursor(conn, row_factory=tuple_row), False
 
 
-def _async_cursor(conn: psycopg.AsyncConnection[Any]) -> psycopg.AsyncCursor[Any]:
+def _async_cursor(conn: psycopg.AsyncConnection[Any]) -> tuple[psycopg.AsyncCursor[Any], bool]:
     """As :func:`_cursor`, for async connections."""
     if conn.row_factory is tuple_row and conn.cursor_factory is psycopg.AsyncCursor:
-        return conn.cursor()
-    return psycopg.AsyncCursor(conn, row_factory=tuple_row)
+        return conn.cursor(), True
+    return psycopg.AsyncCursor(conn, row_factory=tuple_row), False
 
 
 class SyncDriver:
@@ -161,7 +162,10 @@ class SyncDriver:
     def _handle(self, request: Request) -> Any:
         conn = self.conn
         if isinstance(request, Query):
-            cursor = _cursor(conn).execute(request.sql, request.params, prepare=self.prepare)
+            cursor, plain = _cursor(conn)
+            # Not prepared where the caller's own cursors would not be (a
+            # ClientCursor, as Django's behind PgBouncer): prepare=False.
+            cursor.execute(request.sql, request.params, prepare=self.prepare if plain else False)
             rows = cursor.fetchall() if _has_rows(cursor) else None
             return extract(cursor, request.result, rows)
         if isinstance(request, Begin):
@@ -380,8 +384,8 @@ class AsyncDriver:
     async def _handle(self, request: Request) -> Any:
         conn = self.conn
         if isinstance(request, Query):
-            cursor = await _async_cursor(conn).execute(request.sql, request.params,
-                                                       prepare=self.prepare)
+            cursor, plain = _async_cursor(conn)
+            await cursor.execute(request.sql, request.params, prepare=self.prepare if plain else False)
             rows = await cursor.fetchall() if _has_rows(cursor) else None
             return extract(cursor, request.result, rows)
         if isinstance(request, Begin):

@@ -178,6 +178,11 @@ def test_a_caller_connection_with_its_own_row_and_cursor_factories(dsn, client):
     with psycopg.connect(dsn, cursor_factory=psycopg.ClientCursor) as conn:
         job_id = client.add_job("client-cursor", b"y", conn=conn)
         assert [j.id for j in client.get_job("client-cursor", conn=conn)] == [job_id]
+        for _ in range(8):  # past psycopg's prepare threshold
+            client.add_job("client-cursor", b"z", conn=conn)
+        # nothing prepared where the caller's cursors prepare nothing (Django
+        # uses ClientCursor so that it works behind PgBouncer)
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
         conn.commit()
 
 
