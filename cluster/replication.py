@@ -224,9 +224,17 @@ class Replicator:
             # out). Only those: a peer flapping between suspect and alive
             # re-heaped every pending job each time.
             for entry in self.pending.values():
-                if entry.due > now and came - entry.sent:
+                widens = bool(came - entry.sent)
+                # one it was sent to and never confirmed (its REPLJOB lost
+                # while it was away) gets it again now, not at the next
+                # re-send of the back-off (up to a minute out)
+                resends = bool(came & (entry.sent - entry.confirmed))
+                if entry.due > now and (widens or resends):
                     entry.due = now
-                    entry.next_widen = min(entry.next_widen, now)
+                    if widens:
+                        entry.next_widen = min(entry.next_widen, now)
+                    if resends:
+                        entry.next_resend = now
                     heapq.heappush(self._due, (now, entry.copy.id))
             if len(self._due) > 2 * len(self.pending) + 1024:
                 self._due = [(e.due, i) for i, e in self.pending.items()]

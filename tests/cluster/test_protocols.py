@@ -199,6 +199,20 @@ def test_a_peer_that_comes_back_is_widened_to_at_once_and_re_sends_never_overflo
     assert "J" in r.pending and any(job_id == "J" for _, job_id in r._due)
 
 
+def test_a_peer_back_gets_at_once_the_copy_it_never_confirmed():
+    # Its REPLJOB lost while it was away: it was sent again only at the next
+    # re-send of the back-off, up to a minute later.
+    r = Replicator("me", random.Random(9))
+    r.add(copy(), 2, sync=True, now=0.0, ttl_left=600)
+    assert sorted(r.sends(0.0, ["a", "b"])) == ["a", "b"]
+    r.confirmed("a", ["J"])
+    now = 0.0
+    while now < 33.0:  # b away from 2 s to 33 s
+        now = round(now + 0.025, 3)
+        r.sends(now, ["a", "b"] if now < 2.0 else ["a"])
+    assert "b" in r.sends(now + 0.025, ["a", "b"])
+
+
 def test_a_flapping_peer_re_heaps_only_jobs_that_may_widen_to_it():
     r = Replicator("me", random.Random(8))
     for i in range(2000):
