@@ -109,17 +109,18 @@ def _cursor(conn: psycopg.Connection[Any]) -> tuple[psycopg.Cursor[Any], bool]:
     its job leased) or Django's ClientCursor (the smallest bigint inlined as
     ``-9223372036854775808::bigint`` overflows: every full-walk claim
     failed). Found by a read-only review. The flag: whether the connection's
-    own factories are the defaults (else pgq prepares nothing there)."""
+    cursor class is psycopg's default (else pgq prepares nothing there)."""
     if conn.row_factory is tuple_row and conn.cursor_factory is psycopg.Cursor:
         return conn.cursor(), True
-    return psycopg.Cursor(conn, row_factory=tuple_row), False
+    return psycopg.Cursor(conn, row_factory=tuple_row), conn.cursor_factory is psycopg.Cursor
 
 
 def _async_cursor(conn: psycopg.AsyncConnection[Any]) -> tuple[psycopg.AsyncCursor[Any], bool]:
     """As :func:`_cursor`, for async connections."""
     if conn.row_factory is tuple_row and conn.cursor_factory is psycopg.AsyncCursor:
         return conn.cursor(), True
-    return psycopg.AsyncCursor(conn, row_factory=tuple_row), False
+    return (psycopg.AsyncCursor(conn, row_factory=tuple_row),
+            conn.cursor_factory is psycopg.AsyncCursor)
 
 
 class SyncDriver:

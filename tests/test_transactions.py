@@ -175,6 +175,9 @@ def test_a_caller_connection_with_its_own_row_and_cursor_factories(dsn, client):
         assert [j.id for j in client.get_job("factories", conn=conn)] == [job_id]
         assert client.working(job_id, conn=conn) > 0
         assert client.ack_job(job_id, conn=conn) == 1
+        for _ in range(8):  # psycopg's default cursor: prepared past its threshold, as before
+            client.add_job("factories", b"z", conn=conn)
+        assert conn.execute("SELECT count(*) AS n FROM pg_prepared_statements").fetchone()["n"] > 0
     with psycopg.connect(dsn, cursor_factory=psycopg.ClientCursor) as conn:
         job_id = client.add_job("client-cursor", b"y", conn=conn)
         assert [j.id for j in client.get_job("client-cursor", conn=conn)] == [job_id]
