@@ -249,6 +249,24 @@ WITH done AS (
 SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM woken), (SELECT count(*) FROM consumers)
 """
 
+# The holders of u.delivered added to a copy's (they only widen), and the
+# copy's watch armed as its holders become known: a queued one at one retry
+# (_ARMED), a delayed one at its delay's end, counting nothing
+# (_delay_timer). One text for REPLICATION_PROGRESS and RECORD_HOLDERS.
+_NEW_HOLDERS = "string_to_array(u.delivered, ',')"
+_HOLDERS_WIDENED_AND_ARMED = f"""
+    nodes_delivered = ARRAY(SELECT DISTINCT n FROM unnest(coalesce(j.nodes_delivered, '{{}}')
+                                                         || {_NEW_HOLDERS}) AS n
+                            ORDER BY n),
+    cluster_requeue_at = CASE WHEN j.state = 'queued' AND j.cluster_requeue_at IS NULL
+                                   AND j.retry > 0 AND cardinality({_NEW_HOLDERS}) > 1
+                              THEN {_ARMED}
+                              WHEN j.cluster_requeue_at IS NULL AND {_delay_timer(_NEW_HOLDERS)}
+                              THEN {_DELAY_END}
+                              ELSE j.cluster_requeue_at END,
+    requeue_counts = j.requeue_counts AND NOT coalesce(
+        j.cluster_requeue_at IS NULL AND {_delay_timer(_NEW_HOLDERS)}, false)"""
+
 # Progress of asynchronous / transactional replication: the holders, and
 # the watch of a copy queued here that now has holders elsewhere. The
 # holders only widen, as in RECORD_HOLDERS: such a job is queued while it
@@ -256,21 +274,8 @@ SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM woken), (SELECT count(
 # lists the importer) was dropped from the list, so our ACK never reached
 # its copy and it served the job again (found by a read-only review).
 REPLICATION_PROGRESS = f"""
-UPDATE pgq.jobs j SET
-    nodes_delivered = ARRAY(SELECT DISTINCT n FROM unnest(coalesce(j.nodes_delivered, '{{}}')
-                                                         || string_to_array(u.delivered, ',')) AS n
-                            ORDER BY n),
-    nodes_confirmed = string_to_array(u.confirmed, ','),
-    cluster_requeue_at = CASE WHEN j.state = 'queued' AND j.cluster_requeue_at IS NULL
-                                   AND j.retry > 0
-                                   AND cardinality(string_to_array(u.delivered, ',')) > 1
-                              THEN {_ARMED}
-                              WHEN j.cluster_requeue_at IS NULL
-                                   AND {_delay_timer("string_to_array(u.delivered, ',')")}
-                              THEN {_DELAY_END}
-                              ELSE j.cluster_requeue_at END,
-    requeue_counts = j.requeue_counts AND NOT coalesce(
-        j.cluster_requeue_at IS NULL AND {_delay_timer("string_to_array(u.delivered, ',')")}, false)
+UPDATE pgq.jobs j SET {_HOLDERS_WIDENED_AND_ARMED},
+    nodes_confirmed = string_to_array(u.confirmed, ',')
 FROM unnest(%(ids)s::text[], %(delivered)s::text[], %(confirmed)s::text[])
     AS u(id, delivered, confirmed)
 WHERE j.id = u.id
@@ -287,20 +292,7 @@ RECORD_HOLDERS = f"""
 WITH relaxed AS MATERIALIZED (  -- lost in a crash, it costs a duplicate, never a job
     SELECT set_config('synchronous_commit', 'off', true)
 )
-UPDATE pgq.jobs j SET
-    nodes_delivered = ARRAY(SELECT DISTINCT n FROM unnest(coalesce(j.nodes_delivered, '{{}}')
-                                                         || string_to_array(u.delivered, ',')) AS n
-                            ORDER BY n),
-    cluster_requeue_at = CASE WHEN j.state = 'queued' AND j.cluster_requeue_at IS NULL
-                                   AND j.retry > 0
-                                   AND cardinality(string_to_array(u.delivered, ',')) > 1
-                              THEN {_ARMED}
-                              WHEN j.cluster_requeue_at IS NULL
-                                   AND {_delay_timer("string_to_array(u.delivered, ',')")}
-                              THEN {_DELAY_END}
-                              ELSE j.cluster_requeue_at END,
-    requeue_counts = j.requeue_counts AND NOT coalesce(
-        j.cluster_requeue_at IS NULL AND {_delay_timer("string_to_array(u.delivered, ',')")}, false)
+UPDATE pgq.jobs j SET {_HOLDERS_WIDENED_AND_ARMED}
 FROM unnest(%(ids)s::text[], %(delivered)s::text[]) AS u(id, delivered), relaxed
 WHERE j.id = u.id
 RETURNING j.id
