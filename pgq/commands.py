@@ -978,9 +978,9 @@ def _copy_jobs(session: Session, queue: str, ids: list[str], bodies: Sequence[by
     constants = (queue, state, 1, params.retry, params.delay, expires, requeue, queued, enqueues,
                  params.priority)
     yield Copy(sql.COPY_JOBS, binary_copy(sql.COPY_JOBS_CONSTANT_TYPES, constants, ids, bodies))
-    if state == "queued":
-        yield Query(sql.NOTIFY_QUEUE, {"queue": queue, "always_notify": not session.owned},
-                    Result.NONE)
+    # Queued or delayed alike: a blocked GET learns from its claim when a
+    # delayed job is due (see statements._ADD_REPLY).
+    yield Query(sql.NOTIFY_QUEUE, {"queue": queue, "always_notify": not session.owned}, Result.NONE)
     yield Commit()
     return False
 

@@ -100,7 +100,12 @@ SWEEP_ALL_QUEUES = "SELECT pgq.expire_jobs(), pgq.requeue_due(10000)"
 
 # The parts ADD_JOBS and ADD_JOBS_CLUSTER share: PAUSED and MAXLEN checked
 # by the inserting statement, and its reply (paused, full, added, and the
-# NOTIFY of blocked consumers when a job became ready).
+# NOTIFY of blocked consumers when a job became ready, or will be: an add
+# with a DELAY is 'active' until its requeue_at, and a GET blocked before
+# it knew of no such job. Woken, the GET claims, learns from the claim when
+# the job is due and waits until then; without the wake it found the job
+# only at its next poll, up to poll_interval (0.5 s by default) late, or
+# later with a longer poll_interval).
 _ADD_PAUSED_ROOM = """paused AS (
     SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all')
 ), room AS (
@@ -118,7 +123,7 @@ _ADD_REPLY = f"""SELECT EXISTS (SELECT 1 FROM paused) AS paused,
        NOT (SELECT ok FROM room) AS full,
        (SELECT count(*) FROM inserted) AS added,
        (SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s)::text
-        WHERE EXISTS (SELECT 1 FROM inserted WHERE state = 'queued')
+        WHERE EXISTS (SELECT 1 FROM inserted WHERE state IN ('queued', 'active'))
           AND (%(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = %(queue)s)))
         AS notified,
        (SELECT id FROM existing) AS existing,"""
@@ -170,7 +175,7 @@ def _many_refusals(names: str) -> str:
 )"""
 _MANY_WOKEN = f"""woken AS (
     SELECT pg_notify('{JOBS_CHANNEL}', q.queue)
-    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS q
+    FROM (SELECT DISTINCT queue FROM inserted WHERE state IN ('queued', 'active')) AS q
     WHERE EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = q.queue)
 )"""
 
@@ -853,7 +858,8 @@ WITH requeued AS (
     RETURNING id, queue, state, nodes_delivered, enqueues > 1 AS counted
 ), woken AS (
     SELECT pg_notify('{JOBS_CHANNEL}', r.queue)
-    FROM (SELECT DISTINCT queue FROM requeued WHERE state = 'queued') AS r
+    FROM (SELECT DISTINCT queue FROM requeued
+          WHERE state = 'queued' OR coalesce(cardinality(nodes_delivered), 0) <= 1) AS r
     WHERE %(always_notify)s OR EXISTS (SELECT 1 FROM pgq.waiters w WHERE w.queue = r.queue)
 ), events AS (
     -- other holders count it too and postpone their own re-queue (QUEUED)

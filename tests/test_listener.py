@@ -498,3 +498,54 @@ def test_a_thread_blocked_on_a_dead_listener_still_gets_its_job(dsn):
         finally:
             thread.join(30)
         assert [j.id for j in got] == [job_id]
+
+
+
+def test_a_delayed_job_wakes_a_blocked_get_which_waits_for_its_due_time(dsn):
+    # A GET blocked before a delayed job was added (or NACKed with a delay)
+    # knew of no due time: it found the job only at its next poll, up to
+    # poll_interval late (0.5 s by default; here 60). Every path that stores
+    # a delayed job now NOTIFYs a registered waiter: one add, a bulk add by
+    # COPY, and a NACK with a delay. A plain LISTEN beside the client sees
+    # each notification (deterministic); the GET then gets the job.
+    import threading
+
+    from pgq.commands import COPY_THRESHOLD
+
+    from .conftest import wait_until
+
+    with pgq.Client(dsn, poll_interval=60) as consumer, pgq.Client(dsn) as producer, \
+            psycopg.connect(dsn, autocommit=True) as listening:
+        listening.execute("LISTEN pgq")
+
+        def notified(queue: str) -> bool:
+            return any(n.payload == queue for n in listening.notifies(timeout=10, stop_after=1))
+
+        def blocked_get(queue: str) -> tuple[threading.Thread, list[list[pgq.Job]]]:
+            got: list[list[pgq.Job]] = []
+            thread = threading.Thread(target=lambda: got.append(consumer.get_job(queue, timeout=30)))
+            thread.start()
+            wait_until(lambda: _blocked(consumer, 1) and _sync_waiters(dsn) != [], 10,
+                       message=f"a GET blocked on {queue}")
+            return thread, got
+
+        thread, got = blocked_get("later")
+        try:
+            producer.add_job("later", b"one", delay=1)
+            assert notified("later")
+            bulk = producer.add_jobs("later", [b"x"] * COPY_THRESHOLD, delay=3600)  # by COPY
+            assert notified("later")
+        finally:
+            thread.join(30)
+        assert [j.body for jobs in got for j in jobs] == [b"one"]
+
+        producer.add_job("back", b"two")
+        [taken] = producer.get_job("back", nohang=True)
+        thread, got = blocked_get("back")
+        try:
+            assert producer.nack_job(taken, delay=1) == 1
+            assert notified("back")
+        finally:
+            thread.join(30)
+        assert [j.id for jobs in got for j in jobs] == [taken.id]
+        producer.del_job(*bulk)
