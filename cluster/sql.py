@@ -691,14 +691,25 @@ SELECT coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queu
        EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('out', 'all'))
 """
 
-# NEEDJOBS: hand over up to `count` queued jobs. At-least-once jobs stay
-# here as active copies with a re-queue timer (if the importer never acks
-# them, they come back); at-most-once jobs are moved: deleted here.
+# NEEDJOBS: hand over up to `count` queued jobs, in the order a claim here
+# would take them: higher priority first, then oldest (the two arms of the
+# claim, pgq.statements._CLAIM_BODY: jobs_priority_idx, then
+# jobs_queued_idx; a job of priority > 0 may come from both). At-least-once
+# jobs stay here as active copies with a re-queue timer (if the importer
+# never acks them, they come back); at-most-once jobs are moved: deleted here.
 EXPORT_JOBS = f"""
-WITH picked AS (
-    SELECT ctid FROM pgq.jobs
+WITH ranked AS (
+    SELECT ctid, priority, ctime FROM pgq.jobs
+    WHERE queue = %(queue)s AND state = 'queued' AND priority > 0 AND expires_at > pgq.now()
+    ORDER BY priority DESC, ctime LIMIT %(count)s FOR UPDATE SKIP LOCKED
+), ready AS (
+    SELECT ctid, priority, ctime FROM pgq.jobs
     WHERE queue = %(queue)s AND state = 'queued' AND expires_at > pgq.now()
     ORDER BY ctime LIMIT %(count)s FOR UPDATE SKIP LOCKED
+), picked AS MATERIALIZED (
+    SELECT ctid FROM (SELECT * FROM ranked UNION ALL SELECT * FROM ready) AS c
+    GROUP BY ctid, priority, ctime
+    ORDER BY priority DESC, ctime LIMIT %(count)s
 ), moved AS (
     DELETE FROM pgq.jobs j
     WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked)) AND j.retry = 0

@@ -918,6 +918,21 @@ def test_a_blocked_consumer_gets_jobs_queued_on_other_nodes(sim_databases, retry
     s.until(lambda: all(collected(s, j)() for j in added), 5.0, "nothing left anywhere")
 
 
+
+@pytest.mark.parametrize("retry", [30.0, 0.0], ids=["at-least-once", "at-most-once"])
+def test_federation_hands_over_higher_priorities_first(sim_databases, retry):
+    """NEEDJOBS exported the oldest queued jobs whatever their priority: a
+    consumer on another node than the producers (Disque's usual layout)
+    got an urgent job only after the backlog added before it (found by a
+    read-only review)."""
+    s = cluster(sim_databases)
+    for i in range(5):
+        s.add("n2", b"%d" % i, replicate=1, retry=retry)
+    urgent = s.do("n2", lambda ses: commands.add_jobs(
+        ses, "q", [b"u"], params(replicate=1, retry=retry, priority=9)), "an urgent add")[0]
+    assert [j.id for j in s.get("n1", timeout=5)] == [urgent]
+
+
 def test_a_queue_paused_for_output_is_not_exported(sim_databases):
     s = cluster(sim_databases, nodes=3)
     job = s.add("n2", b"x", replicate=1)
