@@ -467,8 +467,10 @@ class Client(ClientCore):
     def wait_job(self, id: str | Job, timeout: float | None = None) -> bool:
         """Wait until a job is done with (acknowledged anywhere its ACK
         reaches this node's copy, deleted, expired or dead-lettered): True,
-        or False after ``timeout`` seconds. Raises NoJobError if this node
-        holds no copy of it (goware/disque's Wait)."""
+        also for a job done with before the call (as far back as this
+        node's history keeps), or False after ``timeout`` seconds. Raises
+        NoJobError if this node holds no copy of it and knows of none
+        (goware/disque's Wait)."""
         return self._run(self.wait_job_command(id, timeout))
 
     def store_result(self, id: str | Job, value: bytes | None = None, *, error: str | None = None,

@@ -324,5 +324,16 @@ def test_wait_job_returns_once_the_job_is_done_with(client):
     assert client.ack_job(*got) == 1
     waiter.join(30)
     assert done == {"ok": True}
+    # Done with before the wait began (a fast worker, goware/disque's
+    # add-then-wait): acked and gone on one node, history knows. It raised
+    # NoJobError, as did an expired job not swept yet (found by a review).
+    assert client.wait_job(job, timeout=0.2) is True
+    short = client.add_job("waited", b"y", ttl=1)
+    from .conftest import wait_until
+    wait_until(lambda: client.show(short) is None, 10, message="the job to expire")
+    assert client.wait_job(short, timeout=0.2) is True
+    client.sweep()
+    assert client.wait_job(short, timeout=0.2) is True  # swept: history says 'expired'
+    never = pgq.ids.new_job_id("0" * 40, 60, 30)
     with pytest.raises(pgq.errors.NoJobError, match="not held on this node"):
-        client.wait_job(job)  # acked and collected on one node: unknown here now
+        client.wait_job(never)  # no copy, no record: ask a node that holds one
