@@ -84,6 +84,17 @@ def test_add_with_priority_and_an_idempotency_key(dsn):
     assert bad.returncode != 0 and "priority must be between 0" in bad.stderr
 
 
+def test_wait_for_a_job_to_be_done_with(dsn):
+    # issue 13: wait for completion in the CLI too (there was no command)
+    job = pgq("add", "cli-w", "x", "--retry", "30", dsn=dsn).stdout.strip()
+    pending = pgq("wait", job, "--timeout", "0.2", dsn=dsn, check=False)
+    assert pending.returncode == 3 and "not done within 0.2 s" in pending.stderr
+    [got] = json.loads(pgq("get", "cli-w", "--json", dsn=dsn).stdout)
+    assert pgq("ack", got["id"], dsn=dsn).stdout.strip() == "1"
+    assert json.loads(pgq("wait", job, "--json", dsn=dsn).stdout) == {"id": job, "done": True}
+    unknown = pgq("wait", job.replace(job[11:19], "++++++++"), dsn=dsn, check=False)
+    assert unknown.returncode != 0 and "not held on this node" in unknown.stderr
+
 def test_bulk_add_from_a_file_and_jscan(dsn, tmp_path):
     lines = tmp_path / "jobs.txt"
     lines.write_text("".join(f"job {i}\n" for i in range(7000)))

@@ -47,7 +47,7 @@ def demo(jobs: int, no_kill: bool, as_json: bool) -> None:
 
 for command in (server.migrate, server.embedded_group, cluster.node_group, cluster.cluster_group,
                 jobs.add, jobs.get, jobs.ack, jobs.fast_ack, jobs.nack, jobs.del_job, jobs.enqueue,
-                jobs.dequeue, jobs.show, jobs.qlen, jobs.qstat, jobs.qscan, jobs.jscan, jobs.pause,
+                jobs.dequeue, jobs.show, jobs.wait, jobs.qlen, jobs.qstat, jobs.qscan, jobs.jscan, jobs.pause,
                 jobs.dead_letters, worker, stats, spark_group, simulate, periodic_group, serve,
                 dashboard.dashboard):
     main.add_command(command)

@@ -266,6 +266,24 @@ def show(job_id: str, as_json: bool, dsn: str | None, data: str | None) -> None:
 
 
 @click.command()
+@click.argument("job_id")
+@click.option("--timeout", type=float,
+              help="Seconds to wait (default: forever; 0: look once).")
+@json_option
+@target_options
+@handles_errors
+def wait(job_id: str, timeout: float | None, as_json: bool, dsn: str | None, data: str | None) -> None:
+    """Wait until a job is done with: acknowledged (on any node whose ACK
+    reaches this one's copy), deleted, expired or dead-lettered. Exit 3 if
+    TIMEOUT passes first; an error if this node holds no copy and knows of
+    none (wait on a node that holds one: SHOW there lists them)."""
+    with client_for(dsn, data) as client:
+        done = client.wait_job(job_id, timeout=timeout)
+    report({"id": job_id, "done": done}, as_json, "done", found=done,
+           missing=f"{job_id}: not done within {timeout:g} s" if timeout is not None else None)
+
+
+@click.command()
 @click.argument("queue")
 @json_option
 @target_options
