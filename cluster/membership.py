@@ -320,7 +320,14 @@ class Membership:
                 actions.append(Send(target.host, target.port,
                                     Ping(self._seq, self._piggyback(target))))
         elif isinstance(message, PushPull) and message.reply:
-            actions += self._reply(sender, PushPull(tuple(self.view()), reply=False))
+            # Answered at the address the sender gives for itself: a node
+            # restarted on a new address, whose record here did not change
+            # (its incarnation no higher than the one we hold), was answered
+            # at its old address for ever, and never heard from anyone.
+            own = next((u for u in message.members if u.id == sender), None)
+            answer = PushPull(tuple(self.view()), reply=False)
+            actions += [Send(own.host, own.port, answer)] if own is not None \
+                else self._reply(sender, answer)
         elif isinstance(message, Forget):
             if message.node == self.me.id:
                 return actions  # nobody forgets us on our behalf
@@ -393,10 +400,21 @@ class Membership:
         # make an incarnation every peer's decoder refuses, and this node's
         # every message after it (its own record rides on each) would be
         # dropped for good. No honest node counts that far.
-        if update.status in ("suspect", "dead") and update.incarnation >= self.me.incarnation \
+        # An 'alive' record of us that outranks ours (from a previous run of
+        # this node, whose last refutation was not saved before it stopped)
+        # or that has our incarnation with another address or leaving flag
+        # (ours before a restart on a new address) is refuted the same way,
+        # as memberlist does: the peers ignored our record, which did not
+        # outrank theirs, and kept reaching us where we no longer are.
+        stale = update.status == "alive" and (
+            update.incarnation > self.me.incarnation
+            or update.incarnation == self.me.incarnation
+            and (update.host, update.port, update.leaving) != (self.me.host, self.me.port, self.me.leaving))
+        if (update.status in ("suspect", "dead") or stale) and update.incarnation >= self.me.incarnation \
                 and update.incarnation < MAX_INCARNATION:
             self.me = replace(self.me, incarnation=update.incarnation + 1, status="alive")
-            self.health = min(self.health + 1, self.config.max_health)
+            if not stale:  # suspected: maybe our own messages are slow (Lifeguard)
+                self.health = min(self.health + 1, self.config.max_health)
             self._enqueue_gossip(self.me)
             # Tell everyone at once rather than wait for gossip: a node that is
             # suspected is usually one whose messages are slow already.
