@@ -26,6 +26,12 @@ it may still have to claim, and claims ``ctime >= floor``.
   claim that locked ready jobs it did not take. A client that sees the
   epoch move walks from the front for ``DIRTY_FOR`` seconds: the epoch
   moves just before the writer commits.
+* A walk from the front that takes jobs below the floor found such jobs:
+  the next claim walks from the front again, and so on until one takes
+  none below it. One epoch move (a NACK of a thousand jobs, a sweep after
+  a worker crash, a Spark merge) can leave more jobs below the floor than
+  the claims of ``DIRTY_FOR`` take: they were then served COUNT at a time
+  every ``FULL_WALK_EVERY`` seconds (found by a read-only review).
 * What is left (a claim in a caller's transaction that rolled back, an add
   committed later than the margin inside a caller's transaction) is found
   by a *full walk*, made at least every ``FULL_WALK_EVERY`` seconds. Full
@@ -61,6 +67,7 @@ class _Queue:
     floor: int = FROM_THE_FRONT
     walked_at: float = float("-inf")  # when the last full walk started
     cost: float = 0.0  # how long it took
+    below: bool = False  # the last walk from the front took jobs below the floor: more may wait
 
 
 class Floors:
@@ -91,7 +98,7 @@ class Floors:
                 paced = max(FULL_WALK_EVERY, state.cost / FULL_WALK_SHARE)
                 since = now - state.walked_at
                 dirty = now < self._dirty_until and since >= state.cost / FULL_WALK_SHARE
-                if since >= paced or dirty:
+                if since >= paced or dirty or state.below:
                     state.walked_at = now
                     floors.append(FROM_THE_FRONT)  # this claim only: the floor stays
                 else:
@@ -104,8 +111,10 @@ class Floors:
         """Record a claim that started at ``started`` with ``floors``: it took,
         from the ready index, jobs of these (queue, ctime), and read ``epoch``."""
         highest: dict[str, int] = {}
+        lowest: dict[str, int] = {}
         for name, ctime in ready_ctimes:
             highest[name] = max(highest.get(name, ctime), ctime)
+            lowest[name] = min(lowest.get(name, ctime), ctime)
         with self._lock:
             if epoch is not None and epoch != self._epoch:
                 if self._epoch is not None:
@@ -115,6 +124,7 @@ class Floors:
                 state = self._queues.setdefault(name, _Queue())
                 if used == FROM_THE_FRONT:
                     state.cost = now - started
+                    state.below = name in lowest and lowest[name] < state.floor
                 if name in highest:
                     state.floor = max(state.floor, highest[name] - MARGIN)
 

@@ -61,6 +61,24 @@ def test_a_moving_epoch_brings_full_walks_at_once_for_a_moment():
     assert floors.for_claim(["q"], 0.2 + 0.26) == [8 * MARGIN]  # then back to the floor
 
 
+def test_a_walk_from_the_front_that_finds_jobs_below_the_floor_goes_on_until_it_finds_none():
+    # One epoch move (a NACK of many jobs) left more jobs below the floor
+    # than the claims of DIRTY_FOR took: the rest were served COUNT at a
+    # time every FULL_WALK_EVERY seconds (found by a read-only review).
+    floors = Floors()
+    used = floors.for_claim(["q"], 0.0)
+    floors.claimed(["q"], used, [("q", 100 * MARGIN)], 0.0, 0.001, epoch=1)
+    assert floors.for_claim(["q"], 1.0) == [99 * MARGIN]
+    floors.claimed(["q"], [99 * MARGIN], [], 1.0, 1.0, epoch=2)  # many jobs queued again, old
+    assert floors.for_claim(["q"], 1.1) == [FROM_THE_FRONT]
+    floors.claimed(["q"], [FROM_THE_FRONT], [("q", c * MARGIN) for c in range(10)], 1.1, 1.1, epoch=2)
+    assert floors.for_claim(["q"], 1.5) == [FROM_THE_FRONT]  # past DIRTY_FOR: more may wait there
+    floors.claimed(["q"], [FROM_THE_FRONT], [("q", c * MARGIN) for c in range(10, 20)], 1.5, 1.5)
+    assert floors.for_claim(["q"], 1.6) == [FROM_THE_FRONT]
+    floors.claimed(["q"], [FROM_THE_FRONT], [("q", 101 * MARGIN)], 1.6, 1.6)  # none below: done
+    assert floors.for_claim(["q"], 1.7) == [100 * MARGIN]
+
+
 def test_queues_have_their_own_floors():
     floors = Floors()
     used = floors.for_claim(["a", "b"], 0.0)
@@ -87,6 +105,30 @@ def test_a_vacuum_that_removes_little_backs_off_and_one_that_cleans_resets():
 
 
 # ------------------------------------------------------------- with a database
+
+
+def test_jobs_queued_again_below_a_floor_are_served_at_claim_speed(client):
+    # The database side of the test above: 200 jobs NACKed at once (one
+    # epoch move) behind a consumer's floor. Before, about 70 were served
+    # in these 5 s (COUNT every FULL_WALK_EVERY once DIRTY_FOR was over);
+    # now all, in a few claims. The consumer claims every 50 ms, as a
+    # worker with little to do would (a claim loop that never pauses would
+    # finish inside DIRTY_FOR and miss the point); 5 s is 25 times what the
+    # 20 claims need.
+    old = client.add_jobs("below", [b"old"] * 200, retry=60)
+    assert len(client.get_job("below", count=200)) == 200
+    time.sleep(0.2)  # so that the next job's ctime is past the floor's margin (50 ms) above them
+    client.add_job("below", b"fresh")
+    assert [j.body for j in client.get_job("below", nohang=True)] == [b"fresh"]  # floor past `old`
+    assert client.nack_job(*old) == 200
+    served, deadline = 0, time.monotonic() + 5
+    while served < 200 and time.monotonic() < deadline:
+        client.add_job("below", b"fresh")
+        jobs = client.get_job("below", count=10, nohang=True)
+        served += sum(j.body == b"old" for j in jobs)
+        client.ack_job(*jobs)
+        time.sleep(0.05)
+    assert served == 200
 
 
 def test_a_vacuum_that_finds_another_one_running_waits_before_it_looks_again(dsn):
