@@ -53,7 +53,7 @@ from pgq.protocol import Query, Result
 
 from . import messages as m
 from . import sql
-from .acks import AckCollector, take_over
+from .acks import AckCollector, Outcome, take_over
 from .addresses import parse_address
 from .clock import Clock
 from .federation import Federation, export_count
@@ -251,9 +251,14 @@ class NodeCore:
         # Resume what a previous run left: copies still missing, acks still to collect.
         unreplicated = yield _rows(sql.UNREPLICATED, {"myself": node_id})
         yield from self._resume_replication([sql.ReplicationRow.of(r) for r in unreplicated])
+        emptied = []  # collections whose every other holder was forgotten: done
         for job_id, nodes, dummy in (yield _rows(sql.PENDING_ACK_GC)):
+            if not dummy and not set(nodes or ()) - {node_id}:
+                emptied.append(Outcome(job_id, ()))
+                continue
             self.acks.add(job_id, None if dummy and not nodes else set(nodes or ()), now,
                           everyone=self._all_known())
+        yield from self._finish_gcs(emptied)
         yield _rows(sql.POSTPONE_OVERDUE_TIMERS, {"after": ANNOUNCE_AHEAD + RESTART_GRACE})
         # Copies parked on a node not known alive: it may have died, or left,
         # while this one was down (its death would never be seen now).

@@ -1033,6 +1033,31 @@ def test_a_node_forgotten_while_another_was_down_stays_forgotten(sim_databases):
             "n4 stays forgotten")
 
 
+def test_an_ack_collection_reloaded_after_a_restart_does_not_wait_for_a_forgotten_holder(sim_databases):
+    """FORGET dropped the node from the collections in memory only: the
+    tombstone still named it, a restart of the acker's process reloaded it
+    as a holder that no one would ever ask, and the collection waited until
+    the job's TTL (found by a read-only review)."""
+    s = cluster(sim_databases, nodes=4)
+    job = s.add("n1", b"x", replicate=3, retry=30)
+    others = sorted(set(copies(s, job)) - {"n1"})
+    gone, back = others
+    s.crash(gone)
+    s.crash(back)
+    assert s.ack("n1", job) == 1
+    s.sql("n1", contracts.TELL_NODE, {"kind": contracts.OUTBOX_FORGET, "queue": None,
+                                      "arg": s.node(gone).node_id})
+    s.sim._ring(s.node("n1"))
+    s.until(lambda: s.sees("n1", gone) is None, 5.0, f"n1 to forget {gone}")
+    s.run_for(1.0)  # n1 saves its members (every 0.25 s)
+    s.crash("n1")
+    s.restart("n1")
+    s.restart(back)
+    s.until(lambda: all(n not in copies(s, job) for n in ("n1", back)), 30.0, "the copies gone")
+    s.until(lambda: not s.sql("n1", "SELECT 1 FROM pgq.acks WHERE id = %s AND nodes IS NOT NULL",
+                              (job,)), 60.0, "n1's collection done (its tombstone without holders)")
+
+
 def test_forget_never_removes_the_node_itself(sim_databases):
     s = cluster(sim_databases)
     myself = s.node("n1").node_id
