@@ -789,7 +789,12 @@ class NodeCore:
     def _on_yourjobs(self, peer: str, message: m.YourJobs) -> Step:
         if not message.jobs:
             return
-        rows = yield _rows(sql.IMPORT_JOBS, {**_copies_params(list(message.jobs)),
+        # One copy per ID, as _on_repljobs keeps: an upsert that meets a row
+        # twice fails (CardinalityViolation), and a crafted YOURJOBS naming
+        # a job twice ended the inbox run, skipping the honest messages
+        # after it (found by a read-only review).
+        jobs = list({copy.id: copy for copy in message.jobs}.values())
+        rows = yield _rows(sql.IMPORT_JOBS, {**_copies_params(jobs),
                                              "myself": self.node_id, "sender": peer})
         now = self.clock.monotonic()
         for queue, count, _woken in rows:

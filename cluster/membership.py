@@ -34,7 +34,7 @@ import math
 import random
 from dataclasses import dataclass, field, replace
 
-from .messages import MAX_INCARNATION, MAX_MEMBERS, Ack, Forget, Member, Message, Ping, PingReq, PushPull
+from .messages import MAX_INCARNATION, MAX_MEMBERS, Ack, Forget, Member, Message, Ping, PingReq, PushPull, is_node_id
 
 __all__ = ["Config", "Membership", "Send", "Changed", "Action"]
 
@@ -165,7 +165,10 @@ class Membership:
         Never this node: it would ban itself and have every peer drop it (the
         CLI refuses that; a hand-written event or a peer's FORGET is ignored)."""
         actions: list[Action] = []
-        if node_id == self.me.id:
+        # Nor an ID that is no node's (a hand-written FORGET event): it was
+        # banned and sent to every peer, whose decoders refused the message
+        # and closed the link, losing what else it carried.
+        if node_id == self.me.id or not is_node_id(node_id):
             return actions
         if broadcast:
             actions += [Send(m.host, m.port, Forget(node_id)) for m in self.live_peers()

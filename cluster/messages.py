@@ -91,6 +91,11 @@ def _need(cond: bool, what: str) -> None:
         raise MessageError(what)
 
 
+def is_node_id(value: Any) -> bool:
+    """Whether ``value`` is a node ID as the wire accepts it."""
+    return isinstance(value, str) and bool(_NODE_RE.match(value))
+
+
 def _node(value: Any) -> str:
     _need(isinstance(value, str) and bool(_NODE_RE.match(value)), "bad node id")
     return value

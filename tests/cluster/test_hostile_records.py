@@ -107,6 +107,30 @@ def test_a_forget_that_membership_ignores_ends_no_ack_collection():
     assert step is not None and job not in core.acks.pending
 
 
+@pytest.mark.parametrize("bad", ["", "B" * 40, "not a node", "b" * 39])
+def test_a_hand_written_forget_of_no_node_id_is_ignored(bad):
+    """A FORGET event with an argument that is no node ID was banned and
+    sent to every live peer, whose decoders refused it (bad node id) and
+    closed the link, losing the other messages of the batch (found by a
+    read-only review)."""
+    me = m.Member("a" * 40, "127.0.0.1", 7000, 3, name="n1")
+    membership = Membership(me, None, random.Random(1))
+    membership.receive("b" * 40, m.PushPull((m.Member("b" * 40, "127.0.0.1", 7001, 1),), reply=False), 1.0)
+    assert membership.forget(bad, 2.0) == []
+    assert not membership.ignores(bad) and membership.get("b" * 40) is not None
+
+
+def test_a_yourjobs_naming_one_job_twice_imports_it_once():
+    # IMPORT_JOBS upserts: a row met twice fails the statement
+    # (CardinalityViolation) and ended the inbox run with it.
+    core = _core()
+    copy = m.JobCopy("D-bbbbbbbb-" + "A" * 24 + "-0001", "q", b"x", 1, 1, 0.0, 0.0, 2e9)
+    step = core._on_yourjobs("b" * 40, m.YourJobs((copy, copy)))
+    request = next(step)
+    assert request.sql == node_sql.IMPORT_JOBS and request.params["ids"] == [copy.id]
+    step.close()
+
+
 def test_a_failed_save_of_the_members_loses_no_forgotten_node():
     core = _core()
     core._forgotten = ["b" * 40]
