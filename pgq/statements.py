@@ -1123,8 +1123,12 @@ WITH stored AS (
         stored_at = pgq.now(), expires_at = excluded.expires_at
     RETURNING 1
 ), expired AS (
+    -- SKIP LOCKED, as every sweep: concurrent saves picked the same
+    -- expired rows and each waited for the other's commit (a worker's
+    -- transactional handler held them across its ACK).
     DELETE FROM pgq.results WHERE id IN (
-        SELECT id FROM pgq.results WHERE expires_at <= pgq.now() ORDER BY expires_at LIMIT 100)
+        SELECT id FROM pgq.results WHERE expires_at <= pgq.now() ORDER BY expires_at LIMIT 100
+        FOR UPDATE SKIP LOCKED)
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM stored), (SELECT count(*) FROM expired)

@@ -263,3 +263,29 @@ def test_waiting_for_a_result_that_will_never_come_says_so(client):
     assert client.del_job(waiting) == 1
     waiter.join(30)  # it ended; it waited for ever
     assert not waiter.is_alive() and isinstance(outcome["error"], pgq.errors.NoJobError)
+
+
+def test_saving_results_never_waits_for_another_save(dsn):
+    # Each save deletes up to 100 expired results. Without SKIP LOCKED two
+    # concurrent saves picked the same rows and the second waited for the
+    # first's commit: a worker's transactional handler holds its save's
+    # locks across its ACK (found by a read-only review).
+    import psycopg
+
+    from pgq import statements as sql
+
+    def save(conn: psycopg.Connection, job_id: str) -> None:
+        conn.execute(sql.STORE_RESULT, {"id": job_id, "value": b"v", "error": None, "keep": 60.0})
+
+    with psycopg.connect(dsn, autocommit=True) as setup:
+        setup.execute("INSERT INTO pgq.results (id, value, expires_at) "
+                      "SELECT 'old-' || n, 'x', pgq.now() - interval '1 hour' FROM generate_series(1, 5) n")
+    with psycopg.connect(dsn) as first, psycopg.connect(dsn) as second:
+        save(first, "A")  # its transaction stays open, its expired rows locked
+        second.execute("SET lock_timeout = '2s'")
+        save(second, "B")  # before: LockNotAvailable after 2 s
+        second.commit()
+        first.commit()
+    with psycopg.connect(dsn, autocommit=True) as look:
+        ids = {r[0] for r in look.execute("SELECT id FROM pgq.results")}
+    assert {"A", "B"} <= ids and not any(i.startswith("old-") for i in ids)
