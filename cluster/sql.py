@@ -706,6 +706,11 @@ SELECT coalesce((SELECT sum(queued) FROM pgq.queue_counters WHERE queue = %(queu
 # jobs_queued_idx; a job of priority > 0 may come from both). At-least-once
 # jobs stay here as active copies with a re-queue timer (if the importer
 # never acks them, they come back); at-most-once jobs are moved: deleted here.
+# Except a keyed at-most-once job: it stays here as an active copy with no
+# timer (never queued again here), which the importer's ACK removes (it
+# lists this node as a holder). Deleted, its key was free here at once: a
+# producer's retried add queued the work twice, and a WAITJOB here said
+# 'done' while the job was being worked on elsewhere.
 EXPORT_JOBS = f"""
 WITH ranked AS (
     SELECT ctid, priority, ctime FROM pgq.jobs
@@ -721,17 +726,17 @@ WITH ranked AS (
     ORDER BY priority DESC, ctime LIMIT %(count)s
 ), moved AS (
     DELETE FROM pgq.jobs j
-    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked)) AND j.retry = 0
+    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked)) AND j.retry = 0 AND j.key IS NULL
     RETURNING {_COPY_COLUMNS}
 ), kept AS (
     UPDATE pgq.jobs j SET
         state = 'active', requeue_at = NULL,
-        cluster_requeue_at = pgq.now()
-            + (j.retry + random() * 0.5) * interval '1 second',
+        cluster_requeue_at = CASE WHEN j.retry > 0 THEN pgq.now()
+            + (j.retry + random() * 0.5) * interval '1 second' END,
         nodes_delivered = ARRAY(SELECT DISTINCT n FROM unnest(
             coalesce(j.nodes_delivered, '{{}}'::text[]) || ARRAY[%(myself)s, %(requester)s]) AS n
             ORDER BY n)
-    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked)) AND j.retry > 0
+    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked)) AND (j.retry > 0 OR j.key IS NOT NULL)
     RETURNING {_COPY_COLUMNS}
 )
 SELECT * FROM moved UNION ALL SELECT * FROM kept
@@ -749,9 +754,9 @@ WITH incoming AS (
                                nodes_delivered, nodes_confirmed, priority, key)
     SELECT id, queue, 'queued', ctime, body, repl, retry, delay, to_timestamp(expires),
            pgq.now(), 1, nacks, adds,
-           CASE WHEN retry > 0 THEN ARRAY(SELECT DISTINCT n FROM unnest(
+           CASE WHEN retry > 0 OR key IS NOT NULL THEN ARRAY(SELECT DISTINCT n FROM unnest(
                string_to_array(nodes, ',') || ARRAY[%(myself)s, %(sender)s]) AS n ORDER BY n) END,
-           CASE WHEN retry > 0 THEN ARRAY[%(myself)s]::text[] END, priority, key
+           CASE WHEN retry > 0 OR key IS NOT NULL THEN ARRAY[%(myself)s]::text[] END, priority, key
     FROM incoming
     ON CONFLICT (id) DO UPDATE SET
         state = 'queued', queued_at = pgq.now(), requeue_at = NULL,

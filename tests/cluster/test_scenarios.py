@@ -933,6 +933,29 @@ def test_federation_hands_over_higher_priorities_first(sim_databases, retry):
     assert [j.id for j in s.get("n1", timeout=5)] == [urgent]
 
 
+def test_a_keyed_at_most_once_job_handed_to_another_node_keeps_its_key_and_its_waiter(sim_databases):
+    """NEEDJOBS moved an at-most-once job (deleted it here): its key was
+    free again on the node it left, so the producer's retried add queued
+    the work twice, and a WAITJOB there answered 'done' while the job was
+    still being worked on elsewhere (found by a read-only review). A keyed
+    one now stays here as a copy that the importer's ACK removes."""
+    s = cluster(sim_databases)
+    keyed = params(replicate=1, retry=0, key="once")
+    job = s.do("n2", lambda ses: commands.add_jobs(ses, "q", [b"a"], keyed), "add")[0]
+    waiting = s.start("n2", lambda ses: commands.wait_job(ses, job, 60), "wait on n2")
+    assert [j.id for j in s.get("n1", timeout=5)] == [job]  # handed over, delivered, not acked
+    s.run_for(1.0)
+    assert not waiting.done
+    again = s.do("n2", lambda ses: commands.add_jobs(ses, "q", [b"a"], keyed), "the add again")[0]
+    assert again == job
+    assert s.ack("n1", job) == 1
+    s.until(lambda: waiting.done, 10.0, "the wait on n2 to end")
+    assert waiting.value is True
+    s.until(lambda: not copies(s, job), 10.0, "no copy left")
+    fresh = s.do("n2", lambda ses: commands.add_jobs(ses, "q", [b"b"], keyed), "a new add")[0]
+    assert fresh != job  # the key is free once the job is done with
+
+
 def test_a_queue_paused_for_output_is_not_exported(sim_databases):
     s = cluster(sim_databases, nodes=3)
     job = s.add("n2", b"x", replicate=1)
