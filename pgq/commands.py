@@ -176,7 +176,10 @@ def add_jobs(session: Session, queue: str, bodies: Sequence[bytes],
         existing = yield from _add_replicated(session, queue, ids, bodies, params, wanted, minimum)
         if existing is None:
             return ids
-        if session.owned and not params.asynchronous:
+        # An asynchronous add waits too: the key's job may be a synchronous
+        # add's, still replicating, and withdrawn if that add fails (its ID
+        # answered at once named a job that no longer existed).
+        if session.owned:
             if not (yield from _await_copies_of(session, existing,
                                                 _replication_timeout(session, params))):
                 # withdrawn (its own add failed) or done with: the key is free
@@ -897,7 +900,7 @@ def _withdrawn(ids: list[str], failed: set[str], timeout: float, stuck: bool) ->
 
 
 def _await_copies_of(session: Session, job_id: str, timeout: float) -> Command[bool]:
-    """A synchronous keyed add found the key's job: answer its ID only once
+    """A keyed add (asynchronous too) found the key's job: answer its ID only once
     that job has its copies (another add may still be waiting for them, and
     withdraw it on failure). True when it has them; False when it vanished
     (withdrawn, or replicated and done with since); NoReplError on timeout,

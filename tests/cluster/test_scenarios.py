@@ -454,6 +454,19 @@ def test_a_keyed_add_answers_the_keys_job_only_once_it_has_its_copies(sim_databa
     assert waiting.error is None and waiting.value[0] not in doomed.error.removed
     assert copies(s, waiting.value[0]) == {"n1", "n2"}
 
+    # An asynchronous add with the key waits for that replication too: it
+    # answered the synchronous add's ID at once, and the job was withdrawn
+    # when that add failed (the work lost; found by a read-only review).
+    s.crash("n2")
+    doomed = s.start("n1", lambda ses: commands.add_jobs(
+        ses, "q", [b"e"], params(replicate=2, timeout=2, key="order-3")), "another that fails")
+    s.run_for(0.5)
+    hasty = s.start("n1", lambda ses: commands.add_jobs(
+        ses, "q", [b"f"], params(replicate=2, asynchronous=True, key="order-3")), "same key, async")
+    s.until(lambda: doomed.done and hasty.done, 10.0, "both adds to return")
+    assert isinstance(doomed.error, NoReplError) and hasty.error is None
+    assert hasty.value[0] not in doomed.error.removed and "n1" in copies(s, hasty.value[0])
+
 
 def batch(s: Scenario, which: str, calls: list[commands.AddCall]):
     """Start the group-commit batch of synchronous replicated adds."""
