@@ -438,20 +438,20 @@ class NodeCore:
             elif kind == c.OUTBOX_ABORT:
                 # The client gave up: remove partial copies, best effort. If we
                 # no longer know whom we sent it to (we restarted), ask everyone.
-                entry = self.replicator.forget(job_id or "")
+                entry = self.replicator.forget(job_id or "", ended=True)
                 for peer in entry.sent if entry else self._everyone():
                     deljobs.setdefault(peer, []).append(job_id or "")
             elif kind == c.OUTBOX_ACK:
                 # Done with: no more REPLJOBs (a re-send reached a target
                 # after its SETACK and stored the job again).
-                self.replicator.forget(job_id or "")
+                self.replicator.forget(job_id or "", ended=True)
                 holders = set(c.split_holders(arg)) - {self.node_id}
                 if arg:
                     self.acks.add(job_id or "", holders, now)
                 else:  # dummy ack: ask everyone
                     self.acks.add(job_id or "", None, now, everyone=self._all_known())
             elif kind == c.OUTBOX_FASTACK:
-                self.replicator.forget(job_id or "")
+                self.replicator.forget(job_id or "", ended=True)
                 targets = c.split_holders(arg) or sorted(self._everyone())
                 for peer in targets:
                     deljobs.setdefault(peer, []).append(job_id or "")
@@ -508,7 +508,7 @@ class NodeCore:
                 if entry.copy.id in kept:
                     entry.recorded = set(entry.sent)
                 else:
-                    self.replicator.forget(entry.copy.id)
+                    self.replicator.forget(entry.copy.id, ended=True)  # acked or withdrawn
             gone = {e.copy.id for e in fresh} - kept
             if gone:
                 sends = {peer: [c for c in copies if c.id not in gone]
@@ -533,11 +533,21 @@ class NodeCore:
     def _on_gotjobs(self, items: list[tuple[str, m.GotJob]]) -> Step:
         assert self.replicator is not None
         done = []
+        now = self.clock.monotonic()
         for peer, message in items:
             done += self.replicator.confirmed(peer, list(message.ids))
+            self._delete_late_copies(peer, message.ids, now)
         if done:
             yield from self._replication_done([d for d in done if d.sync], sync=True)
             yield from self._replication_done([d for d in done if not d.sync], sync=False)
+
+    def _delete_late_copies(self, peer: str, ids: tuple[str, ...] | list[str], now: float) -> None:
+        """DELJOB to a peer whose copies of ended jobs landed late (see
+        Replicator.late_copies)."""
+        assert self.replicator is not None
+        late = self.replicator.late_copies(peer, ids, now)
+        if late:
+            self._send_deljobs({peer: late})
 
     def _replication_done(self, done: list[Any], sync: bool) -> Step:
         """Record jobs that got their copies: a synchronous add is achieved
@@ -621,7 +631,7 @@ class NodeCore:
                                               "askers": [_csv(askers[i]) for i in ids],
                                               "myself": self.node_id})
         for job_id in ids:
-            self.replicator.forget(job_id)
+            self.replicator.forget(job_id, ended=True)
         known = {r[0]: bool(r[1]) for r in rows}
         for peer, job_ids in asked.items():
             self.send(peer, m.GotAck(tuple((i, known.get(i, False)) for i in dict.fromkeys(job_ids))))
@@ -670,7 +680,7 @@ class NodeCore:
                                                   for job_id in message.ids)
                if job_id not in driving]
         for job_id in ids:
-            self.replicator.forget(job_id)
+            self.replicator.forget(job_id, ended=True)
         if ids:
             yield _rows(sql.APPLY_DELJOB, {"ids": ids, "myself": self.node_id})
 
@@ -702,6 +712,9 @@ class NodeCore:
         assert self.requeues is not None
         rows = yield _rows(sql.WILLQUEUE_STATE, {**self._named(message), "sender": peer,
                                                  "myself": self.node_id, "ahead": ANNOUNCE_AHEAD})
+        known = {r[0] for r in rows}
+        self._delete_late_copies(peer, [i for i in message.ids if i not in known],
+                                 self.clock.monotonic())
         queued, acked = self.requeues.on_willqueue((r[0], r[1], r[2]) for r in rows)
         if queued:
             holders = {r[0]: tuple(r[2] or ()) for r in rows}

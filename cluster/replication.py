@@ -26,6 +26,13 @@ Rules (Disque's, with its defects avoided):
   silent - a node that is down but not yet declared dead must not stop
   adds. It then stays pending, as an asynchronous job, until its W copies
   exist. A job with an explicit W never settles for less.
+* A job that ends (acknowledged, deleted, withdrawn) while REPLJOBs to
+  some targets are unconfirmed is remembered with those targets
+  (:meth:`Replicator.late_copies`, up to ``LATE_MAX`` jobs, until its
+  TTL): a REPLJOB still on its way lands after the end, and the copy it
+  stores knew of no ACK; once the origin's tombstone was swept it queued
+  the job again at its retry (found by a read-only review). The origin
+  answers such a copy's GOTJOB or WILLQUEUE with DELJOB.
 * A job short of copies for long (a peer that refuses them silently: its
   queue paused for input, with no other node to widen to) costs little:
   its re-sends back off (``RESEND_EVERY`` doubling up to ``RESEND_MAX``),
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from .messages import JobCopy
@@ -49,6 +57,7 @@ WIDEN_EVERY = 0.05  # Disque's DELAYED_JOB_ADD_NODE_MIN_PERIOD
 RESEND_EVERY = 1.0  # the first re-send to a silent target; doubling after
 RESEND_MAX = 60.0
 RESEND_DOUBLINGS = 6  # 2 ** 6 s is past RESEND_MAX
+LATE_MAX = 65_536  # ended jobs whose copies may still land (about 13 MB at most)
 # How long the last copies of a defaulted-W job may take before a minimum
 # suffices: far above a healthy confirmation (a few ms), far below the
 # client's replication timeout (5 s).
@@ -111,6 +120,8 @@ class Replicator:
         self._soft: set[str] = set()
         self._unrecorded: set[str] = set()
         self._reachable: frozenset[str] = frozenset()  # at the last sends()
+        # job -> (targets never confirmed, expires): see late_copies
+        self._ended: OrderedDict[str, tuple[frozenset[str], float]] = OrderedDict()
 
     def add(self, copy: JobCopy, needed: int, sync: bool, now: float, ttl_left: float,
             minimum: int | None = None, external: bool = False) -> None:
@@ -194,9 +205,34 @@ class Replicator:
         self._unrecorded = {e.copy.id for e in found}  # the caller records them now
         return found
 
-    def forget(self, job_id: str) -> Pending | None:
-        """Stop replicating (client gave up, job acked or deleted)."""
-        return self.pending.pop(job_id, None)
+    def forget(self, job_id: str, ended: bool = False) -> Pending | None:
+        """Stop replicating (client gave up, job acked or deleted). ``ended``:
+        the job is done with, so a copy that lands later must go (its
+        unconfirmed targets are remembered for :meth:`late_copies`)."""
+        entry = self.pending.pop(job_id, None)
+        if ended and entry is not None and entry.sent - entry.confirmed:
+            self._ended[job_id] = (frozenset(entry.sent - entry.confirmed), entry.expires)
+            self._ended.move_to_end(job_id)
+            while len(self._ended) > LATE_MAX:
+                self._ended.popitem(last=False)
+        return entry
+
+    def late_copies(self, peer: str, ids: list[str] | tuple[str, ...], now: float) -> list[str]:
+        """Of ``ids``, which ``peer`` (GOTJOB: it stored them; WILLQUEUE: it
+        holds them) must delete: jobs that ended while its REPLJOB was on
+        its way. Kept after the answer: a DELJOB may be lost, and the
+        copy's next WILLQUEUE gets one again."""
+        late = []
+        for job_id in ids:
+            found = self._ended.get(job_id)
+            if found is None:
+                continue
+            targets, expires = found
+            if expires <= now:
+                del self._ended[job_id]
+            elif peer in targets:
+                late.append(job_id)
+        return late
 
     def expired(self, now: float) -> list[Pending]:
         if len(self._expiry) > 2 * len(self.pending) + 1024:

@@ -891,6 +891,32 @@ def test_an_ack_reaches_a_holder_that_imported_the_job(sim_databases):
     s.until(collected(s, job), 10.0, "every copy and tombstone gone")
 
 
+@pytest.mark.parametrize("how", ["fastack elsewhere", "ack here"])
+def test_a_copy_that_lands_after_its_job_was_acked_is_deleted(sim_databases, how):
+    """An ACK or FASTACK made the origin forget a replication whose REPLJOBs
+    were still on their way: they landed later, the copies were stored
+    (nothing there knew of the ACK) and, once the origin's tombstone was
+    swept (60 s), queued the job again at their retry, with every node
+    reachable (found by a read-only review). The origin now answers a late
+    copy's GOTJOB, or its WILLQUEUE, with DELJOB."""
+    s = cluster(sim_databases)
+    s.degrade(NetworkFaults(slow=1.0, slow_delay=(3.0, 3.0)))  # the REPLJOBs take 3 s
+    job = s.add("n1", b"x", replicate=3, retry=120, asynchronous=True)
+    replicator = s.node("n1").core.replicator
+    s.until(lambda: job in replicator.pending and len(replicator.pending[job].sent) == 2, 2.0,
+            "the REPLJOBs sent")
+    s.degrade(NetworkFaults())
+    assert [j.id for j in s.get("n1")] == [job]
+    if how == "ack here":
+        assert s.ack("n1", job) == 1
+    else:
+        assert s.fast_ack("n2", job) == 0  # unknown on n2 yet: DELJOB to everyone
+    s.run_for(5.0)  # the REPLJOBs land
+    s.sql("n1", "DELETE FROM pgq.acks WHERE id = %s", (job,))  # as the sweep does after 60 s
+    s.until(lambda: not copies(s, job), 10.0, "the late copies deleted")
+    s.holds(lambda: not s.queued_on(job), 130.0, "the acknowledged job stays gone")
+
+
 def test_wait_job_on_a_holder_returns_when_another_holder_acks(sim_databases):
     s = cluster(sim_databases)
     job = s.add("n1", b"x", replicate=3)
