@@ -372,6 +372,8 @@ class NodeCore:
                     "resps": [(self.settings.advertise_resp if x.id == self.node_id
                                else self.resp_adverts.get(x.id)) or None for x in members],
                     })
+                if forgotten:
+                    yield _rows(sql.UNHOLD_FORGOTTEN, {"forgotten": forgotten})
             except BaseException:
                 # Not saved (a database error ends the step here): the next
                 # persist saves again, forgotten nodes included; dropped,

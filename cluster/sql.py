@@ -62,17 +62,18 @@ WITH saved AS (
     RETURNING 1
 ), removed AS (
     DELETE FROM pgq.nodes WHERE id = ANY (%(forgotten)s::text[]) RETURNING 1
-), unheld AS (
-    -- A forgotten node is no holder any more (FORGET completes the ACK
-    -- collections waiting for it, in memory): tombstones that named it
-    -- made a restarted process wait for it until the jobs' TTL. The first
-    -- condition only reads the parameter: no scan when nothing was forgotten.
-    UPDATE pgq.acks a
-    SET nodes = ARRAY(SELECT n FROM unnest(a.nodes) AS n WHERE n <> ALL (%(forgotten)s::text[]))
-    WHERE cardinality(%(forgotten)s::text[]) > 0 AND a.nodes && %(forgotten)s::text[]
-    RETURNING 1
 )
-SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM removed), (SELECT count(*) FROM unheld)
+SELECT (SELECT count(*) FROM saved), (SELECT count(*) FROM removed)
+"""
+
+# A forgotten node is no holder any more (FORGET completes the ACK
+# collections waiting for it, in memory): tombstones that named it made a
+# restarted process wait for it until the jobs' TTL. A scan of pgq.acks,
+# run only when nodes were forgotten (rare, by hand).
+UNHOLD_FORGOTTEN = """
+UPDATE pgq.acks a
+SET nodes = ARRAY(SELECT n FROM unnest(a.nodes) AS n WHERE n <> ALL (%(forgotten)s::text[]))
+WHERE a.nodes && %(forgotten)s::text[]
 """
 
 # -------------------------------------------------------------------- outbox

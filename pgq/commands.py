@@ -1585,6 +1585,16 @@ def _pause(session: Session, deadline: float | None, polls: int) -> Command[bool
     return True
 
 
+def _done_before(job_id: str) -> Command[bool]:
+    """Whether this node knows the job was done with (sql.WAITED_GONE)."""
+    yield Begin()
+    yield Query(sql.RETRY_PLAN, None, Result.NONE)
+    done = yield Query(sql.WAITED_GONE, {"id": job_id, "made": millis_from_id(job_id) / 1000.0},
+                       Result.VALUE)
+    yield Commit()
+    return bool(done)
+
+
 def wait_job(session: Session, job_id: str, timeout: float | None) -> Command[bool]:
     """Wait until a job this node holds is done with: acknowledged (here, or
     on another holder, whose ACK reaches this copy), deleted, expired or
@@ -1602,8 +1612,7 @@ def wait_job(session: Session, job_id: str, timeout: float | None) -> Command[bo
             # between ADDJOB and WAITJOB, goware/disque's pattern) answered
             # NoJobError, and an expired one not swept yet too: the answer
             # to add-then-wait depended on timing (found by a review).
-            if first and not (yield Query(sql.WAITED_GONE, {
-                    "id": job_id, "made": millis_from_id(job_id) / 1000.0}, Result.VALUE)):
+            if first and not (yield from _done_before(job_id)):
                 raise NoJobError(f"job {job_id} is not held on this node: wait on a node "
                                  "that holds a copy (SHOW there lists its nodes)")
             return True

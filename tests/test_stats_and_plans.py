@@ -189,8 +189,9 @@ def _generic_plan(db, statement):
 
 BIG_TABLES = {"jobs", "acks", "history", "outbox", "dead_letters"}
 # Scans of every row on purpose: they count what a node holds (rarely run).
-# RETRIED_ADD runs under RETRY_PLAN's own settings (pinned below).
-FULL_SCANS = {"DROP_HANDED_OVER", "RETRIED_ADD"}
+# RETRIED_ADD and WAITED_GONE run under RETRY_PLAN's own settings (pinned
+# below); UNHOLD_FORGOTTEN runs only when a node was forgotten (by hand).
+FULL_SCANS = {"DROP_HANDED_OVER", "RETRIED_ADD", "WAITED_GONE", "UNHOLD_FORGOTTEN"}
 
 
 def _statements():
@@ -330,5 +331,10 @@ def test_a_retried_add_reads_only_recent_history(db):
         now = time.time()
         plan = plan_of(db, sql.RETRIED_ADD, {"ids": ["D-x"], "first": now - 5, "client_now": now,
                                              "slack": 60.0})
+    assert "history_finished_at_idx" in plan
+    assert not [r for r in _scans(json.loads(plan), ("Seq Scan",)) if r in BIG_TABLES], plan
+    with db.transaction():  # WAITJOB of a job done with before it (pgq.commands._done_before)
+        db.execute(sql.RETRY_PLAN)
+        plan = plan_of(db, sql.WAITED_GONE, {"id": "D-x", "made": time.time() - 5})
     assert "history_finished_at_idx" in plan
     assert not [r for r in _scans(json.loads(plan), ("Seq Scan",)) if r in BIG_TABLES], plan
