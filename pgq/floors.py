@@ -68,6 +68,7 @@ class _Queue:
     walked_at: float = float("-inf")  # when the last full walk started
     cost: float = 0.0  # how long it took
     below: bool = False  # the last walk from the front took jobs below the floor: more may wait
+    walked_from: int = FROM_THE_FRONT  # the floor in force when the last walk from the front began
 
 
 class Floors:
@@ -97,9 +98,11 @@ class Floors:
                 state = self._queues.setdefault(name, _Queue())
                 paced = max(FULL_WALK_EVERY, state.cost / FULL_WALK_SHARE)
                 since = now - state.walked_at
-                dirty = now < self._dirty_until and since >= state.cost / FULL_WALK_SHARE
-                if since >= paced or dirty or state.below:
+                cheap_enough = since >= state.cost / FULL_WALK_SHARE
+                dirty = (now < self._dirty_until or state.below) and cheap_enough
+                if since >= paced or dirty:
                     state.walked_at = now
+                    state.walked_from = state.floor
                     floors.append(FROM_THE_FRONT)  # this claim only: the floor stays
                 else:
                     floors.append(state.floor)
@@ -124,7 +127,13 @@ class Floors:
                 state = self._queues.setdefault(name, _Queue())
                 if used == FROM_THE_FRONT:
                     state.cost = now - started
-                    state.below = name in lowest and lowest[name] < state.floor
+                    # Against the floor this walk began with: concurrent
+                    # claims of the process raise the floor meanwhile, past
+                    # jobs this walk took in their place (no hole at all),
+                    # and every claim walked from the front (found by a
+                    # review of this rule: 70-86% of the claims with 16 to
+                    # 64 consumers sharing the floors, against 0.1%).
+                    state.below = name in lowest and lowest[name] < state.walked_from
                 if name in highest:
                     state.floor = max(state.floor, highest[name] - MARGIN)
 

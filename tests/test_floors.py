@@ -79,6 +79,22 @@ def test_a_walk_from_the_front_that_finds_jobs_below_the_floor_goes_on_until_it_
     assert floors.for_claim(["q"], 1.7) == [100 * MARGIN]
 
 
+def test_claims_that_raise_the_floor_during_a_walk_from_the_front_do_not_make_the_next_walk():
+    # The walk took the oldest jobs while a concurrent claim from the floor
+    # took the next ones and raised the floor past them: no hole, so the
+    # next claim starts at the floor.
+    floors = Floors()
+    used = floors.for_claim(["q"], 0.0)
+    floors.claimed(["q"], used, [("q", c * MARGIN // 10) for c in range(10)], 0.0, 0.001)
+    walk = floors.for_claim(["q"], 3.0)
+    assert walk == [FROM_THE_FRONT]
+    step = floors.for_claim(["q"], 3.0)
+    assert step != [FROM_THE_FRONT]
+    floors.claimed(["q"], step, [("q", 4 * MARGIN + c) for c in range(10)], 3.0, 3.001)
+    floors.claimed(["q"], walk, [("q", 2 * MARGIN + c) for c in range(10)], 3.0, 3.002)
+    assert floors.for_claim(["q"], 3.01) == [3 * MARGIN + 9]  # the floor: no walk from the front
+
+
 def test_queues_have_their_own_floors():
     floors = Floors()
     used = floors.for_claim(["a", "b"], 0.0)
