@@ -510,7 +510,9 @@ class NodeCore:
                 if entry.copy.id in kept:
                     entry.recorded = set(entry.sent)
                 else:
-                    self.replicator.forget(entry.copy.id, ended=True)  # acked or withdrawn
+                    # acked or withdrawn; or, external (a leaving origin),
+                    # handed over: its late copies are the heirs' to keep
+                    self.replicator.forget(entry.copy.id, ended=not entry.external)
             gone = {e.copy.id for e in fresh} - kept
             if gone:
                 sends = {peer: [c for c in copies if c.id not in gone]

@@ -130,6 +130,7 @@ class Replicator:
         node keeps no copy (it is leaving)."""
         if copy.id in self.pending or needed <= 0:
             return
+        self._ended.pop(copy.id, None)  # stored again under its ID (a retried add): alive
         soft = minimum if minimum is not None and 0 < minimum < needed else 0
         entry = Pending(copy, needed, sync, now + ttl_left, started=now, minimum=soft,
                         external=external, due=now)
@@ -226,6 +227,9 @@ class Replicator:
         for job_id in ids:
             found = self._ended.get(job_id)
             if found is None:
+                continue
+            if job_id in self.pending:  # replicated again under its ID: its copies count
+                del self._ended[job_id]
                 continue
             targets, expires = found
             if expires <= now:

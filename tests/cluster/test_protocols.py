@@ -129,6 +129,24 @@ def test_replication_widens_and_reaches_its_copies():
     assert [d.copy.id for d in done] == ["J"] and r.pending == {}
 
 
+def test_a_job_that_ended_has_its_late_copies_deleted_unless_it_is_replicated_again():
+    r = Replicator("me", random.Random(1))
+    r.add(copy(), 2, sync=True, now=0.0, ttl_left=60)
+    slow, quick = sorted(r.sends(0.0, ["a", "b"]))
+    r.confirmed(quick, ["J"])
+    r.forget("J", ended=True)  # acked while the REPLJOB to `slow` was on its way
+    assert r.late_copies(slow, ["J"], 1.0) == ["J"] and r.late_copies(quick, ["J"], 1.0) == []
+    assert r.late_copies(slow, ["J"], 61.0) == []  # past the job's TTL: forgotten
+    # Withdrawn, then stored again under its ID (a retried add): the copies
+    # of the new replication are no late copies (found by a review).
+    r.add(copy(), 2, sync=True, now=100.0, ttl_left=60)
+    r.sends(100.0, ["a", "b"])
+    r.forget("J", ended=True)
+    r.add(copy(), 2, sync=True, now=101.0, ttl_left=60)
+    r.sends(101.0, ["a", "b"])
+    assert r.late_copies("a", ["J"], 101.5) == [] and r.late_copies("b", ["J"], 101.5) == []
+
+
 def test_resume_counts_the_copies_the_database_knows_and_names_them_in_new_ones():
     r = Replicator("me", random.Random(2))
     r.resume(copy(nodes=("me", "a")), "queued", ["me", "a"], None, 60, leaving=False, now=0.0)
