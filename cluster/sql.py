@@ -716,15 +716,23 @@ EXPORT_JOBS = f"""
 WITH ranked AS (
     SELECT ctid, priority, ctime FROM pgq.jobs
     WHERE queue = %(queue)s AND state = 'queued' AND priority > 0 AND expires_at > pgq.now()
-    ORDER BY priority DESC, ctime LIMIT %(count)s FOR UPDATE SKIP LOCKED
+    ORDER BY priority DESC, ctime LIMIT %(count)s
 ), ready AS (
     SELECT ctid, priority, ctime FROM pgq.jobs
     WHERE queue = %(queue)s AND state = 'queued' AND expires_at > pgq.now()
-    ORDER BY ctime LIMIT %(count)s FOR UPDATE SKIP LOCKED
+    ORDER BY ctime LIMIT %(count)s
 ), picked AS MATERIALIZED (
-    SELECT ctid FROM (SELECT * FROM ranked UNION ALL SELECT * FROM ready) AS c
-    GROUP BY ctid, priority, ctime
-    ORDER BY priority DESC, ctime LIMIT %(count)s
+    -- Only the rows picked are locked: a ready job locked and left made a
+    -- concurrent claim skip it and move its floor past it, with no epoch
+    -- move to bring it back (a claim that does that moves the epoch). A
+    -- row a claim holds is skipped here: the export comes up short.
+    SELECT j.ctid FROM pgq.jobs j
+    WHERE j.ctid = ANY (ARRAY(
+        SELECT ctid FROM (SELECT * FROM ranked UNION ALL SELECT * FROM ready) AS c
+        GROUP BY ctid, priority, ctime
+        ORDER BY priority DESC, ctime LIMIT %(count)s))
+      AND j.state = 'queued'
+    FOR UPDATE SKIP LOCKED
 ), moved AS (
     DELETE FROM pgq.jobs j
     WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM picked)) AND j.retry = 0 AND j.key IS NULL
