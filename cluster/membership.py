@@ -38,6 +38,8 @@ from .messages import MAX_INCARNATION, MAX_MEMBERS, Ack, Forget, Member, Message
 
 __all__ = ["Config", "Membership", "Send", "Changed", "Action"]
 
+STALE_REFUTE_EVERY = 10.0  # seconds between refutations of stale alive records of this node
+
 
 @dataclass(frozen=True)
 class Config:
@@ -124,6 +126,7 @@ class Membership:
         self._next_push_pull = 0.0
         self._next_rejoin = 0.0
         self._seeds: list[tuple[str, int]] = []
+        self._stale_refuted_at = float("-inf")  # see _about_me
 
     # ------------------------------------------------------------ queries
 
@@ -362,7 +365,7 @@ class Membership:
         if update.id in self._banned:
             return []
         if update.id == self.me.id:
-            return self._about_me(update)
+            return self._about_me(update, now)
         current = self.members.get(update.id)
         if current is None:
             if update.status in ("dead", "left"):
@@ -397,7 +400,7 @@ class Membership:
             return self._store(update, current)
         return []
 
-    def _about_me(self, update: Member) -> list[Action]:
+    def _about_me(self, update: Member, now: float) -> list[Action]:
         # Refute any claim that we are suspect or dead by outranking it.
         # A claim at the wire's bound cannot be outranked: refuting it would
         # make an incarnation every peer's decoder refuses, and this node's
@@ -409,10 +412,18 @@ class Membership:
         # (ours before a restart on a new address) is refuted the same way,
         # as memberlist does: the peers ignored our record, which did not
         # outrank theirs, and kept reaching us where we no longer are.
+        # At most one such refutation every STALE_REFUTE_EVERY seconds: two
+        # processes sharing one node ID (a copied data directory) would
+        # outrank each other for ever, each time saving and telling every
+        # peer (found by a review of this rule); a restart needs one or two.
         stale = update.status == "alive" and (
             update.incarnation > self.me.incarnation
             or update.incarnation == self.me.incarnation
             and (update.host, update.port, update.leaving) != (self.me.host, self.me.port, self.me.leaving))
+        if stale:
+            if now < self._stale_refuted_at + STALE_REFUTE_EVERY:
+                return []
+            self._stale_refuted_at = now
         if (update.status in ("suspect", "dead") or stale) and update.incarnation >= self.me.incarnation \
                 and update.incarnation < MAX_INCARNATION:
             self.me = replace(self.me, incarnation=update.incarnation + 1, status="alive")
