@@ -531,7 +531,7 @@ def test_a_delayed_job_wakes_a_blocked_get_which_waits_for_its_due_time(dsn):
 
         thread, got = blocked_get("later")
         try:
-            producer.add_job("later", b"one", delay=1)
+            producer.add_job("later", b"one", delay=3)  # the GET stays blocked (registered) meanwhile
             assert notified("later")
             bulk = producer.add_jobs("later", [b"x"] * COPY_THRESHOLD, delay=3600)  # by COPY
             assert notified("later")
