@@ -606,12 +606,14 @@ UPDATE pgq.jobs SET{_LEARN_HOLDER},
 WHERE id = ANY (%(ids)s::text[]) AND retry > 0 AND state IN ('queued', 'active')
 """
 
-# ENQUEUE from a leaving node: the job is ours to queue now.
+# ENQUEUE from a leaving node: the job is ours to queue now. Never an
+# at-most-once job delivered here, as REQUEUE refuses one (a stray or
+# crafted ENQUEUE delivered it twice).
 APPLY_ENQUEUE = f"""
 WITH done AS (
     UPDATE pgq.jobs SET state = 'queued', queued_at = pgq.now(), requeue_at = NULL,
         cluster_requeue_at = NULL, enqueues = enqueues + 1
-    WHERE id = ANY (%(ids)s::text[]) AND state = 'active'
+    WHERE id = ANY (%(ids)s::text[]) AND state = 'active' AND NOT (retry = 0 AND deliveries > 0)
     RETURNING queue
 )
 SELECT count(pg_notify('{JOBS_CHANNEL}', q.queue)) FROM (SELECT DISTINCT queue FROM done) AS q

@@ -15,6 +15,7 @@ import os
 
 import pytest
 from pgq.cluster import messages as m
+from pgq.cluster import sql as node_sql
 from pgq.cluster.mock_transport import NetworkFaults
 from pgq.cluster.scenario import Scenario
 
@@ -993,6 +994,17 @@ def test_a_keyed_at_most_once_job_handed_to_another_node_keeps_its_key_and_its_w
     s.until(lambda: not copies(s, job), 10.0, "no copy left")
     fresh = s.do("n2", lambda ses: commands.add_jobs(ses, "q", [b"b"], keyed), "a new add")[0]
     assert fresh != job  # the key is free once the job is done with
+
+
+def test_an_enqueue_from_a_peer_never_queues_a_delivered_at_most_once_job(sim_databases):
+    """ENQUEUE (a leaving node's hand-over) lacked REQUEUE's guard: a stray
+    or crafted one queued an at-most-once job delivered here, which was
+    then delivered twice (found by a read-only review)."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=1, retry=0)
+    assert [j.id for j in s.get("n1")] == [job]
+    s.sql("n1", node_sql.APPLY_ENQUEUE, {"ids": [job]})
+    assert s.queued_on(job) == [] and s.get("n1") == []
 
 
 def test_a_queue_paused_for_output_is_not_exported(sim_databases):
