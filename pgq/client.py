@@ -456,8 +456,9 @@ class Client(ClientCore):
 
     def requeue_dead_letters(self, queue: str | None = None, *, ids: Iterable[str] | None = None,
                              count: int = 1000, ttl: float | None = None) -> list[str]:
-        """Add dead letters back as new jobs (same queue and body, new IDs) and
-        remove them from ``pgq.dead_letters``, atomically; returns the new IDs."""
+        """Add dead letters back as new jobs (same queue, body, priority and
+        key; new IDs) and remove them from ``pgq.dead_letters``, atomically;
+        returns the new IDs."""
         return self._run(self.requeue_dead_letters_command(queue, ids, count, ttl))
 
     def working(self, id: str | Job, conn: object = None) -> int | float:

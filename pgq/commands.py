@@ -1296,14 +1296,17 @@ def requeue_dead_letters(session: Session, queue: str | None, ids: list[str] | N
     rows = yield Query(sql.TAKE_DEAD_LETTERS, {"queue": queue, "ids": ids, "count": count},
                        Result.ROWS)
     new_ids: list[str] = []
-    by_queue: dict[str, list[tuple[bytes, float]]] = {}
-    for _seq, name, body, retry in rows:
-        by_queue.setdefault(name, []).append((bytes(body), retry))
-    for name, items in by_queue.items():
-        for retry in sorted({r for _, r in items}):
-            bodies = [b for b, r in items if r == retry]
-            job_params = JobParams(params.replicate, 0.0, retry, params.ttl, None, True, None)
-            new_ids += yield from add_jobs(session, name, bodies, job_params)
+    # One add per queue, retry and priority (each keyed job alone: a key
+    # names one job), each with its priority and key again (schema 0020;
+    # a dead letter came back at priority 0 and without its key).
+    groups: dict[tuple[str, float, int, str | None], list[bytes]] = {}
+    for _seq, name, body, retry, priority, key in rows:
+        groups.setdefault((name, retry, priority, key), []).append(bytes(body))
+    for (name, retry, priority, key), bodies in groups.items():
+        for part in ([[b] for b in bodies] if key is not None else [bodies]):
+            job_params = JobParams(params.replicate, 0.0, retry, params.ttl, None, True, None,
+                                   priority=priority, key=key)
+            new_ids += yield from add_jobs(session, name, part, job_params)
     yield Commit()
     return new_ids
 

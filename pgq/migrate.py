@@ -21,7 +21,7 @@ from .errors import SchemaNotReadyError, first_line
 
 __all__ = ["SCHEMA_VERSION", "migrate", "schema_version", "check_schema"]
 
-SCHEMA_VERSION = "0019"
+SCHEMA_VERSION = "0020"
 
 # Alembic keeps its migration context in module globals: two migrations in
 # one process must not overlap (processes are serialised by an advisory lock).

@@ -315,6 +315,8 @@ dead_letters = Table(
     Column("repl", Integer, nullable=False),
     Column("died_at", DateTime(timezone=True), nullable=False,
            server_default=text("pgq.now()")),
+    Column("priority", Integer, nullable=False, server_default=text("0")),  # schema 0020
+    Column("key", Text),
     PrimaryKeyConstraint("seq", name="dead_letters_pkey"),
     Index("dead_letters_queue_idx", "queue", "seq"),
 )

@@ -765,17 +765,18 @@ DEAD_LETTER = f"""
 WITH gone AS (
     DELETE FROM pgq.jobs WHERE id = ANY (%(ids)s::text[])
     RETURNING id, queue, body, ctime, delivered_at, deliveries, nacks, additional_deliveries,
-              retry, repl, length(body) AS size, expires_at, nodes_delivered
+              retry, repl, length(body) AS size, expires_at, nodes_delivered, priority, key
 ), logged AS (
     INSERT INTO pgq.history (id, queue, outcome, ctime, delivered_at, deliveries, nacks,
                              additional_deliveries, retry, repl, body_size)
     SELECT id, queue, 'dead', ctime, delivered_at, deliveries, nacks, additional_deliveries,
            retry, repl, size
     FROM gone
-), dead AS (
+), dead AS (  -- with its priority and key (schema 0020), for a requeue
     INSERT INTO pgq.dead_letters (id, queue, body, reason, nacks, additional_deliveries,
-                                  deliveries, ctime, retry, repl)
-    SELECT id, queue, body, %(reason)s, nacks, additional_deliveries, deliveries, ctime, retry, repl
+                                  deliveries, ctime, retry, repl, priority, key)
+    SELECT id, queue, body, %(reason)s, nacks, additional_deliveries, deliveries, ctime, retry, repl,
+           priority, key
     FROM gone
 ), tombstones AS (
     INSERT INTO pgq.acks AS a (id, queue, expires_at, nodes)
@@ -807,7 +808,7 @@ WHERE seq IN (SELECT seq FROM pgq.dead_letters
               WHERE (%(queue)s::text IS NULL OR queue = %(queue)s::text)
                 AND (%(ids)s::text[] IS NULL OR id = ANY (%(ids)s::text[]))
               ORDER BY seq LIMIT %(count)s FOR UPDATE SKIP LOCKED)
-RETURNING seq, queue, body, retry
+RETURNING seq, queue, body, retry, priority, key
 """
 
 # FASTACK and DELJOB: delete now, no tombstone. FASTACK also asks the node

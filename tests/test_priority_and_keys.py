@@ -201,3 +201,19 @@ def test_a_key_names_one_job(client):
     with pytest.raises(InvalidArgumentError, match="one at a time"):
         client.add_call("kx", [b"a", b"b"], replicate=None, delay=0, retry=None, ttl=None,
                         maxlen=None, asynchronous=False, timeout=None, key="k")
+
+
+def test_a_dead_letter_comes_back_with_its_priority_and_key(client):
+    # A dead letter kept neither (schema 0020): an urgent job came back
+    # behind the backlog, and a keyed one without its key (found by a
+    # read-only review).
+    urgent = client.add_job("dl", b"urgent", priority=9, key="order-7", retry=30)
+    client.add_jobs("dl", [b"x", b"y"], retry=30)
+    [got] = client.get_job("dl")
+    assert got.id == urgent
+    assert client.dead_letter(got, reason="gave up") == 1
+    [back] = client.requeue_dead_letters("dl")
+    shown = client.show(back)
+    assert (shown["priority"], shown["key"]) == (9, "order-7")
+    assert client.add_job("dl", b"again", key="order-7") == back  # the key holds again
+    assert [j.id for j in client.get_job("dl")] == [back]  # ahead of the backlog
