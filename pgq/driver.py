@@ -214,7 +214,11 @@ class SyncDriver:
             if ticket is not None and listener is not None:
                 self._idle(lambda: listener.wait(ticket, seconds))
                 return []
-            if self._listening or conn in _replication_listeners:
+            # This command's own LISTEN only: a pooled connection that once
+            # waited for copies LISTENs for good, and any later wait on it
+            # (wait_job, wait_result, a keyed add's) held it to the end,
+            # never lent: ten such waits took a pool of ten (found by a review).
+            if self._listening or self._replicating:
                 # notifications that arrived between statements wait in
                 # psycopg's backlog and come first
                 return [(n.channel, n.payload)

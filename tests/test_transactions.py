@@ -232,3 +232,30 @@ def test_turbo_client_commits_asynchronously(dsn):
         assert turbo.info()["synchronous_commit"] == "off"
         job_id = turbo.add_job("turbo", b"x")
         assert turbo.get_job("turbo")[0].id == job_id
+
+
+def test_a_wait_lends_a_connection_that_once_listened_for_copies(dsn):
+    # A pooled connection that once waited for a replicated add's copies
+    # LISTENs for good; a later wait on it (wait_job here) held it for the
+    # whole wait instead of lending it between polls: with a pool of one,
+    # every other call of the client failed until the wait ended (found by
+    # a read-only review). The loop calls QLEN for 2.5 s of the waiter's 3:
+    # long enough that the waiter holds the one connection during it.
+    import threading
+    import time
+
+    from pgq import driver
+
+    with pgq.Client(dsn, pool_size=1, reconnect_timeout=1) as client:
+        job = client.add_job("lent", b"x")
+        with client._pool.connection() as conn:  # as a replicated add leaves it
+            conn.execute(f"LISTEN {driver.replication_channel(conn)}")
+            driver._replication_listeners.add(conn)
+        waiter = threading.Thread(target=client.wait_job, args=(job,), kwargs={"timeout": 3})
+        waiter.start()
+        try:
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:
+                assert client.qlen("lent") == 1
+        finally:
+            waiter.join(10)
