@@ -403,14 +403,16 @@ class AsyncClient(ClientCore):
         next node when this one's process is down."""
         make = self.add_command(call)
         for others in range(len(self._dsns) - 1, -1, -1):
+            pool = self._pool  # the one this attempt runs on (see pgq.Client._add_untraced)
             try:
                 return await self._add_once(call, make, conn)
             except NoReplError as exc:
                 if not (exc.node_down and not exc.added and others and conn is None):
                     raise
                 log.warning("pgq: %s; adding through the next node", exc)
-                assert self._pool is not None
-                await self._fail_over(self._pool)
+                failed = pool if pool is not None else self._pool  # None: opened by the attempt
+                assert failed is not None
+                await self._fail_over(failed)
                 version, self._node_id = await self._run_on_pool(self._read_node)
                 check_schema(version)
         raise AssertionError("unreachable")

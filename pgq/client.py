@@ -365,13 +365,17 @@ class Client(ClientCore):
         through the next node DSN (each tried at most once)."""
         make = self.add_command(call)
         for others in range(len(self._dsns) - 1, -1, -1):
+            # The pool this attempt runs on: failing over "the pool in use"
+            # after it failed switched a client another caller had just
+            # failed over back to the dead node (two callers of one batch).
+            pool = self._pool
             try:
                 return self._add_once(call, make, conn)
             except NoReplError as exc:
                 if not (exc.node_down and not exc.added and others and conn is None):
                     raise
                 log.warning("pgq: %s; adding through the next node", exc)
-                self._fail_over(self._pool)
+                self._fail_over(pool)
                 version, self._node_id = self._run_on_pool(self._read_node)
                 check_schema(version)
         raise AssertionError("unreachable")

@@ -192,3 +192,52 @@ def test_a_busy_pool_is_no_reason_to_fail_over(dsn):
             thread.join(30)
         assert outcomes == {"A": "held", "B": "held", "C": "held"}
         assert client._pool is pool  # still on the first DSN
+
+
+def test_two_callers_failing_on_a_dead_node_both_fail_over_to_the_next(dsn, monkeypatch):
+    # Each caller failed over "the pool in use" after its attempt: the
+    # second, whose attempt had run on the first node too, switched the
+    # client that the first had just moved on back to the dead node, and
+    # its add failed (found by a read-only review). The barrier makes both
+    # first attempts run on the first node; the second caller's fails once
+    # the first caller has failed the client over.
+    other = dsn + ("&" if "?" in dsn else "?") + "application_name=second"
+    with pgq.Client([dsn, other], pool_size=2) as client:
+        first, pool = client.dsn, client._pool
+        both_on_it = threading.Barrier(2, timeout=10)
+        tried: set[int] = set()
+        real = client._add_once
+
+        def attempt(call, make, conn):
+            if client.dsn != first:
+                return real(call, make, conn)
+            if threading.get_ident() not in tried:
+                tried.add(threading.get_ident())
+                if both_on_it.wait() == 0:
+                    wait_until(lambda: client._pool is not pool, 10, message="the other caller's failover")
+            raise pgq.errors.NoReplError("node process down", node_down=True)
+
+        monkeypatch.setattr(client, "_add_once", attempt)
+        switches: list[str] = []
+        real_next = client.next_dsn
+
+        def next_dsn() -> bool:
+            switches.append(client.dsn)
+            return real_next()
+
+        monkeypatch.setattr(client, "next_dsn", next_dsn)
+        outcomes: list[object] = []
+
+        def add() -> None:
+            try:
+                outcomes.append(client.add_job("over", b"x"))
+            except pgq.errors.PgqError as exc:
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=add) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert all(isinstance(o, str) for o in outcomes) and len(outcomes) == 2, outcomes
+        assert client.dsn != first and switches == [first]  # one failover, never back
