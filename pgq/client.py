@@ -13,14 +13,22 @@ Invariants:
   because job IDs are made by the client (a repeated add is a no-op) and a
   repeated claim can only delay jobs until their retry time.
 * The client is thread-safe: threads share the pool.
+* A client made before ``fork()`` (a module-level client under gunicorn's
+  ``--preload``, a multiprocessing fork) gets, in the child, a pool, a
+  listener and peer pools of its own: the parent's connections' sockets
+  are the parent's (two processes talking on one backend garble both),
+  and their threads did not survive the fork. The parent's are left
+  alone, never closed from the child.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -126,6 +134,17 @@ def _new_pool(key: sharedpool.PoolKey, max_size: int) -> ConnectionPool:
 
 _POOL_NUMBERS = itertools.count(1)
 _SOLO_OWNERS = itertools.count(1)  # clients with several DSNs: a pool of their own each
+_LIVE: weakref.WeakSet[Client] = weakref.WeakSet()  # renewed in a forked child
+
+
+def _renew_clients_in_child() -> None:
+    for client in list(_LIVE):
+        client._renew_in_child()
+
+
+# After pgq.sharedpool's own hook (imported above, so registered first: the
+# after-fork hooks run in the order they were registered).
+os.register_at_fork(after_in_child=_renew_clients_in_child)
 
 
 class Client(ClientCore):
@@ -160,6 +179,17 @@ class Client(ClientCore):
         # Blocked GETs share one LISTEN connection, served by a thread
         # started by the first of them (pgq.listener).
         self._listener = SyncSharedListener(self._connect_listener)
+        _LIVE.add(self)
+
+    def _renew_in_child(self) -> None:
+        """After a fork, in the child: connections of its own (see the
+        module's invariants); the parent's are dropped, not closed."""
+        self._switching = threading.Lock()
+        self._peers = PeerPools(turbo=self.options.turbo,
+                                application_name=self.options.application_name)
+        self._listener = SyncSharedListener(self._connect_listener)
+        if not self._closed:
+            self._pool = self._open_pool()  # pgq.sharedpool forgot the parent's already
 
     def _open_pool(self) -> ConnectionPool:
         """This client's share of the process's pool for its database

@@ -69,13 +69,15 @@ def test_a_forked_child_starts_with_no_shared_pool(dsn):
 
     with pgq.Client(dsn) as parent:
         assert sharedpool._pools
+        before = parent._pool
         read, write = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child: a pool of its own, on a fresh registry
+        if pid == 0:  # the child: pools of its own, on a fresh registry
             try:
-                fresh = not sharedpool._pools
+                fresh = all(e.pool is not before for e in sharedpool._pools.values())  # the child's only
                 with pgq.Client(dsn) as child:
-                    ok = fresh and child._pool is not parent._pool and child.qlen("forked") == 0
+                    ok = fresh and child._pool is not before and parent._pool is not before \
+                        and child.qlen("forked") == 0
                 os.write(write, b"1" if ok else b"0")
             finally:
                 os._exit(0)
@@ -241,3 +243,31 @@ def test_two_callers_failing_on_a_dead_node_both_fail_over_to_the_next(dsn, monk
             thread.join(30)
         assert all(isinstance(o, str) for o in outcomes) and len(outcomes) == 2, outcomes
         assert client.dsn != first and switches == [first]  # one failover, never back
+
+
+def test_a_client_made_before_a_fork_talks_on_backends_of_its_own_in_the_child(dsn):
+    # The child used the parent's pooled connections (their sockets), and
+    # two processes interleaved their messages on one backend (found by a
+    # read-only review): a module-level client under gunicorn --preload.
+    # A pool of one connection of its own (its application name), so that
+    # the parent's backend is one known pid.
+    import os
+
+    with pgq.Client(dsn, pool_size=1, application_name="forked") as client:
+        def backend() -> int:
+            return client._run_on_pool(lambda conn, _lease: conn.info.backend_pid)
+
+        parent = backend()
+        client.add_job("forked", b"x")
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # the child: report, then leave without running pytest's teardown
+            try:
+                ok = backend() != parent and client.qlen("forked") == 1
+                os.write(write, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        _pid, status = os.waitpid(child, 0)
+        assert os.read(read, 1) == b"1" and status == 0
+        assert backend() == parent and client.qlen("forked") == 1  # the parent's, untouched
