@@ -163,25 +163,30 @@ class SyncCombiner(Generic[C]):
 
     def submit(self, call: C, context: Any = None) -> Any:
         slot = _Slot(call, context)
-        with self._lock:
-            lead = self._queue.arrive(slot)
+        # Interrupted anywhere (Ctrl-C, a signal handler's SystemExit), the
+        # caller leaves the queue, and if it was to make the next flush that
+        # passes on: only the wait for the gate and the flush were guarded,
+        # and an interrupt between a leader's wake and its flush left every
+        # later call of the process waiting for ever (found by a review).
+        try:
+            with self._lock:
+                lead = self._queue.arrive(slot)
+                if not lead:
+                    # Each waiting caller blocks on a lock of its own, released
+                    # once: when its outcome is in, or when it is to lead the
+                    # next flush. Waking only those (a condition's notify_all
+                    # woke every waiter at every flush) took a third of the
+                    # time 10 threads of get+ack held the GIL.
+                    slot.gate = threading.Lock()
+                    slot.gate.acquire()
             if not lead:
-                # Each waiting caller blocks on a lock of its own, released
-                # once: when its outcome is in, or when it is to lead the
-                # next flush. Waking only those (a condition's notify_all
-                # woke every waiter at every flush) took a third of the
-                # time 10 threads of get+ack held the GIL.
-                slot.gate = threading.Lock()
                 slot.gate.acquire()
-        if not lead:
-            try:
-                slot.gate.acquire()
-            except BaseException:  # interrupted (Ctrl-C, a signal handler's SystemExit)
-                self._leave(slot)
-                raise
-            lead = slot.lead and not slot.done
-        if lead:
-            self._lead(slot, context)
+                lead = slot.lead and not slot.done
+            if lead:
+                self._lead(slot, context)
+        except BaseException:
+            self._leave(slot)
+            raise
         return _result(slot)
 
     def _runner(self, context: Any, batch: list[_Slot[C]]) -> Any:
@@ -213,28 +218,31 @@ class SyncCombiner(Generic[C]):
     def _lead(self, slot: _Slot[C], context: Any) -> None:
         with self._lock:
             batch = self._queue.take(slot)
-        context = self._runner(context, batch)
+        outcomes: Sequence[Outcome] | BaseException | None = None
         try:
-            outcomes: Sequence[Outcome] | BaseException = self._flush(
-                context, [s.call for s in batch])
-        except Exception as exc:  # every call of the batch gets it
-            outcomes = exc
-        except BaseException as exc:
-            # The leader's thread was interrupted: it alone gets that; the
-            # others of its batch an ordinary error (a KeyboardInterrupt in
-            # a worker thread killed it, and their adds may have committed).
-            outcomes = [exc if s is slot else Failed(DatabaseUnavailableError(
-                "the thread that sent this call's batch was interrupted: its outcome is "
-                "unknown (an add may have committed; look it up before adding again)"))
-                for s in batch]
-        with self._lock:
-            _settle(batch, outcomes)
-            following = self._queue.finish()
-        for done in batch:
-            if done is not slot and done.gate is not None:
-                done.gate.release()
-        if following is not None and following.gate is not None:
-            following.gate.release()
+            context = self._runner(context, batch)
+            try:
+                outcomes = self._flush(context, [s.call for s in batch])
+            except Exception as exc:  # every call of the batch gets it
+                outcomes = exc
+        finally:
+            if outcomes is None:
+                # The leader's thread was interrupted: it alone gets that
+                # (raised on from here); the others of its batch an ordinary
+                # error (a KeyboardInterrupt in a worker thread killed it,
+                # and their adds may have committed).
+                outcomes = [Failed(DatabaseUnavailableError(
+                    "the thread that sent this call's batch was interrupted: its outcome is "
+                    "unknown (an add may have committed; look it up before adding again)"))
+                    for _ in batch]
+            with self._lock:
+                _settle(batch, outcomes)
+                following = self._queue.finish()
+            for done in batch:
+                if done is not slot and done.gate is not None:
+                    done.gate.release()
+            if following is not None and following.gate is not None:
+                following.gate.release()
 
 
 class AsyncCombiner(Generic[C]):

@@ -153,6 +153,30 @@ def test_an_interrupted_leader_keeps_the_interrupt_to_itself():
     assert "outcome is unknown" in str(outcomes[2])
 
 
+def test_a_leader_interrupted_before_its_flush_passes_the_next_flush_on():
+    # Only the wait for the gate and the flush were guarded: an interrupt
+    # between a leader's wake and its flush (here, choosing where the batch
+    # runs) left its flush counted and no one to make the next: every later
+    # call of the process waited for ever (found by a read-only review).
+    interrupted = []
+
+    def runner(context, batch):
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return context
+
+    combiner = SyncCombiner(lambda _context, calls: list(calls))
+    combiner._runner = runner  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        combiner.submit(1)
+    results: list[int] = []
+    later = threading.Thread(target=lambda: results.append(combiner.submit(2)), daemon=True)
+    later.start()
+    later.join(10)
+    assert results == [2] and combiner._queue.flushing == 0
+
+
 def test_async_batches_share_flushes_and_survive_cancellation():
     batches: list[list[int]] = []
 
