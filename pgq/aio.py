@@ -27,6 +27,7 @@ from .combine import AsyncCombiner
 from .connecting import first_connection_async
 from .core import SWEEP_PARAMS, ClientCore, CommandFactory, pool_closed_error, translate_database_error
 from .driver import AsyncDriver
+from .dsn import connection_settings
 from .errors import DatabaseUnavailableError, NoReplError
 from .job import Job
 from .listener import SharedListener, Ticket
@@ -165,8 +166,9 @@ class AsyncClient(ClientCore):
             self._dsn, min_size=1, max_size=self.options.pool_size, open=False,
             kwargs={"autocommit": True,
                     "prepare_threshold": 5 if self.options.prepare else None,
-                    "application_name": self.options.application_name,
-                    "options": SESSION_OPTIONS + (TURBO_OPTIONS if self.options.turbo else "")},
+                    **connection_settings(
+                        self._dsn, SESSION_OPTIONS + (TURBO_OPTIONS if self.options.turbo else ""),
+                        self.options.application_name)},
             timeout=self.pool_timeout,
             name=f"pgq-async-{id(self):x}",
         )
@@ -364,8 +366,8 @@ class AsyncClient(ClientCore):
 
     async def _connect_listener(self) -> psycopg.AsyncConnection[Any]:
         return await psycopg.AsyncConnection.connect(
-            self._dsn, autocommit=True, application_name=self.options.application_name,
-            options=SESSION_OPTIONS, connect_timeout=max(1, int(self.pool_timeout)))
+            self._dsn, autocommit=True, connect_timeout=max(1, int(self.pool_timeout)),
+            **connection_settings(self._dsn, SESSION_OPTIONS, self.options.application_name))
 
     # ------------------------------------------------------------ commands
 

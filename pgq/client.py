@@ -41,6 +41,7 @@ from .combine import Shared, SyncCombiner
 from .connecting import first_connection
 from .core import SWEEP_PARAMS, ClientCore, CommandFactory, pool_closed_error, translate_database_error
 from .driver import SyncDriver
+from .dsn import connection_settings
 from .errors import DatabaseUnavailableError, NoReplError
 from .job import Job
 from .listener import SyncSharedListener, Ticket
@@ -123,8 +124,8 @@ def _new_pool(key: sharedpool.PoolKey, max_size: int) -> ConnectionPool:
         key.dsn, min_size=1, max_size=max_size, open=False,
         kwargs={"autocommit": True,
                 "prepare_threshold": 5 if key.prepare else None,
-                "application_name": key.application_name,
-                "options": SESSION_OPTIONS + (TURBO_OPTIONS if key.turbo else "")},
+                **connection_settings(key.dsn, SESSION_OPTIONS + (TURBO_OPTIONS if key.turbo else ""),
+                                      key.application_name)},
         timeout=key.timeout, max_idle=sharedpool.MAX_IDLE,
         name=f"pgq-{next(_POOL_NUMBERS)}", num_workers=1,
     )
@@ -303,8 +304,8 @@ class Client(ClientCore):
 
     def _connect_listener(self) -> psycopg.Connection[Any]:
         return psycopg.Connection.connect(
-            self._dsn, autocommit=True, application_name=self.options.application_name,
-            options=SESSION_OPTIONS, connect_timeout=max(1, int(self.pool_timeout)))
+            self._dsn, autocommit=True, connect_timeout=max(1, int(self.pool_timeout)),
+            **connection_settings(self._dsn, SESSION_OPTIONS, self.options.application_name))
 
     def _run(self, make: CommandFactory[T], conn: object = None, ticket: Ticket | None = None) -> T:
         if conn is not None:

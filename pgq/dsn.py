@@ -23,7 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 from .arguments import port_number, text
 from .errors import InvalidArgumentError
 
-__all__ = ["libpq_url", "host_and_port", "redact", "MASK"]
+__all__ = ["libpq_url", "host_and_port", "redact", "MASK", "connection_settings"]
 
 MASK = "***"
 
@@ -44,6 +44,21 @@ def _params(dsn: str) -> dict[str, Any]:
             raise InvalidArgumentError(
                 f"invalid DSN: port {port!r} is not a TCP port (1-65535)")
     return params
+
+
+def connection_settings(dsn: str, options: str, application_name: str,
+                        default_name: str = "pgq") -> dict[str, Any]:
+    """The ``options`` and ``application_name`` of pgq's connections to
+    ``dsn``: pgq's session settings, then the DSN's own ``options`` (later
+    ``-c`` settings win); the DSN's application name unless one other than
+    the default was asked for. Given as keyword arguments, psycopg's replace
+    the DSN's: a user's ``?options=-c lock_timeout=2s`` (or a provider's
+    routing option) reached the first connection only, never the pool."""
+    params = conninfo_to_dict(dsn)
+    theirs = params.get("options")
+    name = params.get("application_name") if application_name == default_name else None
+    return {"options": f"{options} {theirs}" if theirs else options,
+            "application_name": str(name or application_name)}
 
 
 def libpq_url(dsn: str) -> str:

@@ -271,3 +271,25 @@ def test_a_client_made_before_a_fork_talks_on_backends_of_its_own_in_the_child(d
         _pid, status = os.waitpid(child, 0)
         assert os.read(read, 1) == b"1" and status == 0
         assert backend() == parent and client.qlen("forked") == 1  # the parent's, untouched
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_the_dsns_own_options_and_name_reach_every_pooled_connection(dsn, kind):
+    # pgq's keyword settings replaced the DSN's: a user's ?options=-c ...
+    # (or a provider's routing option) and application_name reached the
+    # first connection only (found by a read-only review).
+    import anyio
+
+    own = dsn + ("&" if "?" in dsn else "?") + "options=-c%20lock_timeout%3D1234&application_name=mine"
+    query = "SELECT current_setting('lock_timeout'), current_setting('application_name')"
+    if kind == "sync":
+        with pgq.Client(own) as client:
+            seen = client._run_on_pool(lambda conn, _lease: conn.execute(query).fetchone())
+    else:
+        async def main() -> tuple[str, str]:
+            async with pgq.AsyncClient(own) as client:
+                async def read(conn, _lease):
+                    return await (await conn.execute(query)).fetchone()
+                return await client._run_on_pool(read)  # type: ignore[no-any-return]
+        seen = anyio.run(main)
+    assert seen == ("1234ms", "mine")
