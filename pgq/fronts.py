@@ -102,6 +102,44 @@ HTTP_STOP_GRACE = 10
 SECOND_SIGNAL_AFTER = 1.0
 
 
+# The most a request's line and headers may take. uvicorn's httptools
+# protocol put no bound on them: a URL of 256 MiB, sent before any check
+# (Host, token, body size) could run, was copied piece by piece on the one
+# event loop the HTTP API, the dashboard and RESP share (found by a
+# read-only review). Past it the request gets a 400 and its connection is
+# closed. nginx allows 4 x 8 KiB by default; h11, uvicorn's other parser, 16 KiB.
+MAX_REQUEST_HEAD = 64 * 1024
+
+
+def _bounded_http_protocol() -> Any:
+    """uvicorn's httptools protocol, counting the bytes of each request's
+    line and headers (an error raised in a parser callback is answered 400
+    and closes the connection: httptools' HttpParserCallbackError)."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class BoundedHttpTools(HttpToolsProtocol):
+        _head = 0
+
+        def on_message_begin(self) -> None:
+            self._head = 0
+            super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count(len(name) + len(value) + 4)
+            super().on_header(name, value)
+
+        def _count(self, size: int) -> None:
+            self._head += size
+            if self._head > MAX_REQUEST_HEAD:
+                raise ValueError(f"request line and headers past {MAX_REQUEST_HEAD} bytes")
+
+    return BoundedHttpTools
+
+
 def _uvicorn(app: Any, address: Address) -> Any:
     import uvicorn
 
@@ -116,7 +154,8 @@ def _uvicorn(app: Any, address: Address) -> Any:
     host, port = address
     # log_config=None: uvicorn's loggers go through ours (text or JSON lines)
     return Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                 log_config=None, timeout_graceful_shutdown=HTTP_STOP_GRACE))
+                                 log_config=None, timeout_graceful_shutdown=HTTP_STOP_GRACE,
+                                 http=_bounded_http_protocol()))
 
 
 async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | None = None) -> None:

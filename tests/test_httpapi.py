@@ -790,3 +790,35 @@ def test_a_database_without_its_schema_yet_is_a_503_to_try_again():
 
     assert status_of(errors.SchemaNotReadyError("schema 0019 needed")) == 503
     assert status_of(errors.PgqError("anything else")) == 500
+
+
+def test_a_request_line_and_headers_past_the_bound_are_refused_before_they_are_read_whole(api):
+    # uvicorn's httptools protocol copied a URL of any length on the event
+    # loop the fronts share, before Host, token or body checks could run
+    # (found by a read-only review). Past fronts.MAX_REQUEST_HEAD: a 400
+    # and the connection closed, with far less than the 4 MiB sent.
+    import socket
+
+    from pgq.fronts import MAX_REQUEST_HEAD
+
+    host, port = api.rsplit("/", 1)[1].rsplit(":", 1)
+    sent = 0
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET /health?x=")
+        try:
+            while sent < 4 * 1024 * 1024:
+                sock.sendall(b"a" * 65536)
+                sent += 65536
+        except OSError:  # closed by the server: what this test wants
+            pass
+        reply = _reply_of(sock)
+    assert reply.startswith(b"HTTP/1.1 400"), reply[:100]
+    assert sent < 4 * 1024 * 1024 or MAX_REQUEST_HEAD >= 4 * 1024 * 1024
+    headers = "".join(f"X-Filler-{i}: {'v' * 100}\r\n" for i in range(2000))  # 230 KB of headers
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        try:
+            sock.sendall(f"GET /health HTTP/1.1\r\nHost: {host}:{port}\r\n{headers}\r\n".encode())
+        except OSError:
+            pass
+        assert _reply_of(sock).startswith(b"HTTP/1.1 400")
+    assert call(api, "GET", "/health", token=None)[0] == 200  # the server goes on
