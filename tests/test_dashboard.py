@@ -146,6 +146,34 @@ def test_a_queue_shows_its_stats_and_next_jobs(boards, client):
     assert missing.status_code == 404 and missing.json()["error"] == "NoJobError"
 
 
+def test_lists_read_only_the_first_bytes_of_bodies(boards, client, monkeypatch):
+    # A queue's view and the dead letters' page read whole bodies (QPEEK,
+    # the page of dead letters) to show 200 characters, every 2 s while a
+    # page was open (found by a read-only review). Now they read a prefix:
+    # what reaches the preview is bounded, whatever the bodies' size.
+    from pgq import dashboard
+
+    seen: list[int] = []
+    preview = dashboard._preview
+
+    def watched(prefix, size):
+        seen.append(len(prefix))
+        return preview(prefix, size)
+
+    monkeypatch.setattr(dashboard, "_preview", watched)
+    big = ["é" * (2 * 1024 * 1024), b"\xff" * (4 * 1024 * 1024)]  # 4 MiB of text, 4 MiB of binary
+    ids = client.add_jobs("heavy", big, retry=30)
+    board = boards()
+    jobs = board.get("/api/queue?name=heavy").json()["jobs"]
+    assert jobs[0]["body"] == "é" * 200 and jobs[0]["truncated"]
+    assert jobs[1]["body_base64"].startswith("////") and jobs[1]["truncated"]
+    client.get_job("heavy", count=2)
+    assert client.dead_letter(*ids, reason="too big") == 2
+    dead = board.get("/api/dead-letters?queue=heavy").json()["dead_letters"]
+    assert [d["id"] for d in dead] == ids and dead[0]["body"] == "é" * 200 and dead[0]["reason"] == "too big"
+    assert seen and max(seen) <= dashboard.PREVIEW_BYTES
+
+
 def test_a_job_shows_its_details_history_and_dead_letter(boards, client):
     board = boards()
     queued = client.add_job("jobs", b"\xff\x00binary", retry=30)
