@@ -319,6 +319,7 @@ dead_letters = Table(
     Column("key", Text),
     PrimaryKeyConstraint("seq", name="dead_letters_pkey"),
     Index("dead_letters_queue_idx", "queue", "seq"),
+    Index("dead_letters_id_idx", "id"),  # schema 0020
 )
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
@@ -651,3 +652,20 @@ def test_a_private_dashboard_asks_for_the_token_then_shows_its_queues(dsn, clien
         page.click("#token-form button")
         expect(page.locator('tr[data-queue="private"] td.length')).to_have_text("2")
         expect(page.locator("#mode")).to_have_text("actions unlocked")
+
+
+def test_a_jobs_view_reads_history_from_its_creation_and_its_dead_letter_by_index(dsn):
+    # Neither table has an index on id: the view scanned all of history (a
+    # day, up to 10 million rows) and every dead letter, every 2 s while a
+    # job was shown (found by a read-only review). With scans off, the
+    # plans must still find them through indexes.
+    import time
+
+    from pgq import dashboard
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")
+        for statement, params in ((dashboard.HISTORY, (time.time() - 5, "D-x")),
+                                  (dashboard.DEAD_LETTER, ("D-x",))):
+            plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()[0])
+            assert '"Seq Scan"' not in plan, plan

@@ -11,6 +11,11 @@ priority 0 with no key: an urgent job came back behind the whole backlog,
 and a keyed one could be queued twice. Both columns are kept now (rows
 from before read priority 0 and no key), and ``pgq.dead_letter_jobs``
 shows them at its end.
+
+``dead_letters_id_idx``: the dashboard's view of a job looks its dead
+letter up by ID, every 2 s while the view is open; with no index that was
+a scan of every dead letter (they are kept until requeued or deleted).
+Dead letters are rare writes: the index costs the hot path nothing.
 """
 
 from __future__ import annotations
@@ -38,9 +43,11 @@ def upgrade() -> None:
                                             server_default=sa.text("0")), schema="pgq")
     op.add_column("dead_letters", sa.Column("key", sa.Text), schema="pgq")
     op.execute(VIEW.format(more=", d.priority, d.key"))
+    op.create_index("dead_letters_id_idx", "dead_letters", ["id"], schema="pgq")
 
 
 def downgrade() -> None:
+    op.drop_index("dead_letters_id_idx", table_name="dead_letters", schema="pgq")
     op.execute("DROP VIEW pgq.dead_letter_jobs")
     op.execute(VIEW.format(more=""))
     op.drop_column("dead_letters", "key", schema="pgq")
