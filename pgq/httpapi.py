@@ -54,6 +54,7 @@ from starlette.routing import Route
 from . import errors
 from .aio import AsyncClient
 from .arguments import MAX_COUNT, MAX_IDS, MAX_PRIORITY, MAX_REPLICATE, seconds
+from .arguments import count as job_count
 from .httpjson import (
     SMALL_BODY,
     BadRequest,
@@ -87,6 +88,12 @@ MAX_LEASE_QUEUES = 10_000
 # in memory (found by a read-only review). A lease always answers at least
 # one job it claimed.
 MAX_LEASE_BYTES = 16 * 1024 * 1024
+# A lease claims at most this many jobs first, then more (without waiting)
+# by what their bodies weigh so far: it claimed its whole COUNT at once, up
+# to 100,000 bodies loaded in memory before the trim above (2,000 jobs of
+# 16 MiB were 32 GiB; found by a read-only review). Past the budget, what
+# is claimed in one go is bounded by LEASE_CHUNK bodies.
+LEASE_CHUNK = 16
 # add_job's defaults, for checking an item before any is added
 _CALL_DEFAULTS: dict[str, Any] = {"replicate": None, "delay": 0, "retry": None, "ttl": None,
                                   "maxlen": None, "asynchronous": False, "timeout": None}
@@ -266,10 +273,26 @@ def create_app(client: AsyncClient, token: str | None = None, *,
             raise BadRequest('"withcounters" must be true or false')
         gone = anyio.Event()  # set by _while_connected when the client leaves
 
-        async def leased() -> Response:
-            jobs = await client.get_job(*queues, count=data.get("count", 1),
+        count = job_count(data.get("count", 1))  # a typed 400, as get_job's own check
+
+        async def claim() -> list[Job]:
+            jobs = await client.get_job(*queues, count=min(count, LEASE_CHUNK),
                                         timeout=timeout or None, nohang=not timeout,
                                         withcounters=withcounters)
+            total = sum(len(j.body) for j in jobs)
+            last = len(jobs)
+            while last and len(jobs) < count and total < MAX_LEASE_BYTES:
+                # as many as the budget left holds at the bodies' average size so far
+                room = (MAX_LEASE_BYTES - total) * len(jobs) // max(total, 1)
+                more = await client.get_job(*queues, count=max(1, min(count - len(jobs), room)),
+                                            nohang=True, withcounters=withcounters)
+                jobs += more
+                total += sum(len(j.body) for j in more)
+                last = len(more)
+            return jobs
+
+        async def leased() -> Response:
+            jobs = await claim()
             if jobs and gone.is_set():
                 # The client left while the claim ran (the claim is never
                 # stopped half-way: its jobs come back): nobody reads them.

@@ -822,3 +822,58 @@ def test_a_request_line_and_headers_past_the_bound_are_refused_before_they_are_r
             pass
         assert _reply_of(sock).startswith(b"HTTP/1.1 400")
     assert call(api, "GET", "/health", token=None)[0] == 200  # the server goes on
+
+
+def test_a_lease_claims_by_what_the_bodies_weigh_not_its_whole_count(dsn):
+    """A lease claimed its whole COUNT at once (up to 100,000 bodies in
+    memory) before trimming its answer to MAX_LEASE_BYTES (found by a
+    read-only review). Now it claims LEASE_CHUNK jobs, then more by the
+    bodies' weight so far: heavy jobs past the budget stay queued,
+    never delivered; light ones come in one or two claims."""
+    import anyio
+
+    from pgq import AsyncClient
+    from pgq.httpapi import LEASE_CHUNK, MAX_LEASE_BYTES, create_app
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            size = MAX_LEASE_BYTES // 4
+            await client.add_jobs("weighed", [b"x" * size] * 40, retry=60)
+            await client.add_jobs("light", [b"y"] * 300, retry=60)
+            app = create_app(client)
+            claims: list[int] = []
+            claim = client.get_job
+
+            async def get_job(*queues, **options):
+                jobs = await claim(*queues, **options)
+                claims.append(len(jobs))
+                return jobs
+
+            client.get_job = get_job  # type: ignore[method-assign]
+
+            async def lease(queue: str, count: int) -> list[dict]:
+                sent = []
+
+                async def receive():
+                    body = json.dumps({"queues": [queue], "count": count}).encode()
+                    return {"type": "http.request", "body": body, "more_body": False}
+
+                async def send(message):
+                    sent.append(message)
+
+                scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+                         "path": "/v1/lease", "raw_path": b"/v1/lease", "query_string": b"",
+                         "root_path": "", "headers": [(b"host", b"127.0.0.1")],
+                         "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+                await app(scope, receive, send)
+                return json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["jobs"]
+
+            heavy = await lease("weighed", 40)
+            assert len(heavy) == 4 and sum(claims) <= LEASE_CHUNK
+            stats = await client.qstat("weighed")
+            assert stats["len"] == 36  # the rest were given back, or never claimed
+            claims.clear()
+            light = await lease("light", 300)
+            assert len(light) == 300 and len(claims) <= 2
+
+    anyio.run(main)
