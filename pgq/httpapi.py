@@ -88,12 +88,16 @@ MAX_LEASE_QUEUES = 10_000
 # in memory (found by a read-only review). A lease always answers at least
 # one job it claimed.
 MAX_LEASE_BYTES = 16 * 1024 * 1024
-# A lease claims at most this many jobs first, then more (without waiting)
-# by what their bodies weigh so far: it claimed its whole COUNT at once, up
-# to 100,000 bodies loaded in memory before the trim above (2,000 jobs of
-# 16 MiB were 32 GiB; found by a read-only review). Past the budget, what
-# is claimed in one go is bounded by LEASE_CHUNK bodies.
+# A lease claims at most LEASE_CHUNK jobs first, then more (without
+# waiting) while its bodies stay under the budget: each claim at most twice
+# the one before, at most LEASE_CLAIM_MAX, and no more than the budget left
+# holds at the bodies' weight so far. It claimed its whole COUNT at once,
+# up to 100,000 bodies loaded in memory before the trim above (2,000 jobs
+# of 16 MiB were 32 GiB; found by a read-only review). So a lease loads at
+# most its budget plus one claim's bodies (light jobs, then heavy ones: at
+# most LEASE_CLAIM_MAX of the heavy), and light jobs come in a few claims.
 LEASE_CHUNK = 16
+LEASE_CLAIM_MAX = 256
 # add_job's defaults, for checking an item before any is added
 _CALL_DEFAULTS: dict[str, Any] = {"replicate": None, "delay": 0, "retry": None, "ttl": None,
                                   "maxlen": None, "asynchronous": False, "timeout": None}
@@ -276,19 +280,30 @@ def create_app(client: AsyncClient, token: str | None = None, *,
         count = job_count(data.get("count", 1))  # a typed 400, as get_job's own check
 
         async def claim() -> list[Job]:
-            jobs = await client.get_job(*queues, count=min(count, LEASE_CHUNK),
-                                        timeout=timeout or None, nohang=not timeout,
-                                        withcounters=withcounters)
-            total = sum(len(j.body) for j in jobs)
-            last = len(jobs)
-            while last and len(jobs) < count and total < MAX_LEASE_BYTES:
-                # as many as the budget left holds at the bodies' average size so far
-                room = (MAX_LEASE_BYTES - total) * len(jobs) // max(total, 1)
-                more = await client.get_job(*queues, count=max(1, min(count - len(jobs), room)),
-                                            nohang=True, withcounters=withcounters)
-                jobs += more
-                total += sum(len(j.body) for j in more)
-                last = len(more)
+            step = min(count, LEASE_CHUNK)
+            jobs = await client.get_job(*queues, count=step, timeout=timeout or None,
+                                        nohang=not timeout, withcounters=withcounters)
+            try:
+                total = sum(len(j.body) for j in jobs)
+                full = len(jobs) == step
+                while full and len(jobs) < count and total < MAX_LEASE_BYTES and not gone.is_set():
+                    # twice the last claim, no more than LEASE_CLAIM_MAX, nor
+                    # than the budget left holds at the bodies' weight so far
+                    room = (MAX_LEASE_BYTES - total) * len(jobs) // max(total, 1) + 1
+                    step = min(count - len(jobs), step * 2, LEASE_CLAIM_MAX, room)
+                    more = await client.get_job(*queues, count=step, nohang=True,
+                                                withcounters=withcounters)
+                    jobs += more
+                    total += sum(len(j.body) for j in more)
+                    full = len(more) == step  # else the queues ran dry
+            except BaseException:
+                # Cancelled between claims (the client left, the server
+                # stops): the jobs of the claims before go back to their
+                # queue, as a cancelled GET's do (left leased, they waited
+                # out their retry, and a retry-0 job was lost).
+                with anyio.CancelScope(shield=True):
+                    await client._give_back(jobs)
+                raise
             return jobs
 
         async def leased() -> Response:

@@ -824,12 +824,20 @@ def test_a_request_line_and_headers_past_the_bound_are_refused_before_they_are_r
     assert call(api, "GET", "/health", token=None)[0] == 200  # the server goes on
 
 
+def _lease_scope() -> dict:
+    return {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/lease", "raw_path": b"/v1/lease", "query_string": b"",
+            "root_path": "", "headers": [(b"host", b"127.0.0.1")],
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+
+
 def test_a_lease_claims_by_what_the_bodies_weigh_not_its_whole_count(dsn):
     """A lease claimed its whole COUNT at once (up to 100,000 bodies in
     memory) before trimming its answer to MAX_LEASE_BYTES (found by a
-    read-only review). Now it claims LEASE_CHUNK jobs, then more by the
-    bodies' weight so far: heavy jobs past the budget stay queued,
-    never delivered; light ones come in one or two claims."""
+    read-only review). Now it claims LEASE_CHUNK jobs, then more, each
+    claim at most twice the last and within the budget at the weight so
+    far: heavy jobs, or light ones followed by heavy ones, load a bounded
+    few past the budget; light ones come in a few claims."""
     import anyio
 
     from pgq import AsyncClient
@@ -837,16 +845,17 @@ def test_a_lease_claims_by_what_the_bodies_weigh_not_its_whole_count(dsn):
 
     async def main() -> None:
         async with AsyncClient(dsn) as client:
-            size = MAX_LEASE_BYTES // 4
-            await client.add_jobs("weighed", [b"x" * size] * 40, retry=60)
-            await client.add_jobs("light", [b"y"] * 300, retry=60)
+            await client.add_jobs("weighed", [b"x" * (MAX_LEASE_BYTES // 4)] * 40, retry=60)
+            await client.add_jobs("mixed", [b"y"] * LEASE_CHUNK, retry=60)
+            await client.add_jobs("mixed", [b"z" * 2**20] * 64, retry=60)
+            await client.add_jobs("light", [b"l"] * 300, retry=60)
             app = create_app(client)
-            claims: list[int] = []
+            claims: list[tuple[int, int]] = []  # (jobs, bytes) of each claim
             claim = client.get_job
 
             async def get_job(*queues, **options):
                 jobs = await claim(*queues, **options)
-                claims.append(len(jobs))
+                claims.append((len(jobs), sum(len(j.body) for j in jobs)))
                 return jobs
 
             client.get_job = get_job  # type: ignore[method-assign]
@@ -861,19 +870,66 @@ def test_a_lease_claims_by_what_the_bodies_weigh_not_its_whole_count(dsn):
                 async def send(message):
                     sent.append(message)
 
-                scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
-                         "path": "/v1/lease", "raw_path": b"/v1/lease", "query_string": b"",
-                         "root_path": "", "headers": [(b"host", b"127.0.0.1")],
-                         "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-                await app(scope, receive, send)
+                await app(_lease_scope(), receive, send)
                 return json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["jobs"]
 
             heavy = await lease("weighed", 40)
-            assert len(heavy) == 4 and sum(claims) <= LEASE_CHUNK
-            stats = await client.qstat("weighed")
-            assert stats["len"] == 36  # the rest were given back, or never claimed
+            assert len(heavy) == 4 and sum(n for n, _ in claims) <= LEASE_CHUNK
+            assert (await client.qstat("weighed"))["len"] == 36  # given back, or never claimed
+            claims.clear()
+            mixed = await lease("mixed", 80)
+            assert LEASE_CHUNK < len(mixed) <= LEASE_CHUNK + 16  # the light ones, then up to 16 MiB of heavy
+            assert max(b for _, b in claims) <= 2 * MAX_LEASE_BYTES, claims
+            assert sum(n for n, _ in claims) <= 3 * LEASE_CHUNK, claims
             claims.clear()
             light = await lease("light", 300)
-            assert len(light) == 300 and len(claims) <= 2
+            assert len(light) == 300 and len(claims) <= 5, claims
+
+    anyio.run(main)
+
+
+def test_a_blocking_lease_cancelled_between_its_claims_gives_their_jobs_back(dsn):
+    """Claims in chunks (above): a lease cancelled after its first claim
+    (its client left while the second ran) kept the first claim's jobs
+    leased, found by a review of that change."""
+    import anyio
+
+    from pgq import AsyncClient
+    from pgq.httpapi import LEASE_CHUNK, create_app
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            await client.add_jobs("between", [b"x"] * (LEASE_CHUNK * 4), retry=0)
+            app = create_app(client)
+            first_done, left = anyio.Event(), anyio.Event()
+            claim = client.get_job
+
+            async def get_job(*queues, **options):
+                if first_done.is_set():  # the second claim: the client leaves meanwhile
+                    await left.wait()
+                    await anyio.sleep_forever()  # cancelled here by the server
+                jobs = await claim(*queues, **options)
+                first_done.set()
+                return jobs
+
+            client.get_job = get_job  # type: ignore[method-assign]
+            body = json.dumps({"queues": ["between"], "count": LEASE_CHUNK * 4, "timeout": 30}).encode()
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive():
+                if messages:
+                    return messages.pop()
+                await first_done.wait()
+                left.set()
+                return {"type": "http.disconnect"}
+
+            sent = []
+
+            async def send(message):
+                sent.append(message)
+
+            with anyio.fail_after(30):
+                await app(_lease_scope(), receive, send)
+            assert (await client.qstat("between"))["len"] == LEASE_CHUNK * 4  # all queued again
 
     anyio.run(main)
