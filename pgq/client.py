@@ -136,6 +136,7 @@ def _new_pool(key: sharedpool.PoolKey, max_size: int) -> ConnectionPool:
 _POOL_NUMBERS = itertools.count(1)
 _SOLO_OWNERS = itertools.count(1)  # clients with several DSNs: a pool of their own each
 _LIVE: weakref.WeakSet[Client] = weakref.WeakSet()  # renewed in a forked child
+_PARENTS_POOLS: list[ConnectionPool] = []  # in a forked child: left alone (see _renew_in_child)
 
 
 def _renew_clients_in_child() -> None:
@@ -172,6 +173,7 @@ class Client(ClientCore):
         self._node_id = node_id
         self._switching = threading.Lock()
         self._closed = False
+        self._renew = False  # a forked child's first call opens its pool
         self._pool: ConnectionPool | None = self._open_pool()
         # Other nodes' databases, where synchronous replicated adds write
         # their copies themselves (pgq.peers; opened when first needed).
@@ -183,14 +185,29 @@ class Client(ClientCore):
         _LIVE.add(self)
 
     def _renew_in_child(self) -> None:
-        """After a fork, in the child: connections of its own (see the
-        module's invariants); the parent's are dropped, not closed."""
+        """After a fork, in the child: nothing of the parent's (see the
+        module's invariants). Its pool is kept referenced, never used nor
+        collected (its finaliser takes locks a parent thread may have held
+        at the fork), and the child's opens at its first call: opened here,
+        every child made a connection and two threads, used or not (a
+        multiprocessing pool, a subprocess with preexec_fn, which runs the
+        fork hooks too; found by a review of the first version)."""
         self._switching = threading.Lock()
         self._peers = PeerPools(turbo=self.options.turbo,
                                 application_name=self.options.application_name)
         self._listener = SyncSharedListener(self._connect_listener)
-        if not self._closed:
-            self._pool = self._open_pool()  # pgq.sharedpool forgot the parent's already
+        if self._pool is not None:
+            _PARENTS_POOLS.append(self._pool)
+            self._renew = True
+
+    def _renewed_pool(self) -> ConnectionPool | None:
+        """The pool to use: after a fork, the child's own, opened now."""
+        if self._renew:
+            with self._switching:
+                if self._renew and not self._closed:
+                    self._pool = self._open_pool()  # pgq.sharedpool forgot the parent's
+                self._renew = False
+        return self._pool
 
     def _open_pool(self) -> ConnectionPool:
         """This client's share of the process's pool for its database
@@ -240,7 +257,7 @@ class Client(ClientCore):
         deadline = time.monotonic() + self.options.reconnect_timeout
         attempt = 0
         while True:
-            pool = self._pool
+            pool = self._renewed_pool()
             if pool is None:
                 raise DatabaseUnavailableError("this client is closed")
             lease: _Lease | None = None
@@ -399,7 +416,7 @@ class Client(ClientCore):
             # The pool this attempt runs on: failing over "the pool in use"
             # after it failed switched a client another caller had just
             # failed over back to the dead node (two callers of one batch).
-            pool = self._pool
+            pool = self._renewed_pool()
             try:
                 return self._add_once(call, make, conn)
             except NoReplError as exc:

@@ -76,8 +76,8 @@ def test_a_forked_child_starts_with_no_shared_pool(dsn):
             try:
                 fresh = all(e.pool is not before for e in sharedpool._pools.values())  # the child's only
                 with pgq.Client(dsn) as child:
-                    ok = fresh and child._pool is not before and parent._pool is not before \
-                        and child.qlen("forked") == 0
+                    ok = fresh and child._pool is not before and child.qlen("forked") == 0 \
+                        and parent.qlen("forked") == 0 and parent._pool is not before  # renewed
                 os.write(write, b"1" if ok else b"0")
             finally:
                 os._exit(0)
@@ -263,7 +263,11 @@ def test_a_client_made_before_a_fork_talks_on_backends_of_its_own_in_the_child(d
         child = os.fork()
         if child == 0:  # the child: report, then leave without running pytest's teardown
             try:
-                ok = backend() != parent and client.qlen("forked") == 1
+                # Nothing opened before its first call: a child that never
+                # uses the client (a subprocess with preexec_fn runs the
+                # fork hooks too) made a connection and two threads.
+                idle = not [t for t in threading.enumerate() if t.name.startswith("pgq-")]
+                ok = idle and backend() != parent and client.qlen("forked") == 1
                 os.write(write, b"1" if ok else b"0")
             finally:
                 os._exit(0)
