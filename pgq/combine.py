@@ -81,6 +81,7 @@ class _Slot(Generic[C]):
     done: bool = False
     lead: bool = False  # chosen to make a flush (on arrival, or woken for the next one)
     gate: Any = None  # SyncCombiner: a held lock its waiting caller blocks on (released once)
+    taken: list[Any] | None = None  # a leader's batch, once taken (_Queue.take)
 
 
 @dataclass
@@ -123,6 +124,7 @@ class _Queue(Generic[C]):
                     continue
             batch.append(slot)
         self.waiting = kept
+        leader.taken = batch  # right after: an interrupt then still finds the batch
         return batch
 
     def finish(self) -> _Slot[C] | None:
@@ -216,33 +218,42 @@ class SyncCombiner(Generic[C]):
             following.gate.release()
 
     def _lead(self, slot: _Slot[C], context: Any) -> None:
-        with self._lock:
-            batch = self._queue.take(slot)
         outcomes: Sequence[Outcome] | BaseException | None = None
         try:
+            with self._lock:
+                batch = self._queue.take(slot)
             context = self._runner(context, batch)
             try:
                 outcomes = self._flush(context, [s.call for s in batch])
             except Exception as exc:  # every call of the batch gets it
                 outcomes = exc
         finally:
-            if outcomes is None:
-                # The leader's thread was interrupted: it alone gets that
-                # (raised on from here); the others of its batch an ordinary
-                # error (a KeyboardInterrupt in a worker thread killed it,
-                # and their adds may have committed).
-                outcomes = [Failed(DatabaseUnavailableError(
-                    "the thread that sent this call's batch was interrupted: its outcome is "
-                    "unknown (an add may have committed; look it up before adding again)"))
-                    for _ in batch]
-            with self._lock:
-                _settle(batch, outcomes)
-                following = self._queue.finish()
-            for done in batch:
-                if done is not slot and done.gate is not None:
-                    done.gate.release()
-            if following is not None and following.gate is not None:
-                following.gate.release()
+            # The batch as take() left it on the slot: an interrupt may come
+            # before `batch` is assigned. None: interrupted before it was
+            # taken; the caller's submit leaves the queue and passes the
+            # flush on.
+            if slot.taken is not None:
+                self._settle_and_pass_on(slot, slot.taken, outcomes)
+
+    def _settle_and_pass_on(self, slot: _Slot[C], batch: list[_Slot[C]],
+                            outcomes: Sequence[Outcome] | BaseException | None) -> None:
+        if outcomes is None:
+            # The leader's thread was interrupted: it alone gets that
+            # (raised on from _lead); the others of its batch an ordinary
+            # error (a KeyboardInterrupt in a worker thread killed it, and
+            # their adds may have committed).
+            outcomes = [Failed(DatabaseUnavailableError(
+                "the thread that sent this call's batch was interrupted: its outcome is "
+                "unknown (an add may have committed; look it up before adding again)"))
+                for _ in batch]
+        with self._lock:
+            _settle(batch, outcomes)
+            following = self._queue.finish()
+        for done in batch:
+            if done is not slot and done.gate is not None:
+                done.gate.release()
+        if following is not None and following.gate is not None:
+            following.gate.release()
 
 
 class AsyncCombiner(Generic[C]):

@@ -177,6 +177,31 @@ def test_a_leader_interrupted_before_its_flush_passes_the_next_flush_on():
     assert results == [2] and combiner._queue.flushing == 0
 
 
+def test_a_leader_interrupted_just_after_taking_its_batch_settles_it():
+    # The batch was taken outside the guarded part: an interrupt right
+    # after left it unsettled and its flush counted (found by a review).
+    combiner = SyncCombiner(lambda _context, calls: list(calls))
+    queue = combiner._queue
+    take = queue.take
+    interrupted = []
+
+    def taking(leader):
+        batch = take(leader)
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return batch
+
+    queue.take = taking  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        combiner.submit(1)
+    results: list[int] = []
+    later = threading.Thread(target=lambda: results.append(combiner.submit(2)), daemon=True)
+    later.start()
+    later.join(10)
+    assert results == [2] and combiner._queue.flushing == 0
+
+
 def test_async_batches_share_flushes_and_survive_cancellation():
     batches: list[list[int]] = []
 
