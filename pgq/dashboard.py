@@ -132,8 +132,8 @@ SELECT name, id, host || ':' || port, status, leaving, myself,
 FROM pgq.cluster_nodes ORDER BY NOT myself, name, id
 """
 DEAD_COUNT = "SELECT count(*) FROM (SELECT 1 FROM pgq.dead_letters LIMIT %s) AS d"
-# A job's history rows: from its creation (the time its ID encodes, less
-# an hour of clock skew) on, through the BRIN index on finished_at; history
+# A job's history rows: from its creation (the time its ID encodes, or
+# now if that is ahead, less an hour of clock skew) on, through the BRIN index on finished_at; history
 # has no index on id (every ack would pay for one), and the view asked for
 # every row of it, up to a day or 10 million, every 2 s while a job was
 # shown (found by a read-only review).
@@ -141,7 +141,7 @@ HISTORY = """
 SELECT seq, outcome, created_at, delivered_at, finished_at, lifetime_seconds,
        deliveries, nacks, additional_deliveries, retry, repl, body_size
 FROM pgq.job_history
-WHERE finished_at >= to_timestamp(%s) - interval '1 hour' AND id = %s
+WHERE finished_at >= least(to_timestamp(%s), statement_timestamp()) - interval '1 hour' AND id = %s
 ORDER BY seq DESC LIMIT 20
 """
 DEAD_LETTER = """
@@ -206,7 +206,12 @@ class _Reader:
                 await self._client.open()
                 self._pool = AsyncConnectionPool(
                     self._client.dsn, min_size=1, max_size=2, open=False, timeout=5.0,
+                    # prepare_threshold None: every statement planned with
+                    # its values (a page polls every 2 s; generic plans
+                    # made on an empty table are what pgq's own statements
+                    # are written against, and these are not).
                     kwargs={"autocommit": True, "application_name": "pgq-dashboard",
+                            "prepare_threshold": None,
                             "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"},
                     name="pgq-dashboard")
                 await self._pool.open(wait=False)

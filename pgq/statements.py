@@ -984,14 +984,15 @@ FROM pgq.acks WHERE id = %(id)s AND expires_at > pgq.now()
 # WAITJOB of a job this node does not show: done with if it was, and this
 # node still knows (an ACK's tombstone, a row expired and not swept yet, or
 # its history row, looked up from the job's creation time that its ID
-# encodes, less an hour of clock skew, and no further back than history is
+# encodes (now if that is ahead), less an hour of clock skew, and no further back than history is
 # kept: history has no index on id, and every ack would pay for one). Run
 # under RETRY_PLAN, as RETRIED_ADD, which reads history the same way.
 WAITED_GONE = """
 SELECT EXISTS (SELECT 1 FROM pgq.acks WHERE id = %(id)s AND expires_at > pgq.now())
     OR EXISTS (SELECT 1 FROM pgq.jobs WHERE id = %(id)s AND expires_at <= pgq.now())
     OR EXISTS (SELECT 1 FROM pgq.history
-               WHERE finished_at >= greatest(to_timestamp(%(made)s) - interval '1 hour',
+               WHERE finished_at >= greatest(least(to_timestamp(%(made)s), pgq.now())
+                                             - interval '1 hour',
                                              pgq.now() - pgq.history_keep())
                  AND id = %(id)s)
 """

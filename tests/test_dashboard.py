@@ -665,7 +665,8 @@ def test_a_jobs_view_reads_history_from_its_creation_and_its_dead_letter_by_inde
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("SET enable_seqscan = off")
-        for statement, params in ((dashboard.HISTORY, (time.time() - 5, "D-x")),
-                                  (dashboard.DEAD_LETTER, ("D-x",))):
+        for statement, params, index in (
+                (dashboard.HISTORY, (time.time() - 5, "D-x"), "history_finished_at_idx"),
+                (dashboard.DEAD_LETTER, ("D-x",), "dead_letters_id_idx")):
             plan = json.dumps(conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()[0])
-            assert '"Seq Scan"' not in plan, plan
+            assert '"Seq Scan"' not in plan and index in plan, plan

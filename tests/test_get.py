@@ -337,3 +337,13 @@ def test_wait_job_returns_once_the_job_is_done_with(client):
     never = pgq.ids.new_job_id("0" * 40, 60, 30)
     with pytest.raises(pgq.errors.NoJobError, match="not held on this node"):
         client.wait_job(never)  # no copy, no record: ask a node that holds one
+    # An ID made by a client whose clock is two hours ahead: its history row
+    # (finished now) was looked for from an hour past the ID's time, after
+    # it (found by a review).
+    ahead = pgq.ids.ingest_job_id("0" * 40, int((time.time() + 7200) * 1000), 1, 1,
+                                  pgq.ids.ttl_minutes_field(3600, 30))
+    with client._pool.connection() as conn:
+        conn.execute("INSERT INTO pgq.history (id, queue, outcome, ctime, deliveries, nacks, "
+                     "additional_deliveries, retry, repl, body_size) "
+                     "VALUES (%s, 'waited', 'acked', 0, 1, 0, 0, 30, 1, 1)", (ahead,))
+    assert client.wait_job(ahead, timeout=0.2) is True
