@@ -127,6 +127,15 @@ class _Queue(Generic[C]):
         leader.taken = batch  # right after: an interrupt then still finds the batch
         return batch
 
+    @staticmethod
+    def taken_by(leader: _Slot[C]) -> list[_Slot[C]] | None:
+        """The batch ``leader`` took, once: the slot lets go of it (the
+        batch holds the leader: kept, each flush's calls and outcomes, its
+        bodies and jobs, lived until the cycle collector came by; found by
+        a review)."""
+        batch, leader.taken = leader.taken, None
+        return batch
+
     def finish(self) -> _Slot[C] | None:
         """A flush ended: the slot whose caller makes the next one, if any."""
         for slot in self.waiting:
@@ -232,8 +241,9 @@ class SyncCombiner(Generic[C]):
             # before `batch` is assigned. None: interrupted before it was
             # taken; the caller's submit leaves the queue and passes the
             # flush on.
-            if slot.taken is not None:
-                self._settle_and_pass_on(slot, slot.taken, outcomes)
+            taken = _Queue.taken_by(slot)
+            if taken is not None:
+                self._settle_and_pass_on(slot, taken, outcomes)
 
     def _settle_and_pass_on(self, slot: _Slot[C], batch: list[_Slot[C]],
                             outcomes: Sequence[Outcome] | BaseException | None) -> None:
@@ -313,6 +323,7 @@ class AsyncCombiner(Generic[C]):
 
     async def _lead(self, slot: _Slot[C], context: Any) -> None:
         batch = self._queue.take(slot)
+        slot.taken = None  # (only the sync combiner reads it; see _Queue.taken_by)
         # Run to its end whatever cancels the leader: the other callers of
         # its batch get their own outcomes, never the leader's cancellation
         # (asyncio's went through anyio's shield, and every caller of the
