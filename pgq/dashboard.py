@@ -81,6 +81,7 @@ from starlette.routing import Route
 from . import errors
 from .aio import AsyncClient
 from .contracts import meta
+from .dsn import connection_settings
 from .httpjson import (
     BadRequest,
     bearer_matches,
@@ -210,9 +211,10 @@ class _Reader:
                     # its values (a page polls every 2 s; generic plans
                     # made on an empty table are what pgq's own statements
                     # are written against, and these are not).
-                    kwargs={"autocommit": True, "application_name": "pgq-dashboard",
-                            "prepare_threshold": None,
-                            "options": f"-c statement_timeout={STATEMENT_TIMEOUT_MS}"},
+                    kwargs={"autocommit": True, "prepare_threshold": None,
+                            **connection_settings(self._client.dsn,
+                                                  f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
+                                                  "pgq-dashboard", default_name="pgq-dashboard")},
                     name="pgq-dashboard")
                 await self._pool.open(wait=False)
             return self._pool

@@ -103,6 +103,7 @@ class _NodeCollector(Collector):
     def collect(self) -> Iterator[Any]:
         import psycopg
 
+        from .dsn import connection_settings
         from .statements import QUEUE_METRICS
 
         length = GaugeMetricFamily("pgq_queue_length", "jobs queued", labels=["queue"])
@@ -118,8 +119,9 @@ class _NodeCollector(Collector):
             # Bounded: a scrape waiting on a lock (a migration, VACUUM FULL)
             # held its thread and its connection, and the next scrapes piled
             # up behind it.
-            with psycopg.connect(self.dsn, connect_timeout=3,
-                                 options=f"-c statement_timeout={SCRAPE_TIMEOUT_MS}") as conn:
+            with psycopg.connect(self.dsn, connect_timeout=3, **connection_settings(
+                    self.dsn, f"-c statement_timeout={SCRAPE_TIMEOUT_MS}", "pgq-metrics",
+                    default_name="pgq-metrics")) as conn:
                 rows = conn.execute(QUEUE_METRICS).fetchall()
             up.add_metric([], 1)
         except psycopg.Error:

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
+from .dsn import connection_settings
 from .statements import PRUNE_HISTORY
 
 __all__ = ["Vacuumer", "DEAD_MIN", "VACUUM_LOCK", "BACKOFF_MIN", "BACKOFF_MAX", "PRUNE_BATCH"]
@@ -91,8 +92,8 @@ class Vacuumer:
     def _run(self, dsn: str, tables: list[str], prune_history: bool = False,
              pooled: bool = False) -> None:
         try:
-            with psycopg.connect(dsn, autocommit=True, options=self.options,
-                                 application_name="pgq-vacuum", connect_timeout=10) as conn:
+            with psycopg.connect(dsn, autocommit=True, connect_timeout=10, **connection_settings(
+                    dsn, self.options, "pgq-vacuum", default_name="pgq-vacuum")) as conn:
                 # The lock is a session's, and VACUUM cannot run in a
                 # transaction: behind a transaction pooler the lock stayed on
                 # whichever server connection took it, and every process

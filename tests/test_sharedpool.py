@@ -297,3 +297,16 @@ def test_the_dsns_own_options_and_name_reach_every_pooled_connection(dsn, kind):
                 return await client._run_on_pool(read)  # type: ignore[no-any-return]
         seen = anyio.run(main)
     assert seen == ("1234ms", "mine")
+
+
+def test_connection_settings_put_the_dsns_options_after_pgqs():
+    # Every connection pgq makes (pools, LISTEN, the dashboard's reader,
+    # metrics scrapes, vacuum) keeps the DSN's own options and name.
+    from pgq.dsn import connection_settings
+
+    dsn = "postgresql://h/db?options=-c%20a%3D1&application_name=mine"
+    assert connection_settings(dsn, "-c b=2", "pgq") == {"options": "-c b=2 -c a=1",
+                                                         "application_name": "mine"}
+    assert connection_settings(dsn, "-c b=2", "asked")["application_name"] == "asked"
+    assert connection_settings("host=h dbname=d", "-c b=2", "pgq") == {"options": "-c b=2",
+                                                                       "application_name": "pgq"}
