@@ -320,6 +320,9 @@ def create_app(client: AsyncClient, token: str | None = None, *,
             if len(answered) < len(jobs):
                 with anyio.CancelScope(shield=True):
                     await client._give_back(jobs[len(answered):])
+                    if gone.is_set():  # the client left during that: nobody reads the rest
+                        await client._give_back(answered)
+                        return Response(status_code=499)
             return JSONResponse({"jobs": [_job_json(j) for j in answered]})
 
         return await _while_connected(request, leased, gone, stopping,

@@ -954,3 +954,50 @@ def test_a_blocking_lease_cancelled_between_its_claims_gives_their_jobs_back(dsn
             assert (await client.qstat("between"))["len"] == LEASE_CHUNK * 4  # all queued again
 
     anyio.run(main)
+
+
+def test_a_lease_whose_client_leaves_while_its_tail_goes_back_gives_all_back(dsn):
+    """The answer went to nobody when the client left while the jobs past
+    the budget were given back: the answered jobs stayed leased (a retry-0
+    one lost; found by a review)."""
+    import anyio
+
+    from pgq import AsyncClient
+    from pgq.httpapi import MAX_LEASE_BYTES, create_app
+
+    async def main() -> None:
+        async with AsyncClient(dsn) as client:
+            await client.add_jobs("tail", [b"x" * (MAX_LEASE_BYTES // 2 + 1)] * 3, retry=0)
+            app = create_app(client)
+            trimming, left = anyio.Event(), anyio.Event()
+            give_back = client._give_back
+
+            async def giving_back(jobs):
+                if not trimming.is_set():  # the trimmed tail: the client leaves meanwhile
+                    trimming.set()
+                    await left.wait()
+                    await anyio.lowlevel.checkpoint()
+                await give_back(jobs)
+
+            client._give_back = giving_back  # type: ignore[method-assign]
+            body = json.dumps({"queues": ["tail"], "count": 3, "timeout": 30}).encode()
+            messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def receive():
+                if messages:
+                    return messages.pop()
+                await trimming.wait()
+                left.set()
+                return {"type": "http.disconnect"}
+
+            sent = []
+
+            async def send(message):
+                sent.append(message)
+
+            with anyio.fail_after(30):
+                await app(_lease_scope(), receive, send)
+            assert sent[0]["status"] == 499
+            assert (await client.qstat("tail"))["len"] == 3  # every job queued again
+
+    anyio.run(main)
