@@ -189,10 +189,16 @@ def _raising(error: BaseException, is_async: bool):
     return handler
 
 
+class _Abort(BaseException):
+    """A BaseException of the handler's own (pytest's fail() is one)."""
+
+
 @pytest.mark.parametrize("is_async", [True, False], ids=["async", "def"])
 @pytest.mark.parametrize("error", [TimeoutError("read timed out"), asyncio.CancelledError(),
-                                   SystemExit(3), KeyboardInterrupt()],
-                         ids=["TimeoutError", "CancelledError", "SystemExit", "KeyboardInterrupt"])
+                                   SystemExit(3), KeyboardInterrupt(),
+                                   BaseExceptionGroup("child tasks", [SystemExit(3)]), _Abort("no")],
+                         ids=["TimeoutError", "CancelledError", "SystemExit", "KeyboardInterrupt",
+                              "BaseExceptionGroup", "own BaseException"])
 def test_whatever_a_handler_raises_fails_its_job_not_the_worker(dsn, client, error, is_async):
     """A handler's own TimeoutError with no timeout set raised TypeError
     (reporting "timed out after None s"), and a CancelledError, SystemExit
