@@ -511,6 +511,7 @@ class Worker:
                 continue
             try:
                 started = time.perf_counter()
+                claimed_at = time.monotonic()  # the leases start during the claim: from before it
                 got = await self.client.get_job(*queues, count=free, timeout=self.poll_timeout,
                                                 withcounters=True, nohang=self._until_empty)
                 self._observe("claim", time.perf_counter() - started)
@@ -530,7 +531,15 @@ class Worker:
                 self.stats.claimed += 1  # (a redelivery skipped above was counted once)
                 self._in_flight[job.id] = job
                 self._ready.append(job)
+                # Its lease runs from the claim, not from its handler's
+                # start: a job waiting behind others of its claim (handlers
+                # busy before their first await) got its first WORKING after
+                # its lease had run out, and was delivered elsewhere while
+                # it ran here (found by a read-only review).
+                if job.retry:
+                    self._leases.add(job.id, job.retry, claimed_at)
             if got:
+                self._leases_changed.set()
                 self._wake_runner()
             elif self._until_empty:
                 if not self._in_flight:
@@ -643,10 +652,7 @@ class Worker:
         task = self.tasks[job.queue]
         succeeded, outcome = False, None
         try:
-            if job.retry:
-                self._leases.add(job.id, job.retry, time.monotonic())
-                self._leases_changed.set()
-            failure: _JobFailed | None = None
+            failure: _JobFailed | None = None  # (its lease is kept from its claim: _claim_until_stopped)
             try:
                 outcome = await self._traced_call(task, job)
             except _JobFailed as exc:

@@ -147,6 +147,35 @@ def test_lease_extension_keeps_a_long_job_from_redelivery(dsn, client):
     assert client.show(job_id) is None  # acked
 
 
+def test_jobs_waiting_behind_others_of_their_claim_keep_their_leases(dsn, client):
+    # Leases were kept from each handler's start: a job waiting behind
+    # others of its claim (their handlers busy before their first await)
+    # had no WORKING scheduled, and its lease could run out before it
+    # started (found by a read-only review). Now from the claim: while the
+    # first handler holds the event loop, every job of the claim is watched.
+    ids = client.add_jobs("behind", [b"%d" % i for i in range(5)], retry=30, ttl=60)
+    holding = threading.Event()
+    watched: list[bool] = []
+
+    async def handler(job):
+        if not holding.is_set():
+            holding.set()
+            time.sleep(1.0)  # noqa: ASYNC251 (holds the loop on purpose: the others wait, unstarted)
+        await anyio.lowlevel.checkpoint()
+
+    worker = pgq.Worker(client, queues=["behind"], handler=handler, concurrency=5)
+
+    def look():
+        holding.wait(30)
+        watched.extend(i in worker._leases for i in ids)
+
+    looker = threading.Thread(target=look)
+    looker.start()
+    run_until(worker, lambda: worker.stats.succeeded == 5)
+    looker.join(30)
+    assert watched == [True] * 5
+
+
 def test_failures_back_off_then_go_to_dead_letters(dsn, client, db):
     job_id = client.add_job("flaky", b"payload", retry=30)
     attempts = []
