@@ -727,10 +727,13 @@ class Session:
         reply = str(options.get("reply", "id")).lower()
         if reply not in ("id", "all"):
             raise _Syntax("ERR Invalid REPLY type, try ID or ALL")
-        if any(state not in commands.JOB_STATES for state in options.get("state", [])):
+        # Case-blind, as Disque's jobStateFromString (strcasecmp) and the
+        # other flags here: STATE QUEUED was refused (found by a review).
+        states = [str(state).lower() for state in options.get("state", [])]
+        if any(state not in commands.JOB_STATES for state in states):
             raise _Syntax("ERR Invalid job state name")
         page = {"count": options.get("count", 100), "queue": options.get("queue"),
-                "states": options.get("state", []), "reply": reply}
+                "states": states, "reply": reply}
         next_cursor, items = await self.client.jscan(cursor, **page)
         items = list(items)
         while options.get("busyloop") and next_cursor != 0:  # every page, one reply, cursor 0

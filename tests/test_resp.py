@@ -247,6 +247,8 @@ def test_scans_and_cluster_introspection(resp):
     assert r.call("QSCAN", "MINLEN", 2)[1] == [b"sb"]
     cursor, jobs = r.call("JSCAN", "0", "QUEUE", "sb", "STATE", "queued")
     assert cursor == b"0" and sorted(j.text for j in jobs) == sorted(ids[1:])
+    # case-blind, as Disque's strcasecmp (STATE QUEUED was refused)
+    assert sorted(j.text for j in r.call("JSCAN", "QUEUE", "sb", "STATE", "QUEUED")[1]) == sorted(ids[1:])
     _, full = r.call("JSCAN", "REPLY", "all", "QUEUE", "sa")
     assert full[0][:2] == [b"id", ids[0].encode()] and len(full[0]) == 30
     assert r.call("JSCAN", "REPLY", "nope") == Error("ERR Invalid REPLY type, try ID or ALL")
