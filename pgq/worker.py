@@ -517,8 +517,11 @@ class Worker:
                 self._observe("claim", time.perf_counter() - started)
             except (PgqError, psycopg.Error) as exc:  # a read-only standby after a failover...
                 log.warning("worker: claim failed: %s", exc)
-                got = []
                 await anyio.sleep(1.0)
+                # Claim again: a failed claim says nothing of the queues
+                # (run(until_empty=True) took it for "nothing ready" and
+                # returned with the queues full; found by a read-only review).
+                continue
             for job in got:
                 if job.id in self._in_flight:
                     # Its lease lapsed while it ran here (a WORKING too late,

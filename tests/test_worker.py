@@ -965,3 +965,26 @@ def test_a_cancelled_run_puts_its_jobs_back_and_sends_its_acks(client):
     shown = client.show(slow)
     assert shown["state"] == "queued" and shown["nacks"] == 0
     assert worker.stats.interrupted == 1
+
+
+def test_run_until_empty_claims_again_after_a_failed_claim(client, monkeypatch):
+    # A failed claim (the database away a moment) was taken for "nothing
+    # ready": run_jobs returned with the jobs still queued (found by a
+    # read-only review). The claim fails once here; the jobs all run.
+    from pgq.testing import run_jobs
+
+    client.add_jobs("blip", [b"1", b"2", b"3"], retry=30)
+    real = pgq.AsyncClient.get_job
+    failed: list[bool] = []
+
+    async def get_job(self, *queues, **options):
+        if not failed:
+            failed.append(True)
+            raise pgq.errors.DatabaseUnavailableError("the database is away a moment")
+        return await real(self, *queues, **options)
+
+    monkeypatch.setattr(pgq.AsyncClient, "get_job", get_job)
+    done: list[bytes] = []
+    worker = pgq.Worker(client, queues=["blip"], handler=lambda job: done.append(job.body))
+    stats = run_jobs(worker)
+    assert failed and sorted(done) == [b"1", b"2", b"3"] and stats.succeeded == 3
