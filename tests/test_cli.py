@@ -691,3 +691,34 @@ def test_serve_stops_at_once_on_a_database_it_cannot_use(server, dsn):
     done = pgq("serve", "--http", "127.0.0.1:0", dsn=missing, check=False)
     assert done.returncode == 1 and "pgq_no_such_database" in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+
+
+def test_a_worker_configured_in_code_keeps_its_metrics_and_job_log_level(dsn, tmp_path):
+    # The command set the worker's metrics to None (no --metrics) and its
+    # job log level to INFO (the option's default), whatever its code said
+    # (found by a read-only review).
+    (tmp_path / "own.py").write_text(
+        "import pathlib\n"
+        "import pgq\n"
+        "class Metrics:\n"
+        "    def observe(self, what, seconds):\n"
+        "        pass\n"
+        "    def job_done(self, queue, outcome):\n"
+        "        pathlib.Path('job-done').write_text(outcome)\n"
+        f"worker = pgq.Worker({dsn!r}, queues=['own'], handler=lambda job: None,\n"
+        "                    metrics=Metrics(), job_log_level='WARNING')\n")
+    import pgq as library
+
+    from .conftest import wait_until
+
+    with library.Client(dsn) as client:
+        client.add_job("own", b"x")
+    process = subprocess.Popen([*PGQ, "worker", "own:worker"], cwd=tmp_path,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: (tmp_path / "job-done").exists(), 60, message="the job done")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=60)
+    assert (tmp_path / "job-done").read_text() == "succeeded"
+    assert "WARNING" in err and "own" in err, err

@@ -103,8 +103,13 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
         if isinstance(handler, Worker):
             runner = handler
             runner._dsn = client.dsn if runner._dsn is None else runner._dsn
-            runner.metrics = gauges
-            runner.job_log_level = job_level
+            # Only what the command line says: a Worker's own metrics
+            # object and job log level were replaced by None and INFO
+            # (found by a read-only review).
+            if gauges is not None:
+                runner.metrics = gauges
+            if typed("job_log_level"):
+                runner.job_log_level = job_level
             runner.scheduler = runner.scheduler or scheduler
         else:
             if not queues:
