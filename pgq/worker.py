@@ -465,15 +465,25 @@ class Worker:
         # signal put the default handlers back, so a second SIGTERM (or
         # Ctrl-C) killed the worker during its grace, before its NACKs and
         # its last ACKs. A second signal ends the grace at once instead.
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
-            async for signum in received:
-                name = signal.Signals(signum).name
-                if not self._stopping.is_set():  # type: ignore[union-attr]
-                    log.info("worker: %s received, shutting down", name)
-                    self._stopping.set()  # type: ignore[union-attr]
-                else:
-                    log.info("worker: %s received again: the running jobs are NACKed now", name)
-                    self._grace_over.set()
+        # The application's own handlers are put back after the run: the
+        # receiver's exit left the defaults, and a program that went on
+        # after run() was killed by its next SIGTERM without its own
+        # clean-up (found by a read-only review).
+        previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as received:
+                async for signum in received:
+                    name = signal.Signals(signum).name
+                    if not self._stopping.is_set():  # type: ignore[union-attr]
+                        log.info("worker: %s received, shutting down", name)
+                        self._stopping.set()  # type: ignore[union-attr]
+                    else:
+                        log.info("worker: %s received again: the running jobs are NACKed now", name)
+                        self._grace_over.set()
+        finally:
+            for signum, handler in previous.items():
+                if handler is not None:  # (None: not set from Python; nothing to put back)
+                    signal.signal(signum, handler)
 
     async def _watch_stop_flag(self) -> None:
         # stop() may be called from any thread: a threading.Event, polled

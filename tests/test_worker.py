@@ -988,3 +988,24 @@ def test_run_until_empty_claims_again_after_a_failed_claim(client, monkeypatch):
     worker = pgq.Worker(client, queues=["blip"], handler=lambda job: done.append(job.body))
     stats = run_jobs(worker)
     assert failed and sorted(done) == [b"1", b"2", b"3"] and stats.succeeded == 3
+
+
+def test_the_applications_signal_handlers_are_back_after_a_run(client):
+    # The signal receiver's exit left the default handlers: a program that
+    # went on after worker.run() was killed by its next SIGTERM without its
+    # own clean-up (found by a read-only review).
+    import signal
+
+    def mine(signum, frame):
+        pass
+
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, mine)
+    try:
+        client.add_job("signals", b"x")
+        worker = pgq.Worker(client, queues=["signals"], handler=lambda job: None)
+        worker.run(install_signal_handlers=True, until_empty=True)
+        assert worker.stats.succeeded == 1
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, before)
