@@ -705,7 +705,7 @@ def test_a_worker_configured_in_code_keeps_its_metrics_and_job_log_level(dsn, tm
         "        pass\n"
         "    def job_done(self, queue, outcome):\n"
         "        pathlib.Path('job-done').write_text(outcome)\n"
-        f"worker = pgq.Worker({dsn!r}, queues=['own'], handler=lambda job: None,\n"
+        "worker = pgq.Worker(None, queues=['own'], handler=lambda job: None,\n"
         "                    metrics=Metrics(), job_log_level='WARNING')\n")
     import pgq as library
 
@@ -713,7 +713,9 @@ def test_a_worker_configured_in_code_keeps_its_metrics_and_job_log_level(dsn, tm
 
     with library.Client(dsn) as client:
         client.add_job("own", b"x")
-    process = subprocess.Popen([*PGQ, "worker", "own:worker"], cwd=tmp_path,
+    # --dsn: the worker names no database (with none, the command would
+    # start the embedded server of the default home, and leave it running)
+    process = subprocess.Popen([*PGQ, "worker", "own:worker", "--dsn", dsn], cwd=tmp_path,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_until(lambda: (tmp_path / "job-done").exists(), 60, message="the job done")
