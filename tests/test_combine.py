@@ -104,6 +104,15 @@ def _queued(combiner: SyncCombiner, n: int) -> None:
         threading.Event().wait(0.001)
 
 
+def _calls_go_on(combiner: SyncCombiner) -> None:
+    """A later call gets its outcome, and no flush is left counted."""
+    results: list[int] = []
+    later = threading.Thread(target=lambda: results.append(combiner.submit(2)), daemon=True)
+    later.start()
+    later.join(10)
+    assert results == [2] and combiner._queue.flushing == 0
+
+
 def test_a_waiting_caller_interrupted_leaves_the_queue_and_calls_go_on():
     # Ctrl-C (or a SIGTERM handler's SystemExit) in a thread waiting for
     # its batch left its slot queued: chosen to make the next flush, it
@@ -121,11 +130,7 @@ def test_a_waiting_caller_interrupted_leaves_the_queue_and_calls_go_on():
     killer.join(10)
     gate.set()
     first.join(10)
-    results: list[int] = []
-    later = threading.Thread(target=lambda: results.append(combiner.submit(2)), daemon=True)
-    later.start()
-    later.join(10)
-    assert results == [2] and combiner._queue.flushing == 0
+    _calls_go_on(combiner)
 
 
 def test_an_interrupted_leader_keeps_the_interrupt_to_itself():
@@ -170,11 +175,7 @@ def test_a_leader_interrupted_before_its_flush_passes_the_next_flush_on():
     combiner._runner = runner  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         combiner.submit(1)
-    results: list[int] = []
-    later = threading.Thread(target=lambda: results.append(combiner.submit(2)), daemon=True)
-    later.start()
-    later.join(10)
-    assert results == [2] and combiner._queue.flushing == 0
+    _calls_go_on(combiner)
 
 
 def test_a_leader_interrupted_just_after_taking_its_batch_settles_it():
@@ -195,11 +196,7 @@ def test_a_leader_interrupted_just_after_taking_its_batch_settles_it():
     queue.take = taking  # type: ignore[method-assign]
     with pytest.raises(KeyboardInterrupt):
         combiner.submit(1)
-    results: list[int] = []
-    later = threading.Thread(target=lambda: results.append(combiner.submit(2)), daemon=True)
-    later.start()
-    later.join(10)
-    assert results == [2] and combiner._queue.flushing == 0
+    _calls_go_on(combiner)
 
 
 def test_async_batches_share_flushes_and_survive_cancellation():

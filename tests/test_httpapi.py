@@ -713,26 +713,7 @@ def test_a_lease_whose_client_left_while_its_claim_ran_puts_the_jobs_back(dsn):
                     return await claim(*queues, **options)
 
             client.get_job = get_job  # type: ignore[method-assign]
-            body = json.dumps({"queues": ["left-mid"], "timeout": 30}).encode()
-            messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-            async def receive():
-                if messages:
-                    return messages.pop()
-                await leave.wait()
-                left.set()
-                return {"type": "http.disconnect"}
-
-            sent = []
-
-            async def send(message):
-                sent.append(message)
-
-            scope = {"type": "http", "http_version": "1.1", "method": "POST", "scheme": "http",
-                     "path": "/v1/lease", "raw_path": b"/v1/lease", "query_string": b"",
-                     "root_path": "", "headers": [(b"host", b"127.0.0.1")],
-                     "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
-            await app(scope, receive, send)
+            sent = await _lease_left(app, {"queues": ["left-mid"], "timeout": 30}, leave, left)
             assert sent[0]["status"] == 499  # nobody there to read it
             shown = await client.show(job_id)
             assert shown["state"] == "queued" and shown["deliveries"] == 1
@@ -852,6 +833,29 @@ def _lease_scope() -> dict:
             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
 
 
+async def _lease_left(app, request: dict, leaves, left) -> list[dict]:
+    """One lease served in process whose client leaves once ``leaves`` is
+    set (the server then sees it: ``left`` is set); what the server sent."""
+    import anyio
+
+    messages = [{"type": "http.request", "body": json.dumps(request).encode(), "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await leaves.wait()
+        left.set()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    with anyio.fail_after(30):
+        await app(_lease_scope(), receive, send)
+    return sent
+
+
 def test_a_lease_claims_by_what_the_bodies_weigh_not_its_whole_count(dsn):
     """A lease claimed its whole COUNT at once (up to 100,000 bodies in
     memory) before trimming its answer to MAX_LEASE_BYTES (found by a
@@ -934,23 +938,8 @@ def test_a_blocking_lease_cancelled_between_its_claims_gives_their_jobs_back(dsn
                 return jobs
 
             client.get_job = get_job  # type: ignore[method-assign]
-            body = json.dumps({"queues": ["between"], "count": LEASE_CHUNK * 4, "timeout": 30}).encode()
-            messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-            async def receive():
-                if messages:
-                    return messages.pop()
-                await first_done.wait()
-                left.set()
-                return {"type": "http.disconnect"}
-
-            sent = []
-
-            async def send(message):
-                sent.append(message)
-
-            with anyio.fail_after(30):
-                await app(_lease_scope(), receive, send)
+            await _lease_left(app, {"queues": ["between"], "count": LEASE_CHUNK * 4, "timeout": 30},
+                              first_done, left)
             assert (await client.qstat("between"))["len"] == LEASE_CHUNK * 4  # all queued again
 
     anyio.run(main)
@@ -980,23 +969,8 @@ def test_a_lease_whose_client_leaves_while_its_tail_goes_back_gives_all_back(dsn
                 await give_back(jobs)
 
             client._give_back = giving_back  # type: ignore[method-assign]
-            body = json.dumps({"queues": ["tail"], "count": 3, "timeout": 30}).encode()
-            messages = [{"type": "http.request", "body": body, "more_body": False}]
-
-            async def receive():
-                if messages:
-                    return messages.pop()
-                await trimming.wait()
-                left.set()
-                return {"type": "http.disconnect"}
-
-            sent = []
-
-            async def send(message):
-                sent.append(message)
-
-            with anyio.fail_after(30):
-                await app(_lease_scope(), receive, send)
+            sent = await _lease_left(app, {"queues": ["tail"], "count": 3, "timeout": 30},
+                                     trimming, left)
             assert sent[0]["status"] == 499
             assert (await client.qstat("tail"))["len"] == 3  # every job queued again
 
