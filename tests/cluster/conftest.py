@@ -206,9 +206,32 @@ class Cluster:
         return sum(1 for state in self.holders(job_id).values() if state != "acked")
 
 
+# Lines of each node's log a failed test shows (pytest_runtest_makereport).
+LOG_TAIL_LINES = 40
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test shows the tail of each of its nodes' logs: a node that
+    went wrong (a front that could not bind, a start that stalled) says so
+    there, and the log is gone with the test's temporary directory."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for node in getattr(item, "pgq_nodes", []):
+        try:
+            lines = node.log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        except OSError:
+            continue
+        report.sections.append((f"{node.name}'s log ({report.when})", "\n".join(lines)))
+
+
 @pytest.fixture
-def make_cluster(servers: list[Server], tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+def make_cluster(servers: list[Server], tmp_path: Path,
+                 request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
     made: list[Node] = []
+    request.node.pgq_nodes = made  # their logs, if the test fails
     secret = tmp_path / "cluster.secret"
     secret.write_text("test-cluster-secret-" + os.urandom(8).hex())
 
