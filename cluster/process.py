@@ -46,7 +46,7 @@ import anyio
 
 from pgq.contracts import NODE_LOCK_KEY  # held by the node process serving a database
 from pgq.errors import InvalidArgumentError, PgqError
-from pgq.fronts import Fronts, FrontsThread, check_free
+from pgq.fronts import Bound, Fronts, FrontsThread, bind_fronts, close_bound
 from pgq.metrics import check_free as check_metrics_free
 
 from . import secret as cluster_secret
@@ -225,6 +225,7 @@ def _run_node(name: str, bus: str, data: str | None, dsn: str | None, joins: tup
     if directory is not None:
         directory.acquire(name)
     listener: socket.socket | None = None
+    bound: Bound = {}  # the fronts' sockets, served by their thread
     lock: NodeLock | None = None
     launched = False  # this start launched the embedded PostgreSQL
     served = threading.Event()  # the node serves (set by _serve): a failure leaves PostgreSQL up
@@ -234,9 +235,11 @@ def _run_node(name: str, bus: str, data: str | None, dsn: str | None, joins: tup
         # found by the fronts' thread, which logged a traceback while the
         # node went on without any front (its RESP address advertised all
         # the same); a metrics port in use ended the start with PostgreSQL
-        # left running (found by a read-only review).
+        # left running (found by a read-only review). The fronts' sockets
+        # are bound here and served as they are: a probe left the port to
+        # whoever bound it next (see pgq.fronts.bind_fronts).
         if fronts:
-            check_free(fronts)
+            bound = bind_fronts(fronts)
         if metrics:
             check_metrics_free(metrics)
         if directory is not None:
@@ -248,7 +251,7 @@ def _run_node(name: str, bus: str, data: str | None, dsn: str | None, joins: tup
         migrate(dsn)
         lock = NodeLock(dsn, name)
         lock.take()
-        served_fronts = FrontsThread(dsn, fronts).start() if fronts else None
+        served_fronts = FrontsThread(dsn, fronts, bound).start() if fronts else None
         try:
             return _serve(name, dsn, host, port, peers, secret, metrics, listener, directory,
                           advertised(advertise_dsn, dsn), resp_address(fronts, host), lock,
@@ -265,6 +268,7 @@ def _run_node(name: str, bus: str, data: str | None, dsn: str | None, joins: tup
         if listener is not None:
             with contextlib.suppress(OSError):
                 listener.close()
+        close_bound(bound)
         if lock is not None:
             lock.release()
         if directory is not None:

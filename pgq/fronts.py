@@ -12,7 +12,8 @@ Invariants:
   connection (pgq.listener: one registration per queue, one GET woken per
   new job). The dashboard has its own client (its reads must not wait
   behind a burst of adds).
-* Every address is checked before anything serves: a port already taken is
+* Every address is bound before anything serves, and those sockets are
+  served (:func:`bind_fronts`): a port already taken is
   one :class:`~pgq.errors.PgqError` naming it (uvicorn alone would exit the
   process with status 3, pgq's "nothing found"). So is the database: one
   that cannot be reached, or has no pgq schema, stops the start with the
@@ -72,22 +73,83 @@ class Fronts:
         return any((self.http, self.resp, self.dashboard))
 
     def addresses(self) -> dict[str, Address]:
-        named = {"the HTTP API": self.http, "the RESP port": self.resp, "the dashboard": self.dashboard}
+        """The address of each front served, by its field's name."""
+        named = {"http": self.http, "resp": self.resp, "dashboard": self.dashboard}
         return {name: address for name, address in named.items() if address is not None}
 
 
+# What an error calls each front (Fronts.addresses' keys).
+ROLES = {"http": "the HTTP API", "resp": "the RESP port", "dashboard": "the dashboard"}
+
+
+# The listening sockets of each front, bound before anything serves
+# (bind_fronts), keyed as Fronts.addresses() is.
+Bound = dict[str, list[socket.socket]]
+LISTEN_BACKLOG = 2048  # uvicorn's default
+
+
+def bind_fronts(fronts: Fronts) -> Bound:
+    """Bind and listen on every address of ``fronts`` now, or raise PgqError
+    naming the one that cannot be listened on (nothing stays bound then).
+
+    Bound up front, and the same sockets served: a probe that bound and
+    closed left a window in which another server could take the port (or
+    two fronts given the same port both passed it), and the front then
+    failed in its own thread while a node went on without it, its RESP
+    address advertised all the same (a test saw the RESP port never answer).
+    A name (``localhost``) gives a socket per address, as a RESP listener
+    made by anyio had."""
+    bound: Bound = {}
+    try:
+        for front, (host, port) in fronts.addresses().items():
+            bound[front] = _listen(ROLES[front], host, port)
+    except BaseException:
+        close_bound(bound)
+        raise
+    return bound
+
+
+def close_bound(bound: Bound) -> None:
+    """Close sockets of :func:`bind_fronts` (idempotent: a served socket may
+    have been closed by its server already)."""
+    for sockets in bound.values():
+        for sock in sockets:
+            sock.close()
+
+
+def _listen(role: str, host: str, port: int) -> list[socket.socket]:
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE | socket.AI_ADDRCONFIG)
+    except OSError as exc:
+        raise PgqError(f"cannot listen on {host}:{port} for {role}: {exc.strerror or exc} "
+                       "(give an address or a name this machine resolves)") from None
+    addresses = sorted({(family, address[:2]) for family, _, _, _, address in found})
+    sockets: list[socket.socket] = []
+    try:
+        for family, address in addresses:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and len(addresses) > 1:
+                # both families bound apart: the IPv6 socket takes IPv6 only
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(LISTEN_BACKLOG)
+            sock.setblocking(False)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        why = "it is in use (another server there? choose another port)" \
+            if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+        raise PgqError(f"cannot listen on {host}:{port} for {role}: {why}") from None
+    return sockets
+
+
 def check_free(fronts: Fronts) -> None:
-    """Raise PgqError if an address of ``fronts`` cannot be listened on."""
-    for role, (host, port) in fronts.addresses().items():
-        try:
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            with socket.socket(family, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind((host, port))
-        except OSError as exc:
-            why = "it is in use (another server there? choose another port)" \
-                if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
-            raise PgqError(f"cannot listen on {host}:{port} for {role}: {why}") from None
+    """Raise PgqError if an address of ``fronts`` cannot be listened on now
+    (a probe: :func:`bind_fronts` keeps what it binds)."""
+    close_bound(bind_fronts(fronts))
 
 
 # How long a graceful stop lets HTTP requests finish before it cancels them.
@@ -178,12 +240,23 @@ def _uvicorn(app: Any, address: Address) -> Any:
                                  http=_bounded_http_protocol()))
 
 
-async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | None = None) -> None:
+async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | None = None,
+                       bound: Bound | None = None) -> None:
     """Serve ``fronts`` on the database ``dsn`` until cancelled, or until
-    ``stopping`` is set (then gracefully)."""
+    ``stopping`` is set (then gracefully). ``bound``: the fronts' sockets,
+    from :func:`bind_fronts` (else bound here first); closed at the end."""
+    if bound is None:
+        bound = bind_fronts(fronts)
+    try:
+        await _serve_bound(dsn, fronts, stopping, bound)
+    finally:
+        close_bound(bound)
+
+
+async def _serve_bound(dsn: str | None, fronts: Fronts, stopping: anyio.Event | None,
+                       bound: Bound) -> None:
     from .aio import AsyncClient
 
-    check_free(fronts)
     client = AsyncClient(dsn)
     board_client = AsyncClient(dsn) if fronts.dashboard else None
     servers: list[Any] = []
@@ -203,7 +276,7 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
                 api = create_app(client, fronts.token, allowed_hosts=hosts_for(fronts.http[0]),
                                  stopping=stopping)
                 servers.append(_uvicorn(api, fronts.http))
-                tasks.start_soon(servers[-1].serve)
+                tasks.start_soon(servers[-1].serve, bound["http"])
                 log.info("pgq HTTP API on http://%s:%d (OpenAPI: /openapi.json)", *fronts.http)
             if fronts.dashboard and board_client is not None:
                 from .dashboard import create_app as create_dashboard
@@ -213,13 +286,14 @@ async def serve_fronts(dsn: str | None, fronts: Fronts, stopping: anyio.Event | 
                 board = create_dashboard(board_client, fronts.dashboard_token, allowed_hosts=hosts,
                                          private=hosts is None)  # beyond loopback: reads need the token
                 servers.append(_uvicorn(board, fronts.dashboard))
-                tasks.start_soon(servers[-1].serve)
+                tasks.start_soon(servers[-1].serve, bound["dashboard"])
                 log.info("pgq dashboard on http://%s:%d/ (%s)", *fronts.dashboard,
                          "actions need the token" if fronts.dashboard_token else "read-only")
             if fronts.resp:
                 from .resp import serve as serve_resp
 
-                tasks.start_soon(_within, resp_scope, serve_resp, client, *fronts.resp, fronts.token)
+                tasks.start_soon(_within, resp_scope, serve_resp, client, *fronts.resp, fronts.token,
+                                 None, bound["resp"])
                 log.info("pgq RESP (Disque's protocol) on %s:%d", *fronts.resp)
             if stopping is not None:
                 await stopping.wait()
@@ -301,8 +375,8 @@ class FrontsThread:
     """:func:`serve_fronts` in a daemon thread with its own event loop (how a
     node process serves them beside its own loop); :meth:`stop` ends it."""
 
-    def __init__(self, dsn: str, fronts: Fronts) -> None:
-        self.dsn, self.fronts = dsn, fronts
+    def __init__(self, dsn: str, fronts: Fronts, bound: Bound | None = None) -> None:
+        self.dsn, self.fronts, self.bound = dsn, fronts, bound
         self._stopping: anyio.Event | None = None
         self._token: Any = None
         self._ready = threading.Event()
@@ -312,12 +386,14 @@ class FrontsThread:
         async def main() -> None:
             self._stopping, self._token = anyio.Event(), anyio.lowlevel.current_token()
             self._ready.set()
-            await serve_fronts(self.dsn, self.fronts, self._stopping)
+            await serve_fronts(self.dsn, self.fronts, self._stopping, self.bound)
         try:
             eventloop.run(main)
         except BaseException:  # a front that cannot serve must not stop the node
             log.exception("the node's HTTP/RESP/dashboard fronts stopped")
         finally:
+            if self.bound is not None:  # a loop that never ran served none of them
+                close_bound(self.bound)
             self._ready.set()
 
     def start(self) -> FrontsThread:

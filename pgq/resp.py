@@ -31,7 +31,8 @@ import logging
 import math
 import os
 import re
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -1077,11 +1078,20 @@ def fitted_max_clients(cap: int) -> int:
 
 
 async def serve(client: AsyncClient, host: str, port: int, password: str | None = None,
-                ready: Callable[[], None] | None = None) -> None:
-    """Serve Disque's protocol on ``host:port`` until cancelled."""
+                ready: Callable[[], None] | None = None,
+                sockets: Sequence[socket.socket] | None = None) -> None:
+    """Serve Disque's protocol on ``host:port`` until cancelled; on
+    ``sockets`` instead when given (bound and listening: pgq.fronts binds
+    them before anything serves). They are closed at the end."""
     import anyio
+    import anyio.abc
+    from anyio.streams.stapled import MultiListener
 
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    if sockets:
+        listener: Any = MultiListener(
+            [await anyio.abc.SocketListener.from_socket(sock) for sock in sockets])
+    else:
+        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
     if ready is not None:
         ready()
     cap, connected = fitted_max_clients(max_clients()), [0]

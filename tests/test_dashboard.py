@@ -412,6 +412,18 @@ def test_a_port_in_use_is_one_line_and_status_1(dsn):
             assert done.returncode == 1, done.stderr
             assert done.stderr.strip() == (f"error: cannot listen on 127.0.0.1:{port} for {role}: "
                                            "it is in use (another server there? choose another port)")
+    # Two fronts on one free port: the second is refused at once, by name.
+    # Each passed a bind-and-close probe, and the RESP server then failed
+    # in its task while the HTTP API served (a node went on without it).
+    from pgq.ports import free_port
+
+    port = free_port()
+    done = subprocess.run([sys.executable, "-m", "pgq", "serve", "--http", f"127.0.0.1:{port}",
+                           "--resp", f"127.0.0.1:{port}", "--dsn", dsn],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == (f"error: cannot listen on 127.0.0.1:{port} for the RESP port: "
+                                   "it is in use (another server there? choose another port)")
 
 
 def test_the_command_has_help():

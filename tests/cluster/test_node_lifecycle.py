@@ -186,6 +186,16 @@ def test_a_start_that_fails_leaves_nothing_behind(node_dir):
         assert failed.returncode == 1 and len(lines) == 1, (option, failed.stderr)
         assert f"127.0.0.1:{port}" in lines[0] and "in use" in lines[0], (option, lines)
         assert not (data / "postgres" / "data" / "postmaster.pid").exists(), option
+    # Two fronts given one port: refused before PostgreSQL starts too (each
+    # passed a probe that bound and closed; the node then served no front).
+    port = free_port("127.0.0.1")
+    failed = pgq_cli("node", "start", "--name", "n2", "--data", str(data),
+                     "--bus", f"127.0.0.1:{free_port('127.0.0.1')}", "--secret-file", str(secret),
+                     "--http", f"127.0.0.1:{port}", "--resp", f"127.0.0.1:{port}", timeout=60)
+    lines = [line for line in failed.stderr.splitlines() if line.strip()]
+    assert failed.returncode == 1 and len(lines) == 1, failed.stderr
+    assert f"127.0.0.1:{port} for the RESP port" in lines[0] and "in use" in lines[0], lines
+    assert not (data / "postgres" / "data" / "postmaster.pid").exists()
 
     weak = root / "weak"
     weak.write_text("a long shared cluster secret")
