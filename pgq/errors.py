@@ -146,7 +146,7 @@ class TaskFailedError(PgqError):
 
 class ResultNotKeptError(PgqError):
     """A task's job succeeded and was acknowledged, but what it returned
-    could not be encoded, so no result was kept (the message says why; see
+    could not be encoded or stored (too big), so no result was kept (the message says why; see
     :meth:`pgq.Tasks.result`). Not a failure: running it again would repeat
     work that is done."""
 

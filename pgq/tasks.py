@@ -320,9 +320,10 @@ class Tasks:
         seconds for a worker to finish it. Raises :class:`TaskFailedError`
         (its error and traceback) if the job ended in the dead letters,
         :class:`~pgq.errors.ResultNotKeptError` if it succeeded but what it
-        returned could not be encoded (a datetime for JSON, say),
-        :class:`TimeoutError` if no result came in time, and
-        :class:`~pgq.errors.NoJobError` if none will come (the job is gone
+        returned could not be encoded or stored (a datetime for JSON, a
+        value past the worker's max_body_size), :class:`TimeoutError` if
+        no result came in time, and :class:`~pgq.errors.NoJobError` if
+        none will come (the job is gone
         with no result kept: see :meth:`pgq.Client.wait_result`). Results are
         kept ``keep_results`` seconds on the node whose worker ran the job."""
         stored = self.client.wait_result(job_id, timeout)

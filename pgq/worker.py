@@ -685,8 +685,17 @@ class Worker:
                 return
             succeeded = True  # from here a cancellation still acknowledges it
             self._finishing.add(job.id)
-            if self.keep_results is not None and outcome is not None:
-                await self._keep(job, *self._result_of(job, outcome.value))
+            if self.keep_results is not None and outcome is not None \
+                    and not await self._keep(job, *self._result_of(job, outcome.value)) and job.retry:
+                # Not acknowledged: it comes back after its retry and runs
+                # again, keeping its result then (as after a crash between
+                # the two). Acknowledged, it was done with no result, and
+                # Tasks.result said NoJobError ("keeps none") for good. An
+                # at-most-once job is acknowledged all the same: it never
+                # runs again.
+                log.warning("worker: job %s of %s is not acknowledged: it runs again after its "
+                            "retry, to keep its result", job.id, job.queue)
+                outcome = None
             if outcome is not None:  # None: transactional, acknowledged already
                 self._ack_later(job.id)
             self.stats.count(job.queue, "succeeded")
@@ -951,22 +960,33 @@ class Worker:
 
     def _result_of(self, job: Job, value: Any) -> tuple[bytes | None, str | None]:
         """What to keep of a handler's return value: its encoding, or (when
-        it cannot be encoded: the work is done all the same, and the job is
-        acknowledged) why there is none."""
+        it cannot be encoded or stored: the work is done all the same, and
+        the job is acknowledged) why there is none. Storable is checked here
+        (no I/O: the store's own checks, size and type): an encoding past
+        the client's max_body_size was refused by the store, the job
+        acknowledged all the same, and Tasks.result then said NoJobError
+        where it says ResultNotKeptError now (found by a read-only review)."""
+        assert self.keep_results is not None
         try:
-            return self.encode_result(value), None
+            encoded = self.encode_result(value)
+            if encoded is not None:
+                self.client.store_result_command(job.id, encoded, None, self.keep_results)
+            return encoded, None
         except Exception as exc:
-            log.warning("worker: the result of job %s could not be encoded: %s", job.id, exc)
+            log.warning("worker: the result of job %s could not be kept: %s", job.id, exc)
             return None, _safe_text(f"{RESULT_NOT_KEPT}{type(exc).__name__}: {_str_of(exc)}")
 
-    async def _keep(self, job: Job, value: bytes | None, error: str | None) -> None:
+    async def _keep(self, job: Job, value: bytes | None, error: str | None) -> bool:
         """Store a result before the ACK (a crash between them reruns the
-        job, whose result then overwrites this one)."""
+        job, whose result then overwrites this one). False: the database
+        did not take it (away, or refused)."""
         assert self.keep_results is not None
         try:
             await self.client.store_result(job.id, value, error=error, keep=self.keep_results)
         except (PgqError, psycopg.Error) as exc:
             log.warning("worker: could not keep the result of job %s: %s", job.id, exc)
+            return False
+        return True
 
     # ------------------------------------------------------------ acks
 

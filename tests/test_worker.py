@@ -657,6 +657,57 @@ def test_a_result_that_cannot_be_encoded_acknowledges_the_job_and_says_why(clien
 
 
 
+def test_a_result_too_big_to_keep_acknowledges_the_job_and_says_why(client):
+    # The store refused it (past the client's max_body_size) after the
+    # handler succeeded: the job was acknowledged with no result, and
+    # Tasks.result said NoJobError ("keeps none"), as if never asked to keep.
+    from pgq.core import ClientOptions
+
+    job_id = client.add_job("huge", b"x", retry=30)
+    cap = ClientOptions().max_body_size
+    worker = pgq.Worker(client, queues=["huge"], handler=lambda job: b"r" * (cap + 1), keep_results=60)
+    stats = pgq.testing.run_jobs(worker)
+    assert stats.succeeded == 1 and client.qlen("huge") == 0 and client.show(job_id) is None
+    value, error = client.wait_result(job_id, timeout=0)
+    assert value is None and error.startswith(pgq.worker.RESULT_NOT_KEPT) and f"at most {cap} bytes" in error
+
+
+def test_a_result_the_database_did_not_take_is_kept_by_the_next_run(client, monkeypatch):
+    # The database went away between the handler's end and its result's
+    # store: the job was acknowledged all the same (its ACK retried until
+    # the database came back), its result lost for good. Now the job is not
+    # acknowledged: it comes back after its retry and runs again.
+    from .conftest import wait_until
+
+    stored = pgq.AsyncClient.store_result
+    failures = [pgq.errors.DatabaseUnavailableError("the database is away")]
+
+    async def store_once_away(self, *args, **kwargs):
+        if failures:
+            raise failures.pop()
+        await stored(self, *args, **kwargs)
+
+    monkeypatch.setattr(pgq.AsyncClient, "store_result", store_once_away)
+    job_id = client.add_job("kept-later", b"x", retry=1)
+    once = client.add_job("kept-later", b"y", retry=0)  # ran once: acknowledged all the same
+    runs: list[bytes] = []
+
+    def handler(job):
+        runs.append(job.body)
+        return {"run": len(runs)}
+
+    def worker() -> pgq.Worker:
+        return pgq.Worker(client, queues=["kept-later"], handler=handler, keep_results=60, concurrency=1)
+
+    assert pgq.testing.run_jobs(worker()).succeeded == 2
+    assert client.show(job_id)["state"] == "active" and client.show(once) is None
+    wait_until(lambda: client.qlen("kept-later") == 1, 10, message="the job back after its retry")
+    assert pgq.testing.run_jobs(worker()).succeeded == 1
+    assert runs == [b"x", b"y", b"x"] and client.show(job_id) is None
+    assert client.wait_result(job_id, timeout=0) == (b'{"run":3}', None)
+    assert client.wait_result(once, timeout=0) == (b'{"run":2}', None)
+
+
 class _AwayDatabase:
     """The worker's client while its database is away: each call raises
     what pgq.AsyncClient raises then (a unit test of the worker's rule for
