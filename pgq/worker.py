@@ -38,7 +38,10 @@ What a worker guarantees:
   session setting a handler changes (``SET``) stays on it; use ``SET LOCAL``.
 * Shutdown (SIGTERM, SIGINT, ``stop()``): stop claiming, let in-flight jobs
   finish within ``grace`` seconds, NACK the rest so they are queued again at
-  once instead of waiting for their lease.
+  once instead of waiting for their lease. A job whose handler ended before
+  then and that is being settled (its result stored, its failure NACKed or
+  dead-lettered) gets up to ``SETTLE_MAX`` seconds more; a second signal
+  cuts that short too (the job then comes back after its retry).
 * At-most-once jobs (retry 0) are never re-queued: a failed one is
   dead-lettered (with ``max_nacks=None, max_deliveries=None``: dropped,
   logged).
@@ -57,7 +60,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -85,6 +88,11 @@ __all__ = ["Worker", "TaskOptions", "WorkerStats", "DEFAULT_MAX_DELIVERIES"]
 # not "retry until the TTL, then vanish". max_deliveries=None restores that.
 DEFAULT_MAX_DELIVERIES = 5
 ACK_RETRY = 1.0  # seconds between two attempts to ACK after the database refused or was away
+# Seconds a job being settled (its result stored, its failure NACKed or
+# dead-lettered) may go on past the grace: the drain's end cancelled it
+# mid-statement, so a success lost its result and a failure its back-off
+# and its count towards the dead letters. A second signal gives it none.
+SETTLE_MAX = 5.0
 
 log = logging.getLogger("pgq.worker")
 
@@ -398,6 +406,8 @@ class Worker:
         self._cut = {}
         self._given_up = set()
         self._finishing: set[str] = set()  # handler returned: settled by its ACK, not _interrupt
+        self._settle_scopes: set[anyio.CancelScope] = set()  # shielded settling (_settle_scope)
+        self._settle_deadline = float("inf")  # past the grace: SETTLE_MAX from its end
         self._leases = LeaseSchedule()
         self._leases_changed = anyio.Event()
 
@@ -480,6 +490,7 @@ class Worker:
                     else:
                         log.info("worker: %s received again: the running jobs are NACKed now", name)
                         self._grace_over.set()
+                        self._bound_settling(0.0)  # and the jobs being settled are cut off
         finally:
             for signum, handler in previous.items():
                 if handler is not None:  # (None: not set from Python; nothing to put back)
@@ -602,11 +613,31 @@ class Worker:
                 await anyio.sleep(0.05)
         if self._in_flight:
             left = self._unsettled()  # (those settling or finishing end by themselves)
+            self._bound_settling(0.0 if self._grace_over.is_set() else SETTLE_MAX)
             jobs.cancel_scope.cancel()
             if left:
                 log.info("worker: %d job(s) still running after %g s", len(left), self.grace)
                 await self._interrupt(left, f"still running {self.grace:g} s after the worker "
                                             "was told to stop")
+
+    def _bound_settling(self, seconds: float) -> None:
+        """The jobs being settled, and those that begin to, get ``seconds``
+        more: their scopes are shielded from the drain's end (see SETTLE_MAX)."""
+        self._settle_deadline = min(self._settle_deadline, anyio.current_time() + seconds)
+        for scope in self._settle_scopes:
+            scope.deadline = min(scope.deadline, self._settle_deadline)
+
+    @contextlib.contextmanager
+    def _settle_scope(self) -> Iterator[anyio.CancelScope]:
+        """Where a job is settled: shielded, until the drain bounds it
+        (its ``cancelled_caught`` then says it was cut off)."""
+        scope = anyio.CancelScope(shield=True, deadline=self._settle_deadline)
+        self._settle_scopes.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._settle_scopes.discard(scope)
 
     def _unsettled(self) -> dict[str, Job]:
         """The jobs in flight but those a failure is settling (their NACK's
@@ -685,8 +716,12 @@ class Worker:
                 return
             succeeded = True  # from here a cancellation still acknowledges it
             self._finishing.add(job.id)
-            if self.keep_results is not None and outcome is not None \
-                    and not await self._keep(job, *self._result_of(job, outcome.value)) and job.retry:
+            kept = True
+            if self.keep_results is not None and outcome is not None:
+                with self._settle_scope() as settling:
+                    kept = await self._keep(job, *self._result_of(job, outcome.value))
+                kept = kept and not settling.cancelled_caught
+            if not kept and job.retry:
                 # Not acknowledged: it comes back after its retry and runs
                 # again, keeping its result then (as after a crash between
                 # the two). Acknowledged, it was done with no result, and
@@ -923,8 +958,11 @@ class Worker:
         if (extending := self._extending.get(job.id)) is not None:
             await extending.wait()
         self._settling.add(job.id)  # a shutdown leaves it to this (its back-off stands)
+        outcome = "failed"  # unless settled (cut off by a second signal: back after its retry)
         try:
-            outcome = await self._settle_failure(job, opts, reason, failure.trace, over, policy, nacks)
+            with self._settle_scope():
+                outcome = await self._settle_failure(job, opts, reason, failure.trace, over, policy,
+                                                     nacks)
         except (PgqError, psycopg.Error) as exc:
             # The database refused or is away: the job stays claimed and
             # comes back after its retry, as if this worker had died. Never

@@ -770,6 +770,9 @@ class _Settling:
     def ids_command(self, name: str, ids: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
         return name, ids
 
+    def store_result_command(self, *args: object) -> None:
+        """(The worker checks a result is storable with it before the store.)"""
+
     async def _run(self, command: tuple[str, tuple[str, ...]]) -> int:
         await anyio.lowlevel.checkpoint()
         name, ids = command
@@ -869,9 +872,14 @@ def test_a_job_that_finishes_as_it_is_given_up_is_acknowledged_once_and_counted_
     anyio.run(main)
 
 
-def test_a_job_keeping_its_result_at_the_drains_end_is_acknowledged_not_given_back():
+@pytest.mark.parametrize("retry", [0.0, 5.0])
+def test_a_job_keeping_its_result_at_the_drains_end_is_settled_not_given_back(retry):
     """A job whose handler returned and that was storing its result when the
-    grace ran out was given back (or dead-lettered) and acknowledged too."""
+    grace ran out was given back (or dead-lettered) and acknowledged too;
+    then the drain's end cut its store off, and it was acknowledged with its
+    result lost. Now the store goes on (SETTLE_MAX more); a second signal
+    cuts it off, and then an at-least-once job is not acknowledged (it runs
+    again after its retry, keeping its result then)."""
     worker = pgq.Worker("dbname=unused", concurrency=1, keep_results=60)
 
     @worker.task("q")
@@ -879,26 +887,81 @@ def test_a_job_keeping_its_result_at_the_drains_end_is_acknowledged_not_given_ba
         return "done"
 
     client = _Settling()
-    storing = anyio.Event()
+    storing, stored = anyio.Event(), []
+    release: list[anyio.Event] = []
 
     async def store_result(job_id: str, value: object, error: object, keep: float) -> None:
         storing.set()
-        await anyio.sleep_forever()  # the result's round trip, cut off by the drain
+        await release[0].wait()  # the result's round trip, as the drain ends
+        stored.append((job_id, value))
 
     client.store_result = store_result  # type: ignore[attr-defined]
 
-    async def main() -> None:
-        worker.client = client  # type: ignore[assignment]
-        worker._new_run(until_empty=False)
-        job = _job(3, retry=0.0)
+    async def drain_end(second_signal: bool) -> pgq.Job:
+        job = _job(3, retry=retry)
+        release[:] = [anyio.Event()]
         async with anyio.create_task_group() as jobs:
             await _hand_over(worker, jobs, job)
             await storing.wait()
             left = worker._unsettled()  # as the drain's end reads them
+            worker._bound_settling(0.0 if second_signal else pgq.worker.SETTLE_MAX)
             jobs.cancel_scope.cancel()
             await worker._interrupt(left, "a test's stop")
-        assert left == {} and client.given_back == [] and client.dead == []
-        assert worker._acks == [job.id]  # acknowledged: its handler succeeded
+            assert left == {}
+            if not second_signal:
+                release[0].set()  # the store's answer comes after the cancellation
+        assert client.given_back == [] and client.dead == []
+        return job
+
+    async def main() -> None:
+        worker.client = client  # type: ignore[assignment]
+        worker._new_run(until_empty=False)
+        job = await drain_end(second_signal=False)
+        assert stored == [(job.id, b'"done"')] and worker._acks == [job.id]
+        worker._new_run(until_empty=False)
+        storing.__init__()  # type: ignore[misc]
+        job = await drain_end(second_signal=True)
+        assert stored == [(job.id, b'"done"')]  # the second store was cut off
+        assert worker._acks == ([job.id] if retry == 0 else [])  # at-most-once: it never runs again
+
+    anyio.run(main)
+
+
+def test_a_failure_being_nacked_at_the_drains_end_keeps_its_back_off():
+    """The drain's end cancelled the NACK of a job whose handler had failed:
+    it came back after its retry, not its back-off, and its failure counted
+    for nothing towards max_nacks."""
+    worker = pgq.Worker("dbname=unused", concurrency=1, backoff=7)
+
+    @worker.task("q")
+    async def handle(job: pgq.Job) -> None:
+        raise ValueError("no")
+
+    client = _Settling()
+    nacking, release, nacked = anyio.Event(), anyio.Event(), []
+
+    async def nack_job(*ids: str, delay: float | None = None) -> int:
+        nacking.set()
+        await release.wait()
+        nacked.append((ids, delay))
+        return len(ids)
+
+    client.nack_job = nack_job  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        worker.client = client  # type: ignore[assignment]
+        worker._new_run(until_empty=False)
+        job = _job(4, retry=5.0)
+        async with anyio.create_task_group() as jobs:
+            await _hand_over(worker, jobs, job)
+            await nacking.wait()
+            left = worker._unsettled()
+            worker._bound_settling(pgq.worker.SETTLE_MAX)
+            jobs.cancel_scope.cancel()
+            await worker._interrupt(left, "a test's stop")
+            release.set()
+        assert left == {} and client.given_back == [] and nacked == [((job.id,), 7.0)]
+        assert worker.stats.failed == 1
 
     anyio.run(main)
 
