@@ -159,8 +159,27 @@ def latest_tick(cron: str, tz: str, now: dt.datetime) -> dt.datetime:
 
 
 def next_tick(cron: str, tz: str, now: dt.datetime) -> dt.datetime:
-    """The first tick after ``now``."""
-    return _first(cron, tz, _instant(now), False)
+    """The first tick after ``now``. Compared as instants: during the
+    repeated autumn hour cronsim's forward search (from the hour's second
+    pass) gave the hour's first-pass tick, up to an hour in the past; the
+    scheduler's wait was then 0 and it looked 20 times a second, each look
+    a new connection, for up to an hour (found by a read-only review)."""
+    instant = _instant(now)
+    ticks = _ticks(cron, tz, instant, False)
+    for _ in range(_PAST_TICKS):
+        try:
+            tick = next(ticks)
+        except StopIteration:
+            break
+        if tick.astimezone(dt.UTC) > instant:
+            return tick
+    return _first(cron, tz, instant + dt.timedelta(hours=1), False)
+
+
+# Ticks a forward search may give before ``now`` (those of one repeated
+# hour: at most 60 of a minute-by-minute schedule) before it is restarted
+# an hour on, past the repeated hour.
+_PAST_TICKS = 61
 
 
 def due_tick(cron: str, tz: str, last_tick: dt.datetime | None, now: dt.datetime,

@@ -110,6 +110,23 @@ def test_the_repeated_hour_keeps_its_ticks_when_now_is_in_the_schedules_zone():
     assert periodic._until_next([(schedule, None)], inside) == 60.0
 
 
+@pytest.mark.parametrize("cron, tz, now, following", [
+    ("30 2 * * *", "Europe/Paris", "2026-10-25T01:10", "2026-10-26T01:30"),  # in the second 02:xx
+    ("30 1 * * *", "America/New_York", "2026-11-01T06:10", "2026-11-02T06:30"),
+    ("59 1 * * *", "America/New_York", "2026-11-01T06:00:30", "2026-11-02T06:59"),
+    ("* * * * *", "Europe/Paris", "2026-10-25T01:00:30", "2026-10-25T01:01"),
+])
+def test_the_next_tick_is_never_in_the_past_during_the_repeated_hour(cron, tz, now, following):
+    """From the hour's second pass, cronsim's forward search gave that hour's
+    first-pass tick, up to an hour back: the wait for it was 0, and every
+    scheduler of the database looked 20 times a second, a new connection
+    each, for up to an hour (found by a read-only review)."""
+    tick = periodic.next_tick(cron, tz, at(now).astimezone(ZoneInfo(tz)))
+    assert tick.astimezone(UTC) == at(following)
+    schedule = periodic.Schedule("s", cron, "q", tz=tz)
+    assert periodic._until_next([(schedule, None)], at(now)) > 0
+
+
 def test_a_tick_seen_on_time_fires_whatever_catch_up_says():
     # the scheduler wakes 0.05 s after a tick: catch_up=0 used to mean never
     tick = at("2026-11-25T09:00")
