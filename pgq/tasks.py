@@ -213,12 +213,18 @@ class Tasks:
     def __init__(self, client: Any, serializer: Serializer | None = None,
                  keep_results: float | None = 86400.0) -> None:
         from .aio import AsyncClient
+        from .client import Client
 
         if isinstance(client, AsyncClient):
             # defer() returned an un-awaited coroutine (nothing added) and
             # result() failed inside.
             raise InvalidTypeError("Tasks needs a blocking pgq.Client (an AsyncClient's calls "
                                    "are coroutines): make one with pgq.Client(dsn)")
+        if not isinstance(client, Client):
+            # A DSN (pgq.Worker takes one) was accepted, and defer() failed
+            # with AttributeError: 'str' object has no attribute 'add_job'.
+            raise InvalidTypeError(f"Tasks needs a pgq.Client, not {type(client).__name__}: "
+                                   "make one with pgq.Client(dsn)")
         self.client = client
         self.serializer: Serializer = serializer or JsonSerializer()
         self.keep_results = keep_results  # seconds a task's result is kept (None: not kept)
@@ -258,7 +264,7 @@ class Tasks:
             name, kwargs = call["task"], call["kwargs"]
         except Exception:
             raise UnknownTaskError(f"job {job.id} of {job.queue} is not a task call") from None
-        task = self.tasks.get(name)
+        task = self.tasks.get(name) if isinstance(name, str) else None  # (a list: unhashable)
         if task is None or not isinstance(kwargs, dict):
             raise UnknownTaskError(f"job {job.id} calls task {name!r}, unknown to this worker "
                                    f"(it knows {sorted(self.tasks) or 'none'})")

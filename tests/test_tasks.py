@@ -118,6 +118,9 @@ def test_an_async_client_or_unserializable_arguments_are_typed_errors(client, ds
     import anyio
 
     anyio.run(make)
+    # A DSN (pgq.Worker takes one): defer() failed with an AttributeError
+    with pytest.raises(InvalidTypeError, match="needs a pgq.Client, not str"):
+        pgq.Tasks(dsn)
 
     class Failing:
         def dumps(self, call):
@@ -171,10 +174,12 @@ def test_a_job_naming_an_unknown_task_ends_in_the_dead_letters(client):
     app, _, _ = make_app(client, [])
     ghost = client.add_job("mail", json.dumps({"task": "gone.task", "kwargs": {}}), retry=30)
     junk = client.add_job("mail", b"\xff not a task", retry=30)
+    listed = client.add_job("mail", json.dumps({"task": ["x"], "kwargs": {}}), retry=30)
     stats = run_jobs(app.worker(max_deliveries=1))
-    assert stats.dead == 2
+    assert stats.dead == 3
     reasons = {d["id"]: d["reason"] for d in client.dead_letters("mail")}
     assert "calls task 'gone.task', unknown to this worker" in reasons[ghost]
+    assert reasons[listed].startswith("UnknownTaskError:")  # a TypeError (unhashable) before
     assert "is not a task call" in reasons[junk]
 
 
