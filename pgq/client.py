@@ -536,9 +536,10 @@ class Client(ClientCore):
                     ) -> tuple[bytes | None, str | None] | None:
         """The result a worker stored for a job, ``(value, error)``, waiting
         up to ``timeout`` seconds (None: forever); None if none came. Read on
-        this client's node: the one whose worker ran the job. Raises
-        :class:`~pgq.errors.NoJobError` when the job is gone from this node
-        with no result kept (none will come: it ended without one, its
+        this client's node: the one whose worker ran the job. A job in the
+        dead letters with no result kept gives ``(None, its reason)``.
+        Raises :class:`~pgq.errors.NoJobError` when the job is gone from
+        this node otherwise (none will come: it ended without one, its
         result expired, or it ran on another node)."""
         return self._run(self.wait_result_command(id, timeout))
 

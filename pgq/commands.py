@@ -1638,15 +1638,19 @@ def wait_result(session: Session, job_id: str, timeout: float | None,
                 ) -> Command[tuple[bytes | None, str | None] | None]:
     """A job's stored result ``(value, error)``, waiting up to ``timeout``
     seconds (``None``: forever) for a worker to store it; None on timeout.
-    Raises NoJobError once the job is gone from this node with no result
-    kept: none will come here (a wait with no timeout waited for ever).
-    Polls (50 ms doubling to the poll interval): results are rare reads."""
+    A job gone to the dead letters with no result kept: ``(None, its dead
+    letter's reason)``. Raises NoJobError once the job is gone from this
+    node otherwise: none will come here (a wait with no timeout waited for
+    ever). Polls (50 ms doubling to the poll interval): results are rare
+    reads."""
     deadline = None if timeout is None else session.clock() + timeout
     polls = 0
     while True:
-        value, error, kept, held = yield Query(sql.READ_RESULT, {"id": job_id}, Result.ROW)
+        value, error, kept, held, dead = yield Query(sql.READ_RESULT, {"id": job_id}, Result.ROW)
         if kept:
             return (bytes(value) if value is not None else None, error)
+        if not held and dead is not None:
+            return (None, dead)
         if not held:
             raise NoJobError(
                 f"job {job_id} is not on this node and no result is kept for it: it ended "

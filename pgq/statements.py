@@ -1139,12 +1139,18 @@ WITH stored AS (
 SELECT (SELECT count(*) FROM stored), (SELECT count(*) FROM expired)
 """
 
-# One row: the kept result if any, and whether this node still holds the
-# job (a result is stored before the ACK, so in one snapshot a job gone with
-# no result kept will never get one here).
+# One row: the kept result if any, whether this node still holds the job
+# (a result is stored before the ACK, so in one snapshot a job gone with no
+# result kept will never get one here), and the reason of its latest dead
+# letter: a worker dead-letters a failed job first and stores its error
+# next, so a wait between the two (or after a store that failed) read
+# "gone, no result" and said NoJobError for a task that failed (found by a
+# read-only review). dead_letters_id_idx.
 READ_RESULT = """
 SELECT r.value, r.error, r.id IS NOT NULL AS kept,
-       EXISTS (SELECT 1 FROM pgq.jobs j WHERE j.id = %(id)s) AS held
+       EXISTS (SELECT 1 FROM pgq.jobs j WHERE j.id = %(id)s) AS held,
+       (SELECT d.reason FROM pgq.dead_letters d WHERE d.id = %(id)s
+        ORDER BY d.seq DESC LIMIT 1) AS dead
 FROM (SELECT 1) AS one
 LEFT JOIN pgq.results r ON r.id = %(id)s AND r.expires_at > pgq.now()
 """

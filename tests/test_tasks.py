@@ -219,6 +219,30 @@ def test_results_are_kept_and_waited_for(client):
     assert client.wait_result(later)[0] == b'{"result":{"sum":5}}'
 
 
+def test_a_task_dead_lettered_before_its_error_was_kept_failed_all_the_same(client):
+    """A worker dead-letters a failed job, then stores its error: a result()
+    between the two, or after a store the database did not take, read "gone
+    with no result" and raised NoJobError for a task that failed (found by a
+    read-only review)."""
+    app = pgq.Tasks(client)
+
+    @app.task(queue="fragile", retry=30)
+    def fragile() -> None:
+        raise RuntimeError("unreachable: the job is dead-lettered by hand")
+
+    job_id = fragile.defer()
+    [job] = client.get_job("fragile", nohang=True)
+    assert client.dead_letter(job, reason="ValueError: no\nTraceback ...") == 1  # no error kept
+    with pytest.raises(pgq.errors.TaskFailedError, match="ValueError: no"):
+        app.result(job_id, timeout=0)
+    assert client.wait_result(job_id, timeout=0) == (None, "ValueError: no\nTraceback ...")
+    [again] = client.requeue_dead_letters("fragile")  # a new job, under a new ID
+    with pytest.raises(pgq.errors.NoJobError):
+        app.result(job_id, timeout=0)
+    with pytest.raises(TimeoutError):
+        app.result(again, timeout=0.2)  # nobody runs it
+
+
 def test_a_task_whose_value_cannot_be_kept_succeeded_all_the_same(client):
     """A task returning what JSON cannot hold (a datetime) was acknowledged,
     done; its result said TaskFailedError, which means dead-lettered, and a
