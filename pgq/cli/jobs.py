@@ -17,9 +17,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from ..arguments import DEFAULT_MAX_BODY_SIZE, HARD_MAX_BODY_SIZE, MAX_COUNT
+from ..arguments import DEFAULT_MAX_BODY_SIZE, HARD_MAX_BODY_SIZE, MAX_COUNT, MAX_PRIORITY, MAX_REPLICATE
 from ..errors import DatabaseUnavailableError, InvalidArgumentError, NoReplError, PgqError
 from .common import (
+    SECONDS,
     arg_bytes,
     client_for,
     emit_found,
@@ -57,14 +58,15 @@ def _progress() -> Progress:
 @click.argument("bodies", nargs=-1)
 @click.option("--file", "path", type=_InputFile("rb"),
               help="Add one job per line of this file ('-' for stdin), in batches.")
-@click.option("--replicate", type=int, help="Copies to keep (default: min(3, reachable nodes)).")
-@click.option("--delay", type=float, default=0, show_default=True, help="Seconds before it is queued.")
-@click.option("--retry", type=float, help="Seconds before an unacknowledged job is re-queued (0: at most once).")
-@click.option("--ttl", type=float, help="Seconds the job lives (default 86400).")
-@click.option("--maxlen", type=int, help="Refuse if the queue already holds this many jobs.")
+@click.option("--replicate", type=click.IntRange(1, MAX_REPLICATE),
+              help="Copies to keep (default: min(3, reachable nodes)).")
+@click.option("--delay", type=SECONDS, default=0, show_default=True, help="Seconds before it is queued.")
+@click.option("--retry", type=SECONDS, help="Seconds before an unacknowledged job is re-queued (0: at most once).")
+@click.option("--ttl", type=SECONDS, help="Seconds the job lives (default 86400).")
+@click.option("--maxlen", type=click.IntRange(1), help="Refuse if the queue already holds this many jobs.")
 @click.option("--async", "asynchronous", is_flag=True, help="Replicate in the background.")
-@click.option("--timeout", type=float, help="Seconds to wait for the copies.")
-@click.option("--priority", type=int, default=0, show_default=True,
+@click.option("--timeout", type=SECONDS, help="Seconds to wait for the copies.")
+@click.option("--priority", type=click.IntRange(0, MAX_PRIORITY), default=0, show_default=True,
               help="Higher is delivered first (FIFO within a priority).")
 @click.option("--key", help="Idempotency key: while a job added with it lives in QUEUE, "
                             "print that job's ID instead of adding (one BODY only).")
@@ -196,8 +198,9 @@ def _echo_ids(ids: list[str], as_json: bool) -> None:
 
 @click.command()
 @click.argument("queues", nargs=-1, required=True)
-@click.option("--count", type=int, default=1, show_default=True, help="Most jobs to return.")
-@click.option("--timeout", type=float, help="Seconds to block (default: forever; 0 = forever).")
+@click.option("--count", type=click.IntRange(1, MAX_COUNT), default=1, show_default=True,
+              help="Most jobs to return.")
+@click.option("--timeout", type=SECONDS, help="Seconds to block (default: forever; 0 = forever).")
 @click.option("--nohang", is_flag=True, help="Return at once if no job is ready.")
 @click.option("--ack", "ack_now", is_flag=True, help="Acknowledge the jobs right away.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -241,7 +244,7 @@ dequeue = _ids_command("dequeue", "dequeue", "dequeued", "Take queued jobs out o
 
 @click.command()
 @click.argument("ids", nargs=-1, required=True)
-@click.option("--delay", type=float, default=0, show_default=True, help="Seconds of back-off.")
+@click.option("--delay", type=SECONDS, default=0, show_default=True, help="Seconds of back-off.")
 @json_option
 @target_options
 @handles_errors
@@ -267,7 +270,7 @@ def show(job_id: str, as_json: bool, dsn: str | None, data: str | None) -> None:
 
 @click.command()
 @click.argument("job_id")
-@click.option("--timeout", type=float,
+@click.option("--timeout", type=SECONDS,
               help="Seconds to wait (default: forever; 0: look once).")
 @json_option
 @target_options
@@ -308,8 +311,8 @@ def qstat(queue: str, as_json: bool, dsn: str | None, data: str | None) -> None:
 
 
 @click.command()
-@click.option("--minlen", type=int, help="Only queues with at least this many jobs.")
-@click.option("--maxlen", type=int, help="Only queues with at most this many jobs.")
+@click.option("--minlen", type=click.IntRange(0), help="Only queues with at least this many jobs.")
+@click.option("--maxlen", type=click.IntRange(0), help="Only queues with at most this many jobs.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @target_options
 @handles_errors

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..arguments import MAX_REPLICATE
 from .common import SECONDS, arg_bytes, client_for, handles_errors, json_option, report, table, target_options
 
 
@@ -22,9 +23,9 @@ def periodic_group() -> None:
 @click.option("--queue", required=True, help="Queue the jobs go to.")
 @click.option("--body", default="", help="Body of every job (text).")
 @click.option("--tz", default="UTC", show_default=True, help="Time zone of the cron expression.")
-@click.option("--replicate", type=int, help="Copies of each job (cluster).")
-@click.option("--retry", type=float, help="Seconds before an unacknowledged job is queued again.")
-@click.option("--ttl", type=float, help="Seconds a job lives.")
+@click.option("--replicate", type=click.IntRange(1, MAX_REPLICATE), help="Copies of each job (cluster).")
+@click.option("--retry", type=SECONDS, help="Seconds before an unacknowledged job is queued again.")
+@click.option("--ttl", type=SECONDS, help="Seconds a job lives.")
 @click.option("--catch-up", type=SECONDS, default=3600.0, show_default=True,
               help="After downtime, add the latest missed tick if it is at most this old.")
 @json_option

@@ -1,4 +1,4 @@
-"""``pgq spark``: the example data pipeline (needs ``pip install 'pgq[spark]'``).
+"""``pgq spark``: the example data pipeline (needs ``pip install 'pgq-disque[spark]'``).
 
 ``pgq spark ingest INPUT --queue Q`` turns the rows of Parquet, CSV or JSON
 files into jobs (:func:`pgq.spark.write_jobs`); ``pgq spark report`` prints
@@ -26,8 +26,9 @@ from typing import Any
 import click
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
+from ..arguments import MAX_REPLICATE
 from ..errors import PgqError, first_line
-from .common import given_dsn, handles_errors, progress_console, table, to_json
+from .common import SECONDS, given_dsn, handles_errors, progress_console, table, to_json
 
 FORMATS = ("parquet", "csv", "json")
 
@@ -131,13 +132,14 @@ def _read_input(spark: Any, inputs: tuple[str, ...], fmt: str) -> Any:
 @click.option("--format", "fmt", type=click.Choice(FORMATS), help="Input format (default: from the extension).")
 @click.option("--body-column", default="body", show_default=True,
               help="Column holding the job body (string or binary).")
-@click.option("--replicate", type=int, help="Copies per job (default: 3 in a cluster, else 1).")
-@click.option("--delay", type=float, default=0, show_default=True, help="Seconds before jobs are queued.")
-@click.option("--retry", type=float, help="Seconds before an unacknowledged job is re-queued.")
-@click.option("--ttl", type=float, help="Seconds a job lives (default 86400).")
+@click.option("--replicate", type=click.IntRange(1, MAX_REPLICATE),
+              help="Copies per job (default: 3 in a cluster, else 1).")
+@click.option("--delay", type=SECONDS, default=0, show_default=True, help="Seconds before jobs are queued.")
+@click.option("--retry", type=SECONDS, help="Seconds before an unacknowledged job is re-queued.")
+@click.option("--ttl", type=SECONDS, help="Seconds a job lives (default 86400).")
 @click.option("--ingest-id", help="Name of this ingestion (default: derived from the local "
               "input files; required for a URL).")
-@click.option("--partitions", type=int, help="Repartition the input into this many partitions first.")
+@click.option("--partitions", type=click.IntRange(1), help="Repartition the input into this many partitions first.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_nodes_option
 @_master_option

@@ -11,7 +11,7 @@ import click
 
 from ..connecting import FIRST_CONNECT_TIMEOUT
 from ..worker import DEFAULT_MAX_DELIVERIES
-from .common import check_metrics, client_for, handles_errors, json_logs_option, target_options, typed
+from .common import SECONDS, check_metrics, client_for, handles_errors, json_logs_option, target_options, typed
 
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -58,15 +58,17 @@ def _configured_in_code(runner: Any, target: str) -> None:
 @click.command()
 @click.argument("target")
 @click.option("--queue", "queues", multiple=True, help="Queue to serve (repeatable; order = priority).")
-@click.option("--concurrency", type=int, default=4, show_default=True, help="Jobs handled at once.")
-@click.option("--timeout", type=float, help="Seconds a job may run before it counts as failed.")
-@click.option("--max-nacks", type=int, help="Failures before a job goes to the dead letters.")
-@click.option("--max-deliveries", type=int, default=DEFAULT_MAX_DELIVERIES, show_default=True,
+@click.option("--concurrency", type=click.IntRange(1, 10_000), default=4, show_default=True,
+              help="Jobs handled at once.")
+@click.option("--timeout", type=SECONDS, help="Seconds a job may run before it counts as failed.")
+@click.option("--max-nacks", type=click.IntRange(1, 2**31 - 1), help="Failures before a job goes to the dead letters.")
+@click.option("--max-deliveries", type=click.IntRange(0, 2**31 - 1), default=DEFAULT_MAX_DELIVERIES,
+              show_default=True,
               help="Deliveries before a job goes to the dead letters (0: no limit).")
-@click.option("--backoff", type=float, default=1.0, show_default=True,
+@click.option("--backoff", type=SECONDS, default=1.0, show_default=True,
               help="First retry delay after a failure (doubles each time).")
 @click.option("--transactional", is_flag=True, help="Call FUNC(job, conn); its writes commit with the ACK.")
-@click.option("--grace", type=float, default=30.0, show_default=True,
+@click.option("--grace", type=SECONDS, default=30.0, show_default=True,
               help="Seconds in-flight jobs get to finish on SIGTERM before being NACKed.")
 @click.option("--metrics", metavar="HOST:PORT", envvar="PGQ_METRICS",
               help="Serve Prometheus metrics on this address.")
@@ -98,6 +100,8 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
     handler = _load(target)
     if isinstance(handler, Worker):
         _configured_in_code(handler, target)
+    elif not queues:  # before connecting (or starting the embedded server)
+        raise click.UsageError("name the queues to serve: --queue NAME")
     gauges = WorkerMetrics() if metrics else None
     with client_for(dsn, data, connect_timeout=FIRST_CONNECT_TIMEOUT) as client:
         if isinstance(handler, Worker):
@@ -112,8 +116,6 @@ def worker(target: str, queues: tuple[str, ...], concurrency: int, timeout: floa
                 runner.job_log_level = job_level
             runner.scheduler = runner.scheduler or scheduler
         else:
-            if not queues:
-                raise click.UsageError("name the queues to serve: --queue NAME")
             runner = Worker(client, queues=list(queues), handler=handler, concurrency=concurrency,
                             timeout=timeout, max_nacks=max_nacks,
                             max_deliveries=max_deliveries or None, backoff=backoff,

@@ -79,7 +79,7 @@ def _import_pyspark() -> Any:
         import pyspark.sql
     except ImportError:
         raise SparkSetupError(
-            "PySpark is not installed: pip install 'pgq[spark]'") from None
+            "PySpark is not installed: pip install 'pgq-disque[spark]'") from None
     return pyspark.sql
 
 
