@@ -133,7 +133,7 @@ def _read_input(spark: Any, inputs: tuple[str, ...], fmt: str) -> Any:
 @click.option("--body-column", default="body", show_default=True,
               help="Column holding the job body (string or binary).")
 @click.option("--replicate", type=click.IntRange(1, MAX_REPLICATE),
-              help="Copies per job (default: 3 in a cluster, else 1).")
+              help="Copies per job (default: min(3, the cluster's nodes): give a --node each; 1 alone).")
 @click.option("--delay", type=SECONDS, default=0, show_default=True, help="Seconds before jobs are queued.")
 @click.option("--retry", type=SECONDS, help="Seconds before an unacknowledged job is re-queued.")
 @click.option("--ttl", type=SECONDS, help="Seconds a job lives (default 86400).")

@@ -93,6 +93,7 @@ class _Node:
     active: bool
     jdbc: JdbcTarget
     connected: str = ""  # the DSN of what the check connected to (libpq's environment applied)
+    reachable: int = 1  # nodes of its cluster it reaches, itself included (1: alone)
 
 
 def resolve_nodes(nodes: str | Sequence[str] | None) -> list[str]:
@@ -150,10 +151,10 @@ def _describe(dsn: str) -> _Node:
         if version is None or version[0] < SCHEMA_VERSION:
             raise SchemaNotReadyError(
                 f"{_safe(dsn)} has no pgq schema {SCHEMA_VERSION} yet: run `pgq migrate --dsn DSN`")
-        node_id, name, active = conn.execute(sql.NODE).fetchone()  # type: ignore[misc]
+        node_id, name, active, reachable = conn.execute(sql.NODE).fetchone()  # type: ignore[misc]
     # host:port/database when the node has no name (several databases may share a server)
     fallback = target.url.split("//", 1)[1].split("?", 1)[0]
-    return _Node(dsn, node_id, name or fallback, bool(active), target, connected)
+    return _Node(dsn, node_id, name or fallback, bool(active), target, connected, int(reachable or 1))
 
 
 def _as_connected(conn: psycopg.Connection[Any]) -> str:
@@ -169,10 +170,22 @@ def _as_connected(conn: psycopg.Connection[Any]) -> str:
 
 
 def _replication(params: args.JobParams, nodes: list[_Node]) -> int:
+    """W: ``replicate``, or by default ADDJOB's: min(3, the nodes the
+    targets' cluster reaches), 1 for at-most-once jobs or a node alone.
+    Counted from the listed targets, the default was 1 for one DSN of a
+    3-node cluster (`pgq spark ingest` with $PGQ_DSN), and 1 when a target's
+    node process was down: fewer copies than promised, without a word
+    (found by a read-only review). Now such an ingestion is refused."""
     clustered = len(nodes) > 1 and all(n.active for n in nodes)
     wanted = params.replicate
     if wanted is None:
-        wanted = 1 if params.retry == 0 or not clustered else min(DEFAULT_REPLICATION, len(nodes))
+        wanted = 1 if params.retry == 0 else min(DEFAULT_REPLICATION, max(n.reachable for n in nodes))
+        if wanted > len(nodes):
+            raise NoReplError(
+                f"{nodes[0].name} is a node of a cluster of {max(n.reachable for n in nodes)}: its "
+                f"jobs get {wanted} copies by default, as ADDJOB's, and {len(nodes)} target node(s) "
+                f"were given: list {wanted} nodes (nodes=[...], or --node for each), or ask for "
+                f"replicate={len(nodes)}")
     if wanted > len(nodes):
         raise NoReplError(
             f"replicate={wanted} needs at least {wanted} target nodes, {len(nodes)} given: "
@@ -487,7 +500,8 @@ def write_jobs(df: Any, queue: str, *, nodes: str | Sequence[str] | None = None,
 
     ``nodes``: target node DSNs (default ``$PGQ_DSN``, else the embedded
     server); rows are spread evenly over them, each job on ``replicate``
-    of them (default: 3 copies in a running cluster, else 1). ``body_col``:
+    of them (default: ADDJOB's, min(3, the nodes the cluster reaches), so
+    list that many nodes of a cluster; 1 on a node alone, or with retry=0). ``body_col``:
     a string (stored as UTF-8) or binary column. ``ingest_id``: name the
     ingestion to make re-runs idempotent (a re-run with the same id finishes
     a failed run and never adds a job twice); default: a fresh id.

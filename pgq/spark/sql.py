@@ -22,7 +22,8 @@ def staging(statement: str, table: str) -> pgsql.Composed:
 NODE = """
 SELECT (SELECT value FROM pgq.meta WHERE key = 'node_id'),
        coalesce((SELECT value FROM pgq.meta WHERE key = 'node_name'), ''),
-       (SELECT active FROM pgq.cluster_state)
+       (SELECT active FROM pgq.cluster_state),
+       (SELECT reachable_nodes FROM pgq.cluster_state)
 """
 
 # Nodes this node knows alive: a W > 1 ingestion needs its targets to be

@@ -206,6 +206,34 @@ def test_a_failure_of_spark_or_a_node_names_the_ingestion_to_run_again():
             raise PausedError("paused")
 
 
+def test_the_default_copies_are_the_clusters_not_the_listed_nodes():
+    """Counted from the listed targets, one DSN of a 3-node cluster (as
+    `pgq spark ingest` with $PGQ_DSN gives) ingested with one copy, and so
+    did listed nodes whose processes were down: fewer copies than ADDJOB
+    makes, without a word (found by a read-only review). The rule on its own
+    (real clusters are tests/cluster/test_spark_ingest.py's)."""
+    from pgq import arguments as args
+    from pgq.spark.ingest import _Node, _replication
+
+    def nodes(count: int, reachable: int, active: bool = True) -> list[_Node]:
+        return [_Node(f"dbname=n{i}", f"{i:040d}", f"n{i}", active, None, reachable=reachable)  # type: ignore[arg-type]
+                for i in range(count)]
+
+    def params(**given: object) -> args.JobParams:
+        return args.job_params(**{"replicate": None, "delay": 0, "retry": None, "ttl": None,
+                                  "maxlen": None, "asynchronous": False, "timeout": None, **given})
+
+    with pytest.raises(NoReplError, match="a cluster of 3: its jobs get 3 copies by default"):
+        _replication(params(), nodes(1, reachable=3))
+    with pytest.raises(NoReplError, match="list 2 nodes"):
+        _replication(params(), nodes(1, reachable=2))
+    with pytest.raises(InvalidArgumentError, match="one running cluster"):  # processes down
+        _replication(params(), nodes(3, reachable=3, active=False))
+    assert _replication(params(replicate=1), nodes(1, reachable=3)) == 1  # asked for
+    assert _replication(params(retry=0), nodes(1, reachable=3)) == 1  # at most once: one copy
+    assert _replication(params(), nodes(2, reachable=1)) == 1  # standalone nodes share the rows
+
+
 def test_spark_connects_where_libpq_did_with_its_environment(dsn, monkeypatch):
     """Spark's JDBC driver reads none of libpq's environment: a DSN that
     relies on PGPORT and PGPASSWORD (or ~/.pgpass) used to give a JDBC URL of
