@@ -390,10 +390,10 @@ class Ingestion:
                 raise PausedError(f"queue {plan.queue!r} was paused for input on {target.name} "
                                   "during the ingestion: unpause it and run it again")
             tombstoned = conn.execute(sql.staging(sql.TOMBSTONED, plan.staging_table)).fetchone()[0]  # type: ignore[index]
-            inserted = self._insert_staged(conn, node, skip_acked=tombstoned > 0)
-            if inserted + tombstoned != expected:
+            inserted, present = self._insert_staged(conn, node, skip_acked=tombstoned > 0)
+            if inserted + tombstoned + present != expected:
                 raise IngestError(
-                    f"{target.name} received {inserted + tombstoned} distinct rows of "
+                    f"{target.name} received {inserted + tombstoned + present} distinct rows of "
                     f"ingestion {plan.ingest_id!r}, {expected} expected: the DataFrame changed "
                     "between Spark's passes (non-deterministic input?); nothing was merged there. "
                     "Make the input deterministic (a file, or sort it) and run again")
@@ -403,17 +403,24 @@ class Ingestion:
         self.merged.add(node)
         return inserted
 
-    def _insert_staged(self, conn: psycopg.Connection[Any], node: int, *, skip_acked: bool) -> int:
+    def _insert_staged(self, conn: psycopg.Connection[Any], node: int, *,
+                       skip_acked: bool) -> tuple[int, int]:
+        """The rows inserted, and those whose job was here already."""
         params = self.plan.merge_params(node, self.started_ms)
         table = self.plan.staging_table
         try:
             with conn.transaction():  # a savepoint: the fast form may fail on a duplicate
                 fast = sql.staging(sql.merge_staged(deduplicate=False, skip_acked=skip_acked), table)
-                return conn.execute(fast, params).rowcount
+                return conn.execute(fast, params).rowcount, 0
         except psycopg.errors.UniqueViolation:
-            # Rows staged twice (a retried Spark task): keep one of each.
+            # Rows staged twice (a retried Spark task): keep one of each. Or
+            # a job here already under a row's ID (federation brought it):
+            # it counts as merged, where the count check refused every run
+            # of the ingestion for as long as that job lived (found by a
+            # read-only review).
+            present = conn.execute(sql.staging(sql.PRESENT, table)).fetchone()[0]  # type: ignore[index]
             careful = sql.staging(sql.merge_staged(deduplicate=True, skip_acked=skip_acked), table)
-            return conn.execute(careful, params).rowcount
+            return conn.execute(careful, params).rowcount, int(present)
 
     @contextlib.contextmanager
     def _failing(self, step: str) -> Iterator[None]:

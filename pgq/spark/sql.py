@@ -11,7 +11,7 @@ from psycopg import sql as pgsql
 from ..contracts import JOBS_CHANNEL
 
 __all__ = ["staging", "NODE", "INGEST_STATE", "RECORD_INGEST", "LOCK_INGEST", "QUEUE_PAUSED_IN",
-           "CREATE_STAGING", "DROP_STAGING", "TOMBSTONED", "merge_staged", "MARK_MERGED",
+           "CREATE_STAGING", "DROP_STAGING", "TOMBSTONED", "PRESENT", "merge_staged", "MARK_MERGED",
            "NOTIFY_QUEUE", "CLUSTER_MEMBERS", "SEQ_BOUNDS", "JOB_COUNT"]
 
 
@@ -68,6 +68,15 @@ DROP_STAGING = "DROP TABLE IF EXISTS {staging}"
 # after a partial failure must not bring them back.
 TOMBSTONED = """
 SELECT count(DISTINCT s.seq) FROM {staging} s JOIN pgq.acks a ON a.id = s.id
+"""
+
+# Staged rows whose job is here already, not by this merge: federation
+# (YOURJOBS) brings a job to another node under its ID, so a node merging
+# after the origin may hold some of its rows' jobs before it merges them.
+# Counted only when the merge met an existing ID (the fast form failed).
+PRESENT = """
+SELECT count(DISTINCT s.seq) FROM {staging} s JOIN pgq.jobs j ON j.id = s.id
+WHERE NOT EXISTS (SELECT 1 FROM pgq.acks a WHERE a.id = s.id)
 """
 
 # The merge: one statement, one transaction with the bookkeeping. Why it is
@@ -130,8 +139,13 @@ UPDATE pgq.ingests SET state = 'merged', jobs = %(jobs)s, merged_at = pgq.now()
 WHERE ingest_id = %(ingest_id)s
 """
 
+# Always, once per merge: the merge is a transaction of several statements
+# (and a DROP of the staging table that may wait for a lock), so a consumer
+# that registered after a check of pgq.waiters here and before the commit
+# slept until its next poll (pgq.protocol.Session: a transaction of several
+# statements notifies unconditionally; found by a read-only review).
 NOTIFY_QUEUE = f"""
-SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s) WHERE EXISTS (SELECT 1 FROM pgq.waiters WHERE queue = %(queue)s)
+SELECT pg_notify('{JOBS_CHANNEL}', %(queue)s)
 """
 
 # ----------------------------------------------------------------- reading
