@@ -452,14 +452,19 @@ class Ingestion:
             return IngestResult(self.plan.ingest_id, self.plan.queue, 0, self.plan.replicate,
                                 already_done=True, seconds=time.perf_counter() - started)
         try:
-            self.number_rows()
+            # Spark's failures and the nodes' come out as an IngestError naming
+            # the ingestion here too: a file of another format in the input, or
+            # a failing expression, gave a page of Java stack from the count.
+            with self._failing("counting the rows"):
+                self.number_rows()
             if not self.total:
                 # Nothing to add, and nothing recorded: an empty input marked
                 # the ingest ID done with 0 jobs, and data arriving later under
                 # that ID was dropped as "already done" (found by a review).
                 return IngestResult(self.plan.ingest_id, self.plan.queue, 0, self.plan.replicate,
                                     seconds=time.perf_counter() - started)
-            self.open_staging()
+            with self._failing("opening the staging tables"):
+                self.open_staging()
             prepared = self.with_ids()
             if prepared is not None:
                 # One Spark job per node, run side by side (Spark schedules

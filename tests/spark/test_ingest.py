@@ -257,6 +257,17 @@ def test_the_default_copies_are_the_clusters_not_the_listed_nodes():
     assert _replication(params(), nodes(2, reachable=1)) == 1  # standalone nodes share the rows
 
 
+def test_a_failure_while_counting_names_the_ingestion(spark, client, dsn):
+    """The count pass ran outside the failure wrapper: an input Spark could
+    not read (a file of another format, a failing expression) came out as a
+    Py4JJavaError and a page of Java stack (found by a read-only review)."""
+    failing = spark.range(10).selectExpr("CAST(raise_error('unreadable input') AS STRING) AS body")
+    with pytest.raises(IngestError, match=r"ingestion 'broken-1' failed while counting the rows: "
+                                          r".*unreadable input"):
+        write_jobs(failing, "lake", nodes=dsn, ingest_id="broken-1")
+    assert client.qlen("lake") == 0
+
+
 def test_spark_connects_where_libpq_did_with_its_environment(dsn, monkeypatch):
     """Spark's JDBC driver reads none of libpq's environment: a DSN that
     relies on PGPORT and PGPASSWORD (or ~/.pgpass) used to give a JDBC URL of
