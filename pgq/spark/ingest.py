@@ -244,11 +244,45 @@ class Ingestion:
         self.merged: set[int] = set()
         self.total = 0
         self.largest = 0  # bytes of the largest body (prepare counts it)
+        self._holding: list[psycopg.Connection[Any]] = []  # the run's hold on its ID (_hold)
 
     # ------------------------------------------------------------ begin
 
     def begin(self) -> None:
-        """Check the targets and how far earlier runs got (no change yet)."""
+        """Check the targets and how far earlier runs got (no change yet),
+        holding the ingestion on every target until :meth:`finish`."""
+        self._hold()
+        try:
+            self._check_targets()
+        except BaseException:
+            self._release()
+            raise
+
+    def _hold(self) -> None:
+        """One run of an ingestion at a time: a session advisory lock on
+        its ID on every target, held by a connection of this run until
+        :meth:`finish`. Two runs of one ID at once each recreated the shared
+        staging table under the other, and could merge the nodes under two
+        sets of IDs (every job twice), or the second reported the first's
+        jobs as its own (found by a read-only review)."""
+        for node in self.nodes:
+            conn = _connect(node.dsn)
+            self._holding.append(conn)
+            held = conn.execute(sql.HOLD_INGEST, {"ingest_id": self.plan.ingest_id}).fetchone()[0]  # type: ignore[index]
+            if not held:
+                self._release()
+                raise IngestError(
+                    f"ingestion {self.plan.ingest_id!r} is running now (another run holds it on "
+                    f"{node.name}): wait for it to end, then run it again (nodes merged are "
+                    "skipped), or give this one another ingest_id")
+
+    def _release(self) -> None:
+        for conn in self._holding:
+            with contextlib.suppress(psycopg.Error):
+                conn.close()  # (the session's advisory lock goes with it)
+        self._holding = []
+
+    def _check_targets(self) -> None:
         plan, states = self.plan, []
         for node in self.nodes:
             with _connect(node.dsn) as conn:
@@ -440,6 +474,7 @@ class Ingestion:
                 "already are skipped, and no job is added twice") from exc
 
     def finish(self) -> None:
+        self._release()
         base = getattr(self, "_base", None)
         if base is not None:
             base.unpersist()
@@ -448,10 +483,10 @@ class Ingestion:
         started = time.perf_counter()
         self.begin()
         pending = self.pending
-        if not pending:
-            return IngestResult(self.plan.ingest_id, self.plan.queue, 0, self.plan.replicate,
-                                already_done=True, seconds=time.perf_counter() - started)
         try:
+            if not pending:
+                return IngestResult(self.plan.ingest_id, self.plan.queue, 0, self.plan.replicate,
+                                    already_done=True, seconds=time.perf_counter() - started)
             # Spark's failures and the nodes' come out as an IngestError naming
             # the ingestion here too: a file of another format in the input, or
             # a failing expression, gave a page of Java stack from the count.

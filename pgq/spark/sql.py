@@ -12,7 +12,7 @@ from ..contracts import JOBS_CHANNEL
 
 __all__ = ["staging", "NODE", "INGEST_STATE", "RECORD_INGEST", "LOCK_INGEST", "QUEUE_PAUSED_IN",
            "CREATE_STAGING", "DROP_STAGING", "TOMBSTONED", "PRESENT", "merge_staged", "MARK_MERGED",
-           "NOTIFY_QUEUE", "CLUSTER_MEMBERS", "SEQ_BOUNDS", "JOB_COUNT"]
+           "NOTIFY_QUEUE", "CLUSTER_MEMBERS", "HOLD_INGEST", "SEQ_BOUNDS", "JOB_COUNT"]
 
 
 def staging(statement: str, table: str) -> pgsql.Composed:
@@ -30,6 +30,10 @@ SELECT (SELECT value FROM pgq.meta WHERE key = 'node_id'),
 # members of one running cluster (their node processes run the re-queue
 # timers and the ACK protocol of the copies).
 CLUSTER_MEMBERS = "SELECT id FROM pgq.cluster_nodes WHERE status = 'alive'"
+
+# Held by a run of an ingestion for its whole length, on every target
+# (pgq.spark.ingest.Ingestion._hold); the class id spells "pgqI".
+HOLD_INGEST = "SELECT pg_try_advisory_lock(1885827401, hashtext(%(ingest_id)s))"
 
 INGEST_STATE = """
 SELECT queue, state, started_ms, params, jobs FROM pgq.ingests WHERE ingest_id = %(ingest_id)s

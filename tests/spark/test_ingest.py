@@ -257,6 +257,27 @@ def test_the_default_copies_are_the_clusters_not_the_listed_nodes():
     assert _replication(params(), nodes(2, reachable=1)) == 1  # standalone nodes share the rows
 
 
+def test_one_run_of_an_ingestion_at_a_time(spark, client, dsn):
+    """Two runs of one ingest id at once each recreated the shared staging
+    table under the other, and could merge the rows under two sets of IDs
+    (found by a read-only review): the second is refused while the first
+    runs, and may go once it ended."""
+    df = frame(spark, [f"o{i}" for i in range(50)])
+    first = ingestion(spark, df, dsn, ingest_id="once")
+    first.begin()
+    second = ingestion(spark, df, dsn, ingest_id="once")
+    with pytest.raises(IngestError, match="ingestion 'once' is running now"):
+        second.begin()
+    with pytest.raises(IngestError, match="is running now"):
+        write_jobs(df, "lake", nodes=dsn, ingest_id="once")
+    other = ingestion(spark, df, dsn, ingest_id="other")
+    other.begin()  # another id is not held
+    other.finish()
+    first.finish()
+    assert write_jobs(df, "lake", nodes=dsn, ingest_id="once").jobs == 50
+    assert client.qlen("lake") == 50
+
+
 def test_a_failure_while_counting_names_the_ingestion(spark, client, dsn):
     """The count pass ran outside the failure wrapper: an input Spark could
     not read (a file of another format, a failing expression) came out as a
