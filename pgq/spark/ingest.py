@@ -44,6 +44,7 @@ from ..errors import (
     IngestError,
     InvalidArgumentError,
     InvalidTypeError,
+    LeavingError,
     NoReplError,
     PausedError,
     PgqError,
@@ -289,6 +290,7 @@ class Ingestion:
                 if conn.execute(sql.QUEUE_PAUSED_IN, {"queue": plan.queue}).fetchone()[0]:  # type: ignore[index]
                     raise PausedError(f"queue {plan.queue!r} is paused for input on {node.name}: "
                                       "unpause it (pgq pause QUEUE none) and run again")
+                _refuse_leaving(conn, node)
                 states.append(conn.execute(sql.INGEST_STATE, {"ingest_id": plan.ingest_id}).fetchone())
         for node, state in zip(self.nodes, states, strict=True):
             if state is not None and (state[0] != plan.queue or state[3] != plan.fingerprint()):
@@ -423,6 +425,7 @@ class Ingestion:
             if conn.execute(sql.QUEUE_PAUSED_IN, {"queue": plan.queue}).fetchone()[0]:  # type: ignore[index]
                 raise PausedError(f"queue {plan.queue!r} was paused for input on {target.name} "
                                   "during the ingestion: unpause it and run it again")
+            _refuse_leaving(conn, target)
             tombstoned = conn.execute(sql.staging(sql.TOMBSTONED, plan.staging_table)).fetchone()[0]  # type: ignore[index]
             inserted, present = self._insert_staged(conn, node, skip_acked=tombstoned > 0)
             if inserted + tombstoned + present != expected:
@@ -518,6 +521,15 @@ class Ingestion:
         return IngestResult(self.plan.ingest_id, self.plan.queue, created, self.plan.replicate,
                             {self.nodes[i].name: c for i, c in zip(pending, counts, strict=True)},
                             False, time.perf_counter() - started)
+
+
+def _refuse_leaving(conn: psycopg.Connection[Any], node: _Node) -> None:
+    """A node leaving its cluster takes no new job nor copy, as ADDJOB's;
+    an ingestion stored them there, counted as one of the W holders, on a
+    node about to be removed (found by a read-only review)."""
+    if conn.execute(sql.NODE_LEAVING).fetchone()[0]:  # type: ignore[index]
+        raise LeavingError(f"{node.name} is leaving its cluster and takes no new jobs: "
+                           "ingest into other nodes (or `pgq cluster leaving no` there)")
 
 
 def _check_body_column(df: Any, body_col: str) -> str:

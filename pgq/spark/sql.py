@@ -12,7 +12,7 @@ from ..contracts import JOBS_CHANNEL
 
 __all__ = ["staging", "NODE", "INGEST_STATE", "RECORD_INGEST", "LOCK_INGEST", "QUEUE_PAUSED_IN",
            "CREATE_STAGING", "DROP_STAGING", "TOMBSTONED", "PRESENT", "merge_staged", "MARK_MERGED",
-           "NOTIFY_QUEUE", "CLUSTER_MEMBERS", "HOLD_INGEST", "SEQ_BOUNDS", "JOB_COUNT"]
+           "NOTIFY_QUEUE", "CLUSTER_MEMBERS", "HOLD_INGEST", "NODE_LEAVING", "SEQ_BOUNDS", "JOB_COUNT"]
 
 
 def staging(statement: str, table: str) -> pgsql.Composed:
@@ -50,6 +50,10 @@ ON CONFLICT (ingest_id) DO NOTHING
 LOCK_INGEST = """
 SELECT state FROM pgq.ingests WHERE ingest_id = %(ingest_id)s FOR UPDATE
 """
+
+# A node leaving its cluster takes no new job nor copy (ADD_JOBS and
+# STORE_COPIES refuse there): nor does an ingestion.
+NODE_LEAVING = "SELECT EXISTS (SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true')"
 
 QUEUE_PAUSED_IN = """
 SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all'))

@@ -278,6 +278,25 @@ def test_one_run_of_an_ingestion_at_a_time(spark, client, dsn):
     assert client.qlen("lake") == 50
 
 
+def test_a_leaving_node_takes_no_ingested_jobs(spark, client, db, dsn):
+    """As ADDJOB and STORE_COPIES refuse there (found by a read-only review)."""
+    from pgq.contracts import SET_LEAVING
+
+    df = frame(spark, [f"l{i}" for i in range(20)])
+    db.execute(SET_LEAVING, {"leaving": True})
+    with pytest.raises(pgq.errors.LeavingError, match="is leaving its cluster"):
+        write_jobs(df, "lake", nodes=dsn)
+    run = ingestion(spark, df, dsn)
+    db.execute(SET_LEAVING, {"leaving": False})
+    run.begin()
+    run.stage(run.prepare(), 0)
+    db.execute(SET_LEAVING, {"leaving": True})  # a leave begun during the ingestion
+    with pytest.raises(pgq.errors.LeavingError):
+        run.merge(0)
+    run.finish()
+    assert client.qlen("lake") == 0
+
+
 def test_a_failure_while_counting_names_the_ingestion(spark, client, dsn):
     """The count pass ran outside the failure wrapper: an input Spark could
     not read (a file of another format, a failing expression) came out as a
