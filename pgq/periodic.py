@@ -98,6 +98,16 @@ log = logging.getLogger("pgq.periodic")
 DEFAULT_CATCH_UP = 3600.0
 ON_TIME = 60.0  # seconds: the scheduler's longest sleep between two looks (_until_next)
 HOME_TIMEOUT = 5  # seconds: to connect to the tick home, and for its claim
+# A look's own connection to its database: bounded, as the client's pooled
+# ones are (a bare connect waited for the TCP timeout, about 2 minutes, on a
+# host that dropped packets, and a look waited on a lock for ever; the
+# worker's stop waited for the look's thread all that time; found by a
+# read-only review). Seconds to connect; milliseconds for a statement (an
+# add waits for its copies: pgq's default add timeout is far below) and a
+# lock.
+LOOK_CONNECT_TIMEOUT = 10
+LOOK_STATEMENT_TIMEOUT_MS = 60_000
+LOOK_LOCK_TIMEOUT_MS = 10_000
 _ADD_OPTIONS = ("replicate", "retry", "ttl")
 
 
@@ -347,7 +357,7 @@ class Scheduler:
         # whose add is refused (a paused queue, NOREPL) is logged and
         # retried at the next look, and the others' jobs are added (one
         # transaction for all rolled every schedule back, and stopped them).
-        with psycopg.connect(self.client.dsn, autocommit=True) as conn:
+        with look_connection(self.client.dsn) as conn:
             now = now or database_now(conn)
             schedules = load(conn)
             for schedule, last in schedules:
@@ -491,8 +501,18 @@ class Scheduler:
 
     def seconds_to_next(self, now: dt.datetime | None = None) -> float:
         """Until the next tick of any schedule (at most 60 s: schedules change)."""
-        with psycopg.connect(self.client.dsn) as conn:
+        with look_connection(self.client.dsn) as conn:
             return _until_next(load(conn), now or database_now(conn))
+
+
+def look_connection(dsn: str) -> psycopg.Connection[Any]:
+    """A connection for one look at the schedules (see LOOK_CONNECT_TIMEOUT),
+    autocommit: each schedule's tick is its own transaction."""
+    from .dsn import connection_settings
+
+    bounds = f"-c statement_timeout={LOOK_STATEMENT_TIMEOUT_MS} -c lock_timeout={LOOK_LOCK_TIMEOUT_MS}"
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=LOOK_CONNECT_TIMEOUT,
+                           **connection_settings(dsn, bounds, "pgq-scheduler"))
 
 
 def _no_answer(home: TickHome, how: str) -> PgqError:

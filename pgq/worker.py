@@ -441,7 +441,7 @@ class Worker:
         serves anything: a worker that stops at once has saved them)."""
         from . import periodic
 
-        with psycopg.connect(self.client.dsn, autocommit=True) as conn:
+        with periodic.look_connection(self.client.dsn) as conn:
             for schedule in self.schedules:
                 periodic.save(conn, schedule)  # by the database's clock
             home = periodic.tick_home(conn)

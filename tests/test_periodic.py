@@ -265,6 +265,28 @@ def test_one_job_per_tick_in_a_cluster_whichever_nodes_hold_the_schedule(two_nod
             c.close()
 
 
+def test_a_look_does_not_wait_for_ever_on_a_locked_table(client, dsn, monkeypatch):
+    """A look's connection had no lock (nor statement, nor connect) timeout:
+    behind a migration or VACUUM FULL holding pgq.periodic it waited for as
+    long, in a thread the worker's stop then waited for (found by a
+    read-only review). The lock timeout is made short here; the lock is held
+    up to 20 s (TableLock), far longer."""
+    import time
+
+    from .conftest import TableLock
+
+    monkeypatch.setattr(periodic, "LOOK_LOCK_TIMEOUT_MS", 200)
+    lock = TableLock(dsn, "pgq.periodic")
+    lock.take()
+    try:
+        started = time.monotonic()
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            periodic.Scheduler(client).fire_due()
+        assert time.monotonic() - started < 10  # (the lock would have held it 20 s)
+    finally:
+        lock.release()
+
+
 def test_a_tick_home_that_does_not_answer_delays_the_tick(two_nodes, caplog):
     _save(two_nodes[1:], _every5("late", "late-ticks"), _every5("later", "late-ticks"))
     with psycopg.connect(two_nodes[1], autocommit=True) as conn:
