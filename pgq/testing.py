@@ -114,7 +114,7 @@ def pgq_client(pgq_dsn: str) -> Iterator[Any]:
 
 def run_jobs(worker: Any) -> Any:
     """Run ``worker`` (a :class:`pgq.Worker`) in this thread until none of
-    its queues has a job ready and none is running; its
-    :class:`~pgq.worker.WorkerStats`. Jobs not ready yet (delayed, or NACKed
-    with a back-off after a failure) stay queued."""
+    its queues has a job ready and none is running; the
+    :class:`~pgq.worker.WorkerStats` of this run. Jobs not ready yet
+    (delayed, or NACKed with a back-off after a failure) stay queued."""
     return worker.run(install_signal_handlers=False, until_empty=True)

@@ -333,7 +333,8 @@ class Worker:
 
     def run(self, *, install_signal_handlers: bool | None = None,
             until_empty: bool = False) -> WorkerStats:
-        """Run until stopped (SIGTERM, SIGINT or ``stop()``); returns the stats.
+        """Run until stopped (SIGTERM, SIGINT or ``stop()``); returns this
+        run's stats (``worker.stats``: those of the run under way, or the last).
 
         ``until_empty``: stop by itself once no job of its queues is ready and
         none is running (tests, batch scripts); jobs not ready yet (delayed,
@@ -388,6 +389,11 @@ class Worker:
 
     def _new_run(self, until_empty: bool) -> None:
         """The state of one run (in the event loop that runs it)."""
+        # Each run counts its own: run() and run_jobs() returned the sums of
+        # every run of the worker, so a second run_jobs(worker) said it had
+        # done the first one's jobs too (Prometheus' counters, pgq.metrics,
+        # are the ones that never go down).
+        self.stats = WorkerStats()
         self._until_empty = until_empty
         self._stopping = anyio.Event()
         self._grace_over = anyio.Event()  # a second signal: NACK the running jobs now
