@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import ipaddress
 import logging
 import os
 import socket
@@ -117,23 +118,44 @@ def close_bound(bound: Bound) -> None:
             sock.close()
 
 
-def _listen(role: str, host: str, port: int) -> list[socket.socket]:
+def _addresses(role: str, host: str, port: int) -> list[tuple[int, tuple[Any, ...]]]:
+    """Where to listen for ``host``: an address as it is; a name (or "",
+    every interface) as getaddrinfo resolves it for a server, with
+    AI_ADDRCONFIG as anyio's listener had (``localhost`` without ::1 on a
+    host with no IPv6 address). Not for an address: glibc ignores loopback
+    there, so ``::1`` in a container with IPv6 on ``lo`` only was refused
+    (found by a review of the first version)."""
+    flags = socket.AI_PASSIVE
     try:
-        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                   flags=socket.AI_PASSIVE | socket.AI_ADDRCONFIG)
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        flags |= socket.AI_ADDRCONFIG
+    try:
+        found = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=flags)
     except OSError as exc:
         raise PgqError(f"cannot listen on {host}:{port} for {role}: {exc.strerror or exc} "
                        "(give an address or a name this machine resolves)") from None
-    addresses = sorted({(family, address[:2]) for family, _, _, _, address in found})
+    # the whole address: an IPv6 link-local one keeps its scope
+    return sorted({(family, address) for family, _, _, _, address in found})
+
+
+def _listen(role: str, host: str, port: int) -> list[socket.socket]:
+    """Bound and listening now: a bound socket that does not listen yet
+    leaves its port to another socket with SO_REUSEADDR (Linux lets both
+    bind), so two fronts given one port would both pass. Connections that
+    come before the front serves wait in the backlog."""
     sockets: list[socket.socket] = []
     try:
-        for family, address in addresses:
+        for family, address in _addresses(role, host, port):
             sock = socket.socket(family, socket.SOCK_STREAM)
             sockets.append(sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and len(addresses) > 1:
-                # both families bound apart: the IPv6 socket takes IPv6 only
+            if family == socket.AF_INET6:
+                # IPv6 only, whatever the bindv6only sysctl says, as uvicorn's
+                # and anyio's listeners had: `::` does not take IPv4 too
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:  # a name's addresses share the port picked first
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
             sock.bind(address)
             sock.listen(LISTEN_BACKLOG)
             sock.setblocking(False)

@@ -426,6 +426,34 @@ def test_a_port_in_use_is_one_line_and_status_1(dsn):
                                    "it is in use (another server there? choose another port)")
 
 
+def test_fronts_bind_addresses_as_the_servers_did():
+    """The fronts' sockets are bound before anything serves
+    (pgq.fronts.bind_fronts): `::` takes IPv6 only (uvicorn's and anyio's
+    listeners set IPV6_V6ONLY; left to the sysctl it took IPv4 too, and
+    clashed with a server on 0.0.0.0), an address is not filtered by
+    AI_ADDRCONFIG (`::1` was refused on hosts with IPv6 on loopback only),
+    and port 0 gives a name's addresses one port."""
+    import socket
+
+    from pgq.fronts import Fronts, bind_fronts, close_bound
+    from pgq.ports import free_port
+
+    port = free_port()
+    bound = bind_fronts(Fronts(http=("::", port)))
+    try:
+        [six] = bound["http"]
+        assert six.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 1
+        with socket.socket() as four:  # the IPv4 wildcard on the same port is free
+            four.bind(("0.0.0.0", port))
+    finally:
+        close_bound(bound)
+    bound = bind_fronts(Fronts(resp=("", 0)))
+    try:
+        assert len({sock.getsockname()[1] for sock in bound["resp"]}) == 1
+    finally:
+        close_bound(bound)
+
+
 def test_the_command_has_help():
     result = CliRunner().invoke(cli_main, ["dashboard", "--help"])
     assert result.exit_code == 0 and "--token-file" in result.output and "read-only" in result.output
