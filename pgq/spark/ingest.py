@@ -62,6 +62,10 @@ __all__ = ["write_jobs", "IngestResult", "Ingestion", "resolve_nodes"]
 
 Progress = Callable[[str], None]
 DEFAULT_REPLICATION = 3
+# The connections that hold an ingestion (Ingestion._hold) sit idle while
+# Spark runs: libpq keepalives, so a dead one is noticed by both ends.
+HOLD_KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                   "keepalives_count": 3}
 WRITE_BATCH_SIZE = 10_000
 # An executor holds a whole JDBC batch: 10,000 bodies of 1 MiB would be
 # about 10 GiB per task, where a default executor heap is 1 GiB.
@@ -121,9 +125,9 @@ def resolve_nodes(nodes: str | Sequence[str] | None) -> list[str]:
     return dsns
 
 
-def _connect(dsn: str) -> psycopg.Connection[Any]:
+def _connect(dsn: str, **options: Any) -> psycopg.Connection[Any]:
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, **options)
     except psycopg.OperationalError as exc:
         raise IngestError(f"cannot reach node database {_safe(dsn)}: {_safe(str(exc))}".strip()) \
             from exc
@@ -252,8 +256,8 @@ class Ingestion:
     def begin(self) -> None:
         """Check the targets and how far earlier runs got (no change yet),
         holding the ingestion on every target until :meth:`finish`."""
-        self._hold()
         try:
+            self._hold()
             self._check_targets()
         except BaseException:
             self._release()
@@ -267,11 +271,17 @@ class Ingestion:
         sets of IDs (every job twice), or the second reported the first's
         jobs as its own (found by a read-only review)."""
         for node in self.nodes:
-            conn = _connect(node.dsn)
+            # Idle for the whole Spark run: keepalives, or a NAT or a load
+            # balancer that dropped it left the lock to a session the server
+            # kept for hours, and every re-run was refused meanwhile.
+            conn = _connect(node.dsn, **HOLD_KEEPALIVES)
             self._holding.append(conn)
-            held = conn.execute(sql.HOLD_INGEST, {"ingest_id": self.plan.ingest_id}).fetchone()[0]  # type: ignore[index]
+            try:
+                held = conn.execute(sql.HOLD_INGEST, {"ingest_id": self.plan.ingest_id}).fetchone()[0]  # type: ignore[index]
+            except psycopg.Error as exc:
+                raise IngestError(f"cannot hold ingestion {self.plan.ingest_id!r} on {node.name}: "
+                                  f"{_safe(str(exc))}".strip()) from exc
             if not held:
-                self._release()
                 raise IngestError(
                     f"ingestion {self.plan.ingest_id!r} is running now (another run holds it on "
                     f"{node.name}): wait for it to end, then run it again (nodes merged are "
@@ -280,8 +290,25 @@ class Ingestion:
     def _release(self) -> None:
         for conn in self._holding:
             with contextlib.suppress(psycopg.Error):
-                conn.close()  # (the session's advisory lock goes with it)
+                # (the session's lock goes with its connection too, unless a
+                # pooler in front keeps the server session)
+                conn.execute(sql.RELEASE_INGEST, {"ingest_id": self.plan.ingest_id})
+            with contextlib.suppress(psycopg.Error):
+                conn.close()
         self._holding = []
+
+    def _still_held(self) -> None:
+        """Before the merges: the hold of every target is still there (a
+        connection lost during the Spark run took its lock with it, and
+        another run of the ingestion may have begun)."""
+        for node, conn in zip(self.nodes, self._holding, strict=True):
+            try:
+                conn.execute("SELECT 1")
+            except psycopg.Error as exc:
+                raise IngestError(
+                    f"ingestion {self.plan.ingest_id!r} lost its hold on {node.name} "
+                    f"({_safe(str(exc)).strip()}): nothing was merged there; run it again with "
+                    f"ingest_id={self.plan.ingest_id!r}") from exc
 
     def _check_targets(self) -> None:
         plan, states = self.plan, []
@@ -290,8 +317,10 @@ class Ingestion:
                 if conn.execute(sql.QUEUE_PAUSED_IN, {"queue": plan.queue}).fetchone()[0]:  # type: ignore[index]
                     raise PausedError(f"queue {plan.queue!r} is paused for input on {node.name}: "
                                       "unpause it (pgq pause QUEUE none) and run again")
-                _refuse_leaving(conn, node)
-                states.append(conn.execute(sql.INGEST_STATE, {"ingest_id": plan.ingest_id}).fetchone())
+                state = conn.execute(sql.INGEST_STATE, {"ingest_id": plan.ingest_id}).fetchone()
+                if state is None or state[1] != "merged":  # a merged node takes nothing more
+                    _refuse_leaving(conn, node, "")
+                states.append(state)
         for node, state in zip(self.nodes, states, strict=True):
             if state is not None and (state[0] != plan.queue or state[3] != plan.fingerprint()):
                 raise InvalidArgumentError(
@@ -422,10 +451,11 @@ class Ingestion:
                 conn.execute(sql.staging(sql.DROP_STAGING, plan.staging_table))  # ours, if any
                 self.merged.add(node)
                 return 0
+            again = f" (then run the ingestion again with ingest_id={plan.ingest_id!r})"
             if conn.execute(sql.QUEUE_PAUSED_IN, {"queue": plan.queue}).fetchone()[0]:  # type: ignore[index]
                 raise PausedError(f"queue {plan.queue!r} was paused for input on {target.name} "
-                                  "during the ingestion: unpause it and run it again")
-            _refuse_leaving(conn, target)
+                                  f"during the ingestion: unpause it{again}")
+            _refuse_leaving(conn, target, again)
             tombstoned = conn.execute(sql.staging(sql.TOMBSTONED, plan.staging_table)).fetchone()[0]  # type: ignore[index]
             inserted, present = self._insert_staged(conn, node, skip_acked=tombstoned > 0)
             if inserted + tombstoned + present != expected:
@@ -510,6 +540,7 @@ class Ingestion:
                 with ThreadPoolExecutor(max_workers=len(pending)) as pool, \
                         self._failing("writing the rows to the nodes"):
                     list(pool.map(lambda i: self.stage(prepared, i), pending))
+            self._still_held()
             with ThreadPoolExecutor(max_workers=len(pending)) as pool, \
                     self._failing("merging the rows into the jobs"):
                 counts = list(pool.map(self.merge, pending))
@@ -523,13 +554,14 @@ class Ingestion:
                             False, time.perf_counter() - started)
 
 
-def _refuse_leaving(conn: psycopg.Connection[Any], node: _Node) -> None:
+def _refuse_leaving(conn: psycopg.Connection[Any], node: _Node, again: str) -> None:
     """A node leaving its cluster takes no new job nor copy, as ADDJOB's;
     an ingestion stored them there, counted as one of the W holders, on a
     node about to be removed (found by a read-only review)."""
     if conn.execute(sql.NODE_LEAVING).fetchone()[0]:  # type: ignore[index]
         raise LeavingError(f"{node.name} is leaving its cluster and takes no new jobs: "
-                           "ingest into other nodes (or `pgq cluster leaving no` there)")
+                           f"`pgq cluster leaving no` there{again}, or ingest into other nodes "
+                           "under a new ingest id")
 
 
 def _check_body_column(df: Any, body_col: str) -> str:

@@ -12,7 +12,8 @@ from ..contracts import JOBS_CHANNEL
 
 __all__ = ["staging", "NODE", "INGEST_STATE", "RECORD_INGEST", "LOCK_INGEST", "QUEUE_PAUSED_IN",
            "CREATE_STAGING", "DROP_STAGING", "TOMBSTONED", "PRESENT", "merge_staged", "MARK_MERGED",
-           "NOTIFY_QUEUE", "CLUSTER_MEMBERS", "HOLD_INGEST", "NODE_LEAVING", "SEQ_BOUNDS", "JOB_COUNT"]
+           "NOTIFY_QUEUE", "CLUSTER_MEMBERS", "HOLD_INGEST", "RELEASE_INGEST", "NODE_LEAVING",
+           "SEQ_BOUNDS", "JOB_COUNT"]
 
 
 def staging(statement: str, table: str) -> pgsql.Composed:
@@ -34,6 +35,7 @@ CLUSTER_MEMBERS = "SELECT id FROM pgq.cluster_nodes WHERE status = 'alive'"
 # Held by a run of an ingestion for its whole length, on every target
 # (pgq.spark.ingest.Ingestion._hold); the class id spells "pgqI".
 HOLD_INGEST = "SELECT pg_try_advisory_lock(1885827401, hashtext(%(ingest_id)s))"
+RELEASE_INGEST = "SELECT pg_advisory_unlock(1885827401, hashtext(%(ingest_id)s))"
 
 INGEST_STATE = """
 SELECT queue, state, started_ms, params, jobs FROM pgq.ingests WHERE ingest_id = %(ingest_id)s

@@ -291,10 +291,16 @@ def test_a_leaving_node_takes_no_ingested_jobs(spark, client, db, dsn):
     run.begin()
     run.stage(run.prepare(), 0)
     db.execute(SET_LEAVING, {"leaving": True})  # a leave begun during the ingestion
-    with pytest.raises(pgq.errors.LeavingError):
-        run.merge(0)
+    with pytest.raises(pgq.errors.LeavingError, match=f"ingest_id={run.plan.ingest_id!r}"):
+        run.merge(0)  # (the message names the ingestion to run again)
     run.finish()
     assert client.qlen("lake") == 0
+    # A node that merged takes nothing more: its leave does not stop a
+    # re-run that finds the ingestion done there (it was refused).
+    db.execute(SET_LEAVING, {"leaving": False})
+    write_jobs(df, "lake", nodes=dsn, ingest_id="left-after")
+    db.execute(SET_LEAVING, {"leaving": True})
+    assert write_jobs(df, "lake", nodes=dsn, ingest_id="left-after").already_done
 
 
 def test_a_failure_while_counting_names_the_ingestion(spark, client, dsn):
