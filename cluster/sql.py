@@ -728,12 +728,15 @@ WITH ranked AS (
     -- concurrent claim skip it and move its floor past it, with no epoch
     -- move to bring it back (a claim that does that moves the epoch). A
     -- row a claim holds is skipped here: the export comes up short.
+    -- `IS TRUE`: no partial index's predicate matches it, so the rows are
+    -- found by their ctid (as `state = 'queued'`, the generic plan made on
+    -- a fresh node walked the whole of jobs_queued_idx, every queued job).
     SELECT j.ctid FROM pgq.jobs j
     WHERE j.ctid = ANY (ARRAY(
         SELECT ctid FROM (SELECT * FROM ranked UNION ALL SELECT * FROM ready) AS c
         GROUP BY ctid, priority, ctime
         ORDER BY priority DESC, ctime LIMIT %(count)s))
-      AND j.state = 'queued'
+      AND (j.state = 'queued') IS TRUE
     FOR UPDATE SKIP LOCKED
 ), moved AS (
     DELETE FROM pgq.jobs j

@@ -907,8 +907,12 @@ UPDATE pgq.jobs SET
                       THEN pgq.now() + retry * interval '1 second' END,
     cluster_requeue_at = CASE WHEN retry > 0 AND cardinality(nodes_delivered) > 1
                               THEN pgq.now() + retry * interval '1 second' END
-WHERE id = ANY (%(ids)s::text[]) AND state = 'queued' AND expires_at > pgq.now()
+WHERE id = ANY (%(ids)s::text[]) AND (state = 'queued') IS TRUE AND expires_at > pgq.now()
 """
+# (`IS TRUE`: the same test, which no partial index's predicate matches. As
+# `state = 'queued'`, the generic plan made on a fresh node's empty table
+# walked the whole of jobs_queued_idx, every queued job, with the IDs as a
+# filter, instead of probing jobs_pkey: found by the plan check's walk test.)
 
 # WORKING: postpone the next re-queue by RETRY (dequeueing the job if it is
 # queued). TOOLATE once half the TTL has elapsed, so a worker cannot keep a
@@ -1145,12 +1149,15 @@ SELECT (SELECT count(*) FROM stored), (SELECT count(*) FROM expired)
 # letter: a worker dead-letters a failed job first and stores its error
 # next, so a wait between the two (or after a store that failed) read
 # "gone, no result" and said NoJobError for a task that failed (found by a
-# read-only review). dead_letters_id_idx.
+# read-only review). The latest by max(seq) over dead_letters_id_idx: an
+# ORDER BY seq needs a sort, which pgq's sessions turn off, and its generic
+# plan walked the whole of dead_letters_pkey backwards at every poll
+# (found by a review of the first version).
 READ_RESULT = """
 SELECT r.value, r.error, r.id IS NOT NULL AS kept,
        EXISTS (SELECT 1 FROM pgq.jobs j WHERE j.id = %(id)s) AS held,
-       (SELECT d.reason FROM pgq.dead_letters d WHERE d.id = %(id)s
-        ORDER BY d.seq DESC LIMIT 1) AS dead
+       (SELECT d.reason FROM pgq.dead_letters d
+        WHERE d.seq = (SELECT max(l.seq) FROM pgq.dead_letters l WHERE l.id = %(id)s)) AS dead
 FROM (SELECT 1) AS one
 LEFT JOIN pgq.results r ON r.id = %(id)s AND r.expires_at > pgq.now()
 """
