@@ -366,6 +366,14 @@ class Scheduler:
                     continue
                 try:
                     job_id = self._fire(conn, schedule, tick)
+                except (psycopg.errors.LockNotAvailable, psycopg.errors.QueryCanceled) as exc:
+                    # This schedule's row or queue waited past the look's
+                    # bounds (another scheduler holds it): the others go on,
+                    # this one at the next look (both are OperationalErrors,
+                    # which ended the whole look).
+                    log.warning("periodic: %s waited too long for its tick %s (tried again at "
+                                "the next look): %s", schedule.name, tick.isoformat(), exc)
+                    continue
                 except psycopg.OperationalError:
                     raise  # the connection: no schedule can go on
                 except _NodeDown as exc:  # so it is for every schedule: one warning a look
@@ -508,10 +516,14 @@ class Scheduler:
 def look_connection(dsn: str) -> psycopg.Connection[Any]:
     """A connection for one look at the schedules (see LOOK_CONNECT_TIMEOUT),
     autocommit: each schedule's tick is its own transaction."""
+    from psycopg.conninfo import conninfo_to_dict
+
     from .dsn import connection_settings
 
     bounds = f"-c statement_timeout={LOOK_STATEMENT_TIMEOUT_MS} -c lock_timeout={LOOK_LOCK_TIMEOUT_MS}"
-    return psycopg.connect(dsn, autocommit=True, connect_timeout=LOOK_CONNECT_TIMEOUT,
+    # the DSN's own connect_timeout stands (a keyword argument replaced it)
+    timeout = conninfo_to_dict(dsn).get("connect_timeout") or LOOK_CONNECT_TIMEOUT
+    return psycopg.connect(dsn, autocommit=True, connect_timeout=timeout,
                            **connection_settings(dsn, bounds, "pgq-scheduler"))
 
 

@@ -76,7 +76,14 @@ from .aio import AsyncClient
 from .backoff import doubling
 from .client import Client
 from .dsn import redact
-from .errors import InvalidArgumentError, InvalidTypeError, NoJobError, PgqError, TooLateError
+from .errors import (
+    DatabaseUnavailableError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    NoJobError,
+    PgqError,
+    TooLateError,
+)
 from .handlerthreads import HandlerThreads
 from .job import Job
 from .leases import LeaseSchedule
@@ -432,8 +439,14 @@ class Worker:
             async with anyio.create_task_group() as jobs:
                 for _ in range(self.concurrency):
                     jobs.start_soon(self._runner)
-                await self._claim_until_stopped()
-                await self._drain(jobs)
+                try:
+                    await self._claim_until_stopped()
+                    await self._drain(jobs)
+                except anyio.get_cancelled_exc_class():
+                    # The run itself is cancelled: the jobs being settled get
+                    # SETTLE_MAX, not as long as the database takes.
+                    self._bound_settling(SETTLE_MAX)
+                    raise
                 jobs.cancel_scope.cancel()  # the runners, idle by now
             if self._cut:  # failures whose NACK the drain's end cut off: none left leased
                 await self._interrupt(dict(self._cut), "cut off as the worker stopped")
@@ -710,6 +723,12 @@ class Worker:
             finally:
                 self._leases.discard(job.id)
             if failure is not None:
+                if job.id in self._given_up:
+                    # Failed as the drain's end gave it up (back in its queue,
+                    # or dead-lettered, and counted interrupted): a NACK now
+                    # would hit the job another worker may hold by now.
+                    log.info("worker: job %s of %s failed after it was given up", job.id, job.queue)
+                    return
                 await self._failed(task, job, failure)
                 return
             if job.id in self._given_up:
@@ -964,11 +983,20 @@ class Worker:
         if (extending := self._extending.get(job.id)) is not None:
             await extending.wait()
         self._settling.add(job.id)  # a shutdown leaves it to this (its back-off stands)
-        outcome = "failed"  # unless settled (cut off by a second signal: back after its retry)
+        outcome = "failed"
         try:
-            with self._settle_scope():
+            with self._settle_scope() as settling:
                 outcome = await self._settle_failure(job, opts, reason, failure.trace, over, policy,
                                                      nacks)
+            if settling.cancelled_caught:
+                # Cut off (a second signal, or SETTLE_MAX past the grace):
+                # settled with the run's other cut jobs (_interrupt: given
+                # back, an at-most-once one dead-lettered, counted there).
+                # Swallowed by the scope, the cut once left an at-most-once
+                # job in no queue and no dead letter (found by a review).
+                if job.id not in self._given_up:
+                    self._cut[job.id] = job
+                return
         except (PgqError, psycopg.Error) as exc:
             # The database refused or is away: the job stays claimed and
             # comes back after its retry, as if this worker had died. Never
@@ -1023,13 +1051,19 @@ class Worker:
     async def _keep(self, job: Job, value: bytes | None, error: str | None) -> bool:
         """Store a result before the ACK (a crash between them reruns the
         job, whose result then overwrites this one). False: the database
-        did not take it (away, or refused)."""
+        was away (the job then runs again to keep it); True once stored, or
+        refused for good."""
         assert self.keep_results is not None
         try:
             await self.client.store_result(job.id, value, error=error, keep=self.keep_results)
-        except (PgqError, psycopg.Error) as exc:
+        except (DatabaseUnavailableError, psycopg.OperationalError) as exc:
             log.warning("worker: could not keep the result of job %s: %s", job.id, exc)
             return False
+        except (PgqError, psycopg.Error) as exc:
+            # Refused for good (no right to write pgq.results, say): not
+            # running the job again and again until its TTL for it.
+            log.warning("worker: could not keep the result of job %s (it is acknowledged "
+                        "without one): %s", job.id, exc)
         return True
 
     # ------------------------------------------------------------ acks

@@ -285,6 +285,18 @@ def test_a_look_does_not_wait_for_ever_on_a_locked_table(client, dsn, monkeypatc
         assert time.monotonic() - started < 10  # (the lock would have held it 20 s)
     finally:
         lock.release()
+    # One schedule's row held by another session (a scheduler adding its
+    # job): that schedule waits for the next look, the others fire (its
+    # lock timeout, an OperationalError, ended the whole look).
+    start = at("2026-11-25T08:52")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for name in ("held", "free"):
+            periodic.save(conn, periodic.Schedule(name, "*/5 * * * *", f"{name}-ticks"), start)
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT 1 FROM pgq.periodic WHERE name = 'held' FOR UPDATE")
+        fired = periodic.Scheduler(client).fire_due(at("2026-11-25T08:55"))
+    assert [name for name, _, _ in fired] == ["free"]
+    assert [name for name, _, _ in periodic.Scheduler(client).fire_due(at("2026-11-25T08:55"))] == ["held"]
 
 
 def test_a_tick_home_that_does_not_answer_delays_the_tick(two_nodes, caplog):

@@ -707,6 +707,22 @@ def test_a_result_the_database_did_not_take_is_kept_by_the_next_run(client, monk
     assert client.wait_result(once, timeout=0) == (b'{"run":2}', None)
 
 
+def test_a_result_refused_for_good_does_not_run_the_job_again(client, monkeypatch):
+    # Not away but refused (no right to write pgq.results, say): the job was
+    # left unacknowledged and ran again at every retry until its TTL (found
+    # by a review); it is acknowledged without its result.
+    import psycopg
+
+    async def refuse(self, *args, **kwargs):
+        raise psycopg.errors.InsufficientPrivilege("permission denied for table results")
+
+    monkeypatch.setattr(pgq.AsyncClient, "store_result", refuse)
+    job_id = client.add_job("refused", b"x", retry=30)
+    worker = pgq.Worker(client, queues=["refused"], handler=lambda job: 1, keep_results=60)
+    assert pgq.testing.run_jobs(worker).succeeded == 1
+    assert client.show(job_id) is None
+
+
 class _AwayDatabase:
     """The worker's client while its database is away: each call raises
     what pgq.AsyncClient raises then (a unit test of the worker's rule for
@@ -961,6 +977,86 @@ def test_a_failure_being_nacked_at_the_drains_end_keeps_its_back_off():
             release.set()
         assert left == {} and client.given_back == [] and nacked == [((job.id,), 7.0)]
         assert worker.stats.failed == 1
+
+    anyio.run(main)
+
+
+def test_an_at_most_once_failure_cut_off_while_settled_is_dead_lettered_at_the_end():
+    """A second signal cut off the dead letter of an at-most-once job whose
+    handler had failed: the shielded scope swallowed the cut, and the job
+    was in no queue and no dead letter, never delivered again (found by a
+    review of the settling scopes). It is settled with the run's cut jobs."""
+    worker = pgq.Worker("dbname=unused", concurrency=1)
+
+    @worker.task("q")
+    async def handle(job: pgq.Job) -> None:
+        raise ValueError("no")
+
+    client = _Settling()
+    letting, recorded = anyio.Event(), client.dead_letter
+
+    async def dead_letter_hangs_once(*ids: str, reason: str) -> int:
+        if not letting.is_set():
+            letting.set()
+            await anyio.sleep_forever()  # the database does not answer in time
+        return await recorded(*ids, reason=reason)
+
+    client.dead_letter = dead_letter_hangs_once  # type: ignore[method-assign]
+
+    async def main() -> None:
+        worker.client = client  # type: ignore[assignment]
+        worker._new_run(until_empty=False)
+        job = _job(7, retry=0.0)
+        async with anyio.create_task_group() as jobs:
+            await _hand_over(worker, jobs, job)
+            await letting.wait()
+            assert worker._unsettled() == {}  # being settled: not the drain's to give back
+            worker._bound_settling(0.0)  # a second signal
+            jobs.cancel_scope.cancel()
+        assert list(worker._cut) == [job.id]
+        await worker._interrupt(dict(worker._cut), "cut off as the worker stopped")
+        assert client.dead == [job.id] and client.given_back == []
+        assert (worker.stats.failed, worker.stats.interrupted) == (0, 1)  # counted once
+
+    anyio.run(main)
+
+
+def test_a_job_failing_as_it_is_given_up_is_not_nacked_after():
+    """A handler that failed in the turn the drain's end gave its job back
+    went on to NACK it (now that settling is shielded): a back-off on a job
+    another worker may hold by then, and counted failed and interrupted."""
+    worker = pgq.Worker("dbname=unused", concurrency=1)
+    release: list[anyio.Event] = []
+
+    @worker.task("q")
+    async def handle(job: pgq.Job) -> None:
+        await release[0].wait()
+        raise ValueError("no")
+
+    client = _Settling()
+    nacked: list[str] = []
+
+    async def nack_job(*ids: str, delay: float | None = None) -> int:
+        nacked.extend(ids)
+        return len(ids)
+
+    client.nack_job = nack_job  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        worker.client = client  # type: ignore[assignment]
+        worker._new_run(until_empty=False)
+        release.append(anyio.Event())
+        job = _job(8, retry=5.0)
+        async with anyio.create_task_group() as jobs:
+            await _hand_over(worker, jobs, job)
+            while worker._ready:  # the runner took it: the handler waits
+                await anyio.lowlevel.checkpoint()
+            release[0].set()  # it fails...
+            # ...as the drain's end comes, with no turn of the loop between
+            jobs.cancel_scope.cancel()
+            await worker._interrupt(worker._unsettled(), "a test's stop")
+        assert client.given_back == [job.id] and nacked == []
+        assert (worker.stats.failed, worker.stats.interrupted) == (0, 1)
 
     anyio.run(main)
 
