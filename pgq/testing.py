@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,10 @@ import pytest
 
 __all__ = ["TestServer", "run_jobs", "pgq_server", "pgq_dsn", "pgq_client"]
 
+# The session's template database is this, then its own suffix: sessions
+# sharing a server (pytest-xdist's workers, two CI jobs, a run after a
+# killed one) each had "pgq_testing_template", and the second failed on
+# it, or dropped it under the first's feet (found by a read-only review).
 TEMPLATE = "pgq_testing_template"
 _numbers = itertools.count()
 
@@ -47,11 +52,16 @@ class TestServer:
 
     admin_dsn: str  # a role that may create databases, on database 'postgres'
     home: Path | None = None  # embedded server directory (None: PGQ_TEST_ADMIN_DSN)
+    template: str = TEMPLATE  # this session's migrated template database
 
     def dsn_for(self, database: str) -> str:
+        """A URL, as the embedded server's (a key=value DSN here broke a
+        project's `pgq_dsn.replace("postgresql://", ...)` in CI only)."""
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-        return make_conninfo("", **{**conninfo_to_dict(self.admin_dsn), "dbname": database})
+        from .dsn import libpq_url
+
+        return libpq_url(make_conninfo("", **{**conninfo_to_dict(self.admin_dsn), "dbname": database}))
 
     def create(self, name: str, template: str | None = None) -> str:
         """A new database (from ``template``); its DSN."""
@@ -87,16 +97,19 @@ def pgq_server() -> Iterator[TestServer]:
     from .migrate import migrate
 
     for server in _start_server():
-        migrate(server.create(TEMPLATE))
-        yield server
-        server.drop(TEMPLATE)
+        server.template = f"{TEMPLATE}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        try:
+            migrate(server.create(server.template))
+            yield server
+        finally:
+            server.drop(server.template)
 
 
 @pytest.fixture
 def pgq_dsn(pgq_server: TestServer) -> Iterator[str]:
     """A fresh, migrated database for this test only (dropped after it)."""
     name = f"pgq_testing_{os.getpid()}_{next(_numbers)}"
-    dsn = pgq_server.create(name, TEMPLATE)
+    dsn = pgq_server.create(name, pgq_server.template)
     try:
         yield dsn
     finally:
