@@ -56,15 +56,25 @@ def sync_connection(conn: object) -> psycopg.Connection[Any]:
         raise InvalidTypeError(f"{_SYNC_HELP}; use pgq.AsyncClient for async connections")
     try:
         from sqlalchemy.engine import Connection as SAConnection
+        from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
+        from sqlalchemy.ext.asyncio import AsyncSession as SAAsyncSession
         from sqlalchemy.orm import Session as SASession
+        from sqlalchemy.orm import scoped_session
     except ImportError:  # pragma: no cover - SQLAlchemy is a dependency
         raise InvalidTypeError(_SYNC_HELP) from None
+    if isinstance(conn, scoped_session):  # Flask-SQLAlchemy's db.session: its Session
+        conn = conn()
+    if isinstance(conn, (SAAsyncSession, SAAsyncConnection)):
+        raise InvalidTypeError(f"{_SYNC_HELP}; use pgq.AsyncClient for an {type(conn).__name__}")
     if isinstance(conn, SASession):
         conn = conn.connection()
     if isinstance(conn, SAConnection):
         raw = _driver_connection(conn)
         if isinstance(raw, psycopg.Connection):
             return raw
+        if isinstance(raw, psycopg.AsyncConnection):  # a Session of AsyncSession.run_sync
+            raise InvalidTypeError(f"{_SYNC_HELP}; this one runs on an async psycopg "
+                                   "connection: use pgq.AsyncClient (outside run_sync)")
         raise InvalidTypeError(f"{_SYNC_HELP}; this one uses {type(raw).__module__}")
     raise InvalidTypeError(f"{_SYNC_HELP}, not {type(conn).__name__}")
 
@@ -78,8 +88,11 @@ async def async_connection(conn: object) -> psycopg.AsyncConnection[Any]:
     try:
         from sqlalchemy.ext.asyncio import AsyncConnection as SAAsyncConnection
         from sqlalchemy.ext.asyncio import AsyncSession as SAAsyncSession
+        from sqlalchemy.ext.asyncio import async_scoped_session
     except ImportError:  # pragma: no cover
         raise InvalidTypeError(_ASYNC_HELP) from None
+    if isinstance(conn, async_scoped_session):
+        conn = conn()
     if isinstance(conn, SAAsyncSession):
         conn = await conn.connection()
     if isinstance(conn, SAAsyncConnection):

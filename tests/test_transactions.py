@@ -136,6 +136,21 @@ def test_sqlalchemy_session(client, engine, orders):
     assert orders.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
 
 
+def test_a_scoped_session_is_its_session(client, engine):
+    # Flask-SQLAlchemy's db.session is a scoped_session, not a Session: it
+    # was refused ("not scoped_session"), though the guide says Session.
+    from sqlalchemy.orm import scoped_session, sessionmaker
+
+    scoped = scoped_session(sessionmaker(engine))
+    try:
+        new_id = client.add_job("sa-scoped", b"x", conn=scoped)
+        assert client.show(new_id) is None  # in the session's transaction, not committed yet
+        scoped.commit()
+        assert client.show(new_id)["state"] == "queued"
+    finally:
+        scoped.remove()
+
+
 def test_sqlalchemy_connection(client, engine):
     with engine.connect() as conn:
         job_id = client.add_job("sa", b"x", conn=conn)
