@@ -77,11 +77,11 @@ from .backoff import doubling
 from .client import Client
 from .dsn import redact
 from .errors import (
-    DatabaseUnavailableError,
     InvalidArgumentError,
     InvalidTypeError,
     NoJobError,
     PgqError,
+    SchemaNotReadyError,
     TooLateError,
 )
 from .handlerthreads import HandlerThreads
@@ -982,18 +982,24 @@ class Worker:
             log.warning("worker: job %s of %s failed (%s)", job.id, job.queue, reason)
         if (extending := self._extending.get(job.id)) is not None:
             await extending.wait()
+            if job.id in self._given_up:
+                # The drain's end gave it up during that wait (anyio does not
+                # cancel a task whose wake-up is due): settled there.
+                return
         self._settling.add(job.id)  # a shutdown leaves it to this (its back-off stands)
         outcome = "failed"
         try:
             with self._settle_scope() as settling:
                 outcome = await self._settle_failure(job, opts, reason, failure.trace, over, policy,
                                                      nacks)
-            if settling.cancelled_caught:
-                # Cut off (a second signal, or SETTLE_MAX past the grace):
-                # settled with the run's other cut jobs (_interrupt: given
-                # back, an at-most-once one dead-lettered, counted there).
-                # Swallowed by the scope, the cut once left an at-most-once
-                # job in no queue and no dead letter (found by a review).
+            if settling.cancelled_caught and job.retry == 0:
+                # Cut off (a second signal, or SETTLE_MAX past the grace): an
+                # at-most-once job is settled with the run's other cut jobs
+                # (_interrupt: dead-lettered, counted there). Swallowed by
+                # the scope, the cut once left it in no queue and no dead
+                # letter (found by a review). An at-least-once one comes back
+                # after its retry (its NACK may have committed before the
+                # cut: given back now, it would lose its back-off).
                 if job.id not in self._given_up:
                     self._cut[job.id] = job
                 return
@@ -1056,14 +1062,16 @@ class Worker:
         assert self.keep_results is not None
         try:
             await self.client.store_result(job.id, value, error=error, keep=self.keep_results)
-        except (DatabaseUnavailableError, psycopg.OperationalError) as exc:
-            log.warning("worker: could not keep the result of job %s: %s", job.id, exc)
-            return False
-        except (PgqError, psycopg.Error) as exc:
-            # Refused for good (no right to write pgq.results, say): not
-            # running the job again and again until its TTL for it.
+        except _REFUSED_FOR_GOOD as exc:
+            # (no right to write pgq.results, a schema not migrated): not
+            # running the job again and again until its TTL for it
             log.warning("worker: could not keep the result of job %s (it is acknowledged "
                         "without one): %s", job.id, exc)
+        except (PgqError, psycopg.Error) as exc:
+            # Away, or a standby after a failover (read-only), a timeout: the
+            # job runs again after its retry and keeps its result then.
+            log.warning("worker: could not keep the result of job %s: %s", job.id, exc)
+            return False
         return True
 
     # ------------------------------------------------------------ acks
@@ -1148,6 +1156,10 @@ def _log_level(level: object) -> int:
     raise InvalidArgumentError(f"job_log_level must be a logging level (logging.INFO, or "
                                f"'INFO'), not {level!r}")
 
+
+# What a result's store meets that a later try would meet too.
+_REFUSED_FOR_GOOD = (psycopg.ProgrammingError, psycopg.DataError, psycopg.IntegrityError,
+                     InvalidArgumentError, InvalidTypeError, SchemaNotReadyError)
 
 # The start of a kept result's error when the job succeeded but its value
 # could not be encoded (pgq.Tasks.result tells it from a failure by it).

@@ -1061,6 +1061,49 @@ def test_a_job_failing_as_it_is_given_up_is_not_nacked_after():
     anyio.run(main)
 
 
+def test_a_failure_waiting_for_its_working_as_the_job_is_given_up_is_not_nacked():
+    """A failed job waits for its WORKING in flight before it is settled; the
+    WORKING's answer came in the turn the drain's end gave the job back, and
+    anyio does not cancel a task whose wake-up is due: the failure was then
+    NACKed (or dead-lettered) beside the give-back (found by a review)."""
+    worker = pgq.Worker("dbname=unused", concurrency=1)
+    failing = anyio.Event()
+
+    @worker.task("q")
+    async def handle(job: pgq.Job) -> None:
+        failing.set()
+        raise ValueError("no")
+
+    client = _Settling()
+    nacked: list[str] = []
+
+    async def nack_job(*ids: str, delay: float | None = None) -> int:
+        nacked.extend(ids)
+        return len(ids)
+
+    client.nack_job = nack_job  # type: ignore[attr-defined]
+
+    async def main() -> None:
+        worker.client = client  # type: ignore[assignment]
+        worker._new_run(until_empty=False)
+        job = _job(9, retry=5.0)
+        worker._extending[job.id] = extending = anyio.Event()  # a WORKING in flight
+        async with anyio.create_task_group() as jobs:
+            await _hand_over(worker, jobs, job)
+            await failing.wait()
+            for _ in range(5):  # the runner reaches the wait for the WORKING
+                await anyio.lowlevel.checkpoint()
+            extending.set()  # its answer, in the same turn as the drain's end
+            left = worker._unsettled()
+            jobs.cancel_scope.cancel()
+            del worker._extending[job.id]
+            await worker._interrupt(left, "a test's stop")
+        assert client.given_back == [job.id] and nacked == []
+        assert (worker.stats.failed, worker.stats.interrupted) == (0, 1)
+
+    anyio.run(main)
+
+
 def test_the_runs_last_ack_flush_waits_for_one_in_flight():
     """The last flush found the IDs taken by a flush still in flight, said
     nothing, and when that one failed its IDs were never acknowledged."""
