@@ -609,14 +609,31 @@ WHERE id = ANY (%(ids)s::text[]) AND retry > 0 AND state IN ('queued', 'active')
 # ENQUEUE from a leaving node: the job is ours to queue now. Never an
 # at-most-once job delivered here, as REQUEUE refuses one (a stray or
 # crafted ENQUEUE delivered it twice).
+#
+# A job never queued whose DELAY has not run out (an add with a delay on a
+# leaving node) stays active until then, as its origin would have kept it
+# (requeue_at: queued by the sweep at its due time). It was queued at once,
+# its delay ignored (found by a review of docs/cluster-protocol.md).
 APPLY_ENQUEUE = f"""
-WITH done AS (
-    UPDATE pgq.jobs SET state = 'queued', queued_at = pgq.now(), requeue_at = NULL,
-        cluster_requeue_at = NULL, enqueues = enqueues + 1
+WITH target AS (
+    SELECT id, enqueues = 0 AND delay > 0
+               AND to_timestamp(ctime / 1e9) + delay * interval '1 second' > pgq.now() AS waits,
+           to_timestamp(ctime / 1e9) + delay * interval '1 second' AS due
+    FROM pgq.jobs
     WHERE id = ANY (%(ids)s::text[]) AND state = 'active' AND NOT (retry = 0 AND deliveries > 0)
-    RETURNING queue
+    FOR UPDATE
+), done AS (
+    UPDATE pgq.jobs j SET
+        state = CASE WHEN t.waits THEN 'active' ELSE 'queued' END,
+        queued_at = CASE WHEN t.waits THEN j.queued_at ELSE pgq.now() END,
+        requeue_at = CASE WHEN t.waits THEN t.due END,
+        cluster_requeue_at = NULL,
+        enqueues = j.enqueues + (NOT t.waits)::integer
+    FROM target t WHERE j.id = t.id
+    RETURNING j.queue, t.waits
 )
-SELECT count(pg_notify('{JOBS_CHANNEL}', q.queue)) FROM (SELECT DISTINCT queue FROM done) AS q
+SELECT count(pg_notify('{JOBS_CHANNEL}', q.queue))
+FROM (SELECT DISTINCT queue FROM done WHERE NOT waits) AS q
 """
 
 # Re-queue timers run by the node, in one statement (the node runs it ten

@@ -141,9 +141,14 @@ NODE_ID = f"SELECT {meta('node_id')}"
 # waits for the DELJOB) does not count: it keeps late copies out while the
 # node runs, and a DELJOB lost once made `pgq cluster leave` wait for the
 # job's TTL (a day by default).
+# (A job waiting for its copies counts whatever its holders say: a leaving
+# node stores an add's row with no holder, '{}', until its copies are made
+# elsewhere and it is handed over; uncounted, `pgq cluster leave` said the
+# node was safe to stop while an add it had answered lived only there.)
 HELD_BY_NODE = """
 SELECT (SELECT count(*) FROM pgq.jobs
-        WHERE nodes_delivered IS NULL OR %(myself)s = ANY (nodes_delivered))
+        WHERE nodes_delivered IS NULL OR %(myself)s = ANY (nodes_delivered)
+           OR state = 'wait-repl')
      + (SELECT count(*) FROM pgq.acks
         WHERE (nodes IS NOT NULL OR dummy) AND expires_at > pgq.now())
 """

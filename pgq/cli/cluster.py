@@ -68,14 +68,19 @@ def _require_node(dsn: str) -> str:
 
 
 def _set_leaving(dsn: str, leaving: bool) -> str:
-    """The flag in the node's database, then the word to its process;
-    returns the node's id."""
+    """The flag in the node's database and the word to its process, in one
+    transaction (as CLUSTER LEAVING's): apart, a failure between the two
+    left the database refusing copies while its process never told the
+    cluster it was leaving (found by a review of the protocol's doc).
+    Returns the node's id."""
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True, connect_timeout=10) as conn:
-        conn.execute(contracts.SET_LEAVING, {"leaving": leaving})
+        with conn.transaction():
+            conn.execute(contracts.SET_LEAVING, {"leaving": leaving})
+            conn.execute(contracts.TELL_NODE, {"kind": contracts.OUTBOX_LEAVING, "queue": None,
+                                               "arg": "yes" if leaving else "no"})
         myself = conn.execute(contracts.NODE_ID).fetchone()
-    _tell_node(dsn, contracts.OUTBOX_LEAVING, "yes" if leaving else "no")
     return str(myself[0]) if myself else ""
 
 

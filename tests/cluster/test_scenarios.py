@@ -1084,6 +1084,40 @@ def test_a_leaving_node_drains_through_federation_and_takes_no_copy(sim_database
 
 
 
+def test_a_delayed_job_handed_over_by_a_leaving_node_keeps_its_delay(sim_databases):
+    """A leaving node hands a new add to one of its copies' holders with
+    ENQUEUE, which queued it at once: an add with DELAY 4 was delivered at
+    once (found by a review of docs/cluster-protocol.md). And until the
+    hand-over, the leaving node counts the add as held (the next test)."""
+    s = cluster(sim_databases)
+    s.leaving("n3")
+    s.until(lambda: priority(s, "n1", "n3") == 100, 3.0, "the leaving flag to spread",
+            every=0.1)
+    s.run_for(1.1)  # the clients' view of the cluster is cached for a second
+    params = arguments.job_params(replicate=None, delay=4, retry=None, ttl=600, maxlen=None,
+                                  asynchronous=False, timeout=None)
+    [job] = s.do("n3", lambda ses: commands.add_jobs(ses, "later", [b"x"], params), "a delayed add")
+    s.until(lambda: "n3" not in s.holders(job), 3.0, "the leaving node to hand it over")
+    assert s.queued_on(job) == [], s.holders(job)  # still delayed (its add was 4 s ago at most)
+    assert s.get("n1", queue="later") == [] and s.get("n2", queue="later") == []
+    s.until(lambda: s.queued_on(job) != [] or any(j.id == job for j in s.get("n1", queue="later")
+                                                   + s.get("n2", queue="later")),
+            8.0, "the job once its delay ran out", every=0.25)
+
+
+def test_a_leaving_node_counts_an_add_waiting_for_its_copies_as_held(sim_databases):
+    """A leaving node stores an add's row with no holder ('{}') until its
+    copies are made elsewhere; HELD_BY_NODE did not count it, and `pgq
+    cluster leave` said the node was safe to stop while an add it had
+    answered lived only there (found by a review of the protocol's doc)."""
+    s = cluster(sim_databases)
+    job = s.add("n1", b"x", replicate=1)
+    s.sql("n1", "UPDATE pgq.jobs SET state = 'wait-repl', nodes_delivered = '{}' WHERE id = %(id)s",
+          {"id": job})  # as a leaving node stores an add until its hand-over
+    myself = s.node("n1").node_id
+    assert s.sql("n1", contracts.HELD_BY_NODE, {"myself": myself})[0][0] == 1
+
+
 # ------------------------------------------------------------ membership
 
 def test_a_node_forgotten_while_another_was_down_stays_forgotten(sim_databases):
