@@ -239,11 +239,13 @@ def test_home_unreachable_by_the_server_user_is_explained(monkeypatch):
 
 
 def test_container_settings_open_the_server_on_purpose(tmp_path, monkeypatch):
-    import socket
+    from pgq.ports import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    # From the servers' pool, above the ephemeral range (pgq.ports): a port
+    # probed with bind(0) was taken as an outgoing connection's source port
+    # before PostgreSQL bound it, and the server came up on IPv6 only (a CI
+    # run: "connection refused" on 127.0.0.1).
+    port = free_port("0.0.0.0", reuse_address=True, servers=True)
     monkeypatch.setenv("PGQ_EMBEDDED_PASSWORD", "known-password-for-containers")
     monkeypatch.setenv("PGQ_EMBEDDED_PORT", str(port))
     monkeypatch.setenv("PGQ_EMBEDDED_LISTEN", "*")
