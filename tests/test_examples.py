@@ -58,6 +58,12 @@ def test_fastapi_an_order_and_its_job_commit_together(fastapi_http: TestClient, 
     assert (stats.succeeded, stats.failed) == (1, 0)
     assert orders(db, "orders")[0][-1] == "shipped"
     assert client.qlen("shipping") == 0 and all_jobs(client) == []
+    # A job naming no order of this app fails (retried, then dead-lettered):
+    # it was acknowledged, shipping nothing (or another app's order number).
+    stray = client.add_job(fastapi_app.QUEUE, json.dumps({"order_id": order_id + 1000}), retry=60)
+    stats = run_jobs(pgq.Worker(client, queues=[fastapi_app.QUEUE], handler=fastapi_app.ship_order,
+                                transactional=True))
+    assert (stats.succeeded, stats.failed) == (0, 1) and client.show(stray)["nacks"] == 1
 
 
 def test_fastapi_a_failing_request_leaves_neither_order_nor_job(fastapi_http: TestClient, client: pgq.Client,
@@ -121,13 +127,16 @@ def test_django_an_order_and_its_job_commit_together(django_http: DjangoClient, 
     assert reply.status_code == 201, reply.content
     order_id, job_id = reply.json()["id"], reply.json()["job"]
     assert orders(db, "django_app_order") == [(order_id, "A-1", "book", 2, "new")]
-    assert all_jobs(client) == [("shipping", {"order_id": order_id, "sku": "book", "quantity": 2})]
+    assert all_jobs(client) == [("django-shipping", {"order_id": order_id, "sku": "book", "quantity": 2})]
     assert client.show(job_id)["state"] == "queued"
 
     stats = run_jobs(pgq.Worker(client, queues=[app_orders.QUEUE], handler=app_orders.ship_order))
     assert (stats.succeeded, stats.failed) == (1, 0)
     assert app_orders.Order.objects.get(pk=order_id).status == "shipped"
-    assert client.qlen("shipping") == 0 and all_jobs(client) == []
+    assert client.qlen("django-shipping") == 0 and all_jobs(client) == []
+    stray = client.add_job(app_orders.QUEUE, json.dumps({"order_id": order_id + 1000}), retry=60)
+    stats = run_jobs(pgq.Worker(client, queues=[app_orders.QUEUE], handler=app_orders.ship_order))
+    assert (stats.succeeded, stats.failed) == (0, 1) and client.show(stray)["nacks"] == 1
 
 
 def test_django_a_failing_request_leaves_neither_order_nor_job(django_http: DjangoClient, client: pgq.Client,
@@ -140,5 +149,5 @@ def test_django_a_failing_request_leaves_neither_order_nor_job(django_http: Djan
     duplicate = post(django_http, {**ORDER, "quantity": 5})  # UNIQUE (reference)
     assert duplicate.status_code == 409, duplicate.content
     assert [row[1:4] for row in orders(db, "django_app_order")] == [("A-1", "book", 2)]
-    assert [queue for queue, _ in all_jobs(client)] == ["shipping"]
-    assert client.qlen("shipping") == 1
+    assert [queue for queue, _ in all_jobs(client)] == ["django-shipping"]
+    assert client.qlen("django-shipping") == 1

@@ -114,4 +114,6 @@ def ship_order(job: pgq.Job, conn: psycopg.Connection[Any]) -> None:
     """The worker's handler (run with ``--transactional``): marks the order
     shipped; this update and the job's ACK commit together."""
     order_id = json.loads(job.body)["order_id"]
-    conn.execute("UPDATE orders SET status = 'shipped' WHERE id = %s", (order_id,))
+    shipped = conn.execute("UPDATE orders SET status = 'shipped' WHERE id = %s", (order_id,))
+    if shipped.rowcount != 1:  # not this app's order: fail (retried, then dead-lettered), never ack
+        raise LookupError(f"no order {order_id} to ship")

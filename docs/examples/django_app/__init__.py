@@ -5,7 +5,7 @@ A minimal project configured in code (no settings module, no
 app. ``orders.py`` holds the ``Order`` model, the view and the worker's
 handler; ``__main__.py`` is its ``manage.py``.
 
-``POST /orders`` creates an ``Order`` and adds a job to the ``shipping``
+``POST /orders`` creates an ``Order`` and adds a job to the ``django-shipping``
 queue inside one ``transaction.atomic()`` block. pgq runs its statements on
 the connection Django uses (``django.db.connection.connection``, a psycopg 3
 connection with Django 4.2+), so the job commits with the order, or rolls

@@ -1,6 +1,6 @@
 """The Django example's ``manage.py``: ``python -m docs.examples.django_app COMMAND``.
 
-``worker`` runs a pgq worker on the ``shipping`` queue (until SIGTERM or
+``worker`` runs a pgq worker on the ``django-shipping`` queue (until SIGTERM or
 Ctrl-C); any other command is Django's (``runserver``, ``shell``, ...), run
 after the orders table is created if it is missing.
 """

@@ -17,7 +17,7 @@ import pgq
 
 from . import client
 
-QUEUE = "shipping"
+QUEUE = "django-shipping"  # its own: the FastAPI example's orders have IDs from 1 too
 
 
 class Order(models.Model):
@@ -58,7 +58,9 @@ urlpatterns = [path("orders", create_order)]
 def ship_order(job: pgq.Job) -> None:
     """The worker's handler: marks the order shipped (idempotent, as an
     at-least-once job's handler should be: a job may run twice)."""
+    order_id = json.loads(job.body)["order_id"]
     try:
-        Order.objects.filter(pk=json.loads(job.body)["order_id"]).update(status="shipped")
+        if Order.objects.filter(pk=order_id).update(status="shipped") != 1:
+            raise LookupError(f"no order {order_id} to ship")  # retried, then dead-lettered
     finally:
         connection.close()  # the worker runs handlers in threads: leave no connection behind
