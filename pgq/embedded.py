@@ -780,6 +780,16 @@ def create_database(instance: Instance, name: str, template: str | None = None) 
         for schema in SCHEMAS:
             conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {}").format(
                 ident(schema), ident(instance.role)))
+        # The application's own tables go to public, not to pgq's schema:
+        # the role is named pgq, so the default search_path ("$user",
+        # public) put an unqualified CREATE TABLE orders (the README's quick
+        # start) in schema pgq, where `CREATE TABLE IF NOT EXISTS jobs`
+        # silently found pgq's own table, and dropping pgq's schema took
+        # the application's tables with it (found by a read-only review).
+        # pgq's own SQL names its schema everywhere.
+        conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA public TO {}").format(ident(instance.role)))
+        conn.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} SET search_path = public").format(
+            ident(instance.role), ident(name)))
 
 
 def _typed_os_errors(func: Callable[P, R]) -> Callable[P, R]:

@@ -557,3 +557,27 @@ def test_a_home_the_user_made_keeps_its_permissions(fresh_home):
         embedded.stop(made)
         embedded.stop(private)
         shutil.rmtree(private, ignore_errors=True)
+
+
+def test_an_applications_tables_go_to_public_not_to_pgqs_schema(server):
+    """The embedded server's role is named pgq, so the default search_path
+    ("$user", public) put an application's unqualified CREATE TABLE (the
+    README's `orders`) in pgq's schema: `CREATE TABLE IF NOT EXISTS jobs`
+    found pgq's own table, and dropping pgq's schema would take the
+    application's tables with it (found by a read-only review)."""
+    from .conftest import TEMPLATE
+
+    if server.home is None:
+        pytest.skip("the embedded server's databases only")
+    instance = embedded.ensure_running(server.home)
+    name = f"pgq_app_tables_{os.getpid()}"
+    embedded.create_database(instance, name, TEMPLATE)
+    try:
+        with psycopg.connect(instance.dsn_for(name), autocommit=True) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS jobs (title text)")
+            conn.execute("INSERT INTO jobs VALUES ('engineer')")
+            assert conn.execute("SELECT title FROM public.jobs").fetchall() == [("engineer",)]
+            assert conn.execute("SELECT count(*) FROM pgq.jobs").fetchone() == (0,)  # pgq's own
+    finally:
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
