@@ -611,9 +611,14 @@ WHERE id = ANY (%(ids)s::text[]) AND retry > 0 AND state IN ('queued', 'active')
 # crafted ENQUEUE delivered it twice).
 #
 # A job never queued whose DELAY has not run out (an add with a delay on a
-# leaving node) stays active until then, as its origin would have kept it
-# (requeue_at: queued by the sweep at its due time). It was queued at once,
-# its delay ignored (found by a review of docs/cluster-protocol.md).
+# leaving node) stays active until then, as its origin would have kept it:
+# requeue_at at its delay's end, and, with holders elsewhere, the timer
+# _delay_timer gives an origin's delayed copy (cluster_requeue_at = its
+# delay's end, counting nothing), so that TIMERS queues it then, announced
+# and exportable. It was queued at once, its delay ignored (found by a
+# review of docs/cluster-protocol.md); the first version of this left it
+# active with no timer, served only by a GET on this node (found by the
+# review of that).
 APPLY_ENQUEUE = f"""
 WITH target AS (
     SELECT id, enqueues = 0 AND delay > 0
@@ -627,7 +632,10 @@ WITH target AS (
         state = CASE WHEN t.waits THEN 'active' ELSE 'queued' END,
         queued_at = CASE WHEN t.waits THEN j.queued_at ELSE pgq.now() END,
         requeue_at = CASE WHEN t.waits THEN t.due END,
-        cluster_requeue_at = NULL,
+        cluster_requeue_at = CASE WHEN t.waits AND j.retry > 0 AND cardinality(j.nodes_delivered) > 1
+                                  THEN t.due END,
+        requeue_counts = CASE WHEN t.waits AND j.retry > 0 AND cardinality(j.nodes_delivered) > 1
+                              THEN false ELSE j.requeue_counts END,
         enqueues = j.enqueues + (NOT t.waits)::integer
     FROM target t WHERE j.id = t.id
     RETURNING j.queue, t.waits

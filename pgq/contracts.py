@@ -148,7 +148,7 @@ NODE_ID = f"SELECT {meta('node_id')}"
 HELD_BY_NODE = """
 SELECT (SELECT count(*) FROM pgq.jobs
         WHERE nodes_delivered IS NULL OR %(myself)s = ANY (nodes_delivered)
-           OR state = 'wait-repl')
+           OR (state = 'wait-repl' AND expires_at > pgq.now()))
      + (SELECT count(*) FROM pgq.acks
         WHERE (nodes IS NOT NULL OR dummy) AND expires_at > pgq.now())
 """

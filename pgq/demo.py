@@ -102,12 +102,13 @@ def run(nodes: list[LocalNode], opts: argparse.Namespace, verdict: dict[str, Any
     delivered: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
     errors: list[str] = []
+    stopping = threading.Event()  # Ctrl-C: the producers end with their batch in flight
 
     def produce(node: LocalNode, share: int) -> None:
         client = Client([node.dsn, *(n.dsn for n in nodes if n is not node)], reconnect_timeout=60)
         try:
             sent = 0
-            while sent < share:
+            while sent < share and not stopping.is_set():
                 batch = [b"job %d" % i for i in range(sent, min(share, sent + opts.batch))]
                 try:
                     ids = client.add_jobs(QUEUE, batch, replicate=2, retry=2, timeout=3)
@@ -175,6 +176,7 @@ def run(nodes: list[LocalNode], opts: argparse.Namespace, verdict: dict[str, Any
         # Ctrl-C too: the workers' threads are not daemons, and left running
         # they retried their claims on the stopped cluster for ever, so
         # the interpreter never exited (found by a read-only review).
+        stopping.set()
         for worker in workers:
             worker.stop()
         for thread in producers + consumers:

@@ -767,6 +767,7 @@ def create_database(instance: Instance, name: str, template: str | None = None) 
     ``pgq`` and ``pgq_staging`` owned by the instance's role (so it can
     migrate and use it without any other privilege)."""
     ident = sql.Identifier
+    created = False
     with _connect(instance.admin_dsn_for("postgres")) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
             statement = sql.SQL("CREATE DATABASE {}").format(ident(name))
@@ -774,6 +775,7 @@ def create_database(instance: Instance, name: str, template: str | None = None) 
                 statement += sql.SQL(" TEMPLATE {}").format(ident(template))
             with contextlib.suppress(psycopg.errors.DuplicateDatabase):
                 conn.execute(statement)
+                created = True
     if instance.admin_role is None:
         return
     with _connect(instance.admin_dsn_for(name)) as conn:
@@ -786,10 +788,14 @@ def create_database(instance: Instance, name: str, template: str | None = None) 
         # start) in schema pgq, where `CREATE TABLE IF NOT EXISTS jobs`
         # silently found pgq's own table, and dropping pgq's schema took
         # the application's tables with it (found by a read-only review).
-        # pgq's own SQL names its schema everywhere.
-        conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA public TO {}").format(ident(instance.role)))
-        conn.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} SET search_path = public").format(
-            ident(instance.role), ident(name)))
+        # pgq's own SQL names its schema everywhere. Only for a database
+        # made here and now: one made before may hold an application's
+        # tables in schema pgq, which its sessions must go on finding.
+        if created:
+            conn.execute(sql.SQL("GRANT USAGE, CREATE ON SCHEMA public TO {}").format(
+                ident(instance.role)))
+            conn.execute(sql.SQL("ALTER ROLE {} IN DATABASE {} SET search_path = public").format(
+                ident(instance.role), ident(name)))
 
 
 def _typed_os_errors(func: Callable[P, R]) -> Callable[P, R]:

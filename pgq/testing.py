@@ -42,6 +42,7 @@ __all__ = ["TestServer", "run_jobs", "pgq_server", "pgq_dsn", "pgq_client"]
 # it, or dropped it under the first's feet (found by a read-only review).
 TEMPLATE = "pgq_testing_template"
 _numbers = itertools.count()
+_SESSION = f"{os.getpid()}_{uuid.uuid4().hex[:8]}"
 
 
 @dataclass
@@ -97,7 +98,7 @@ def pgq_server() -> Iterator[TestServer]:
     from .migrate import migrate
 
     for server in _start_server():
-        server.template = f"{TEMPLATE}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+        server.template = f"{TEMPLATE}_{_SESSION}"
         try:
             migrate(server.create(server.template))
             yield server
@@ -108,7 +109,7 @@ def pgq_server() -> Iterator[TestServer]:
 @pytest.fixture
 def pgq_dsn(pgq_server: TestServer) -> Iterator[str]:
     """A fresh, migrated database for this test only (dropped after it)."""
-    name = f"pgq_testing_{os.getpid()}_{next(_numbers)}"
+    name = f"pgq_testing_{_SESSION}_{next(_numbers)}"  # (a pid repeats across containers)
     dsn = pgq_server.create(name, pgq_server.template)
     try:
         yield dsn

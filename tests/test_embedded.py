@@ -578,6 +578,14 @@ def test_an_applications_tables_go_to_public_not_to_pgqs_schema(server):
             conn.execute("INSERT INTO jobs VALUES ('engineer')")
             assert conn.execute("SELECT title FROM public.jobs").fetchall() == [("engineer",)]
             assert conn.execute("SELECT count(*) FROM pgq.jobs").fetchone() == (0,)  # pgq's own
+        # A database made before (its application's tables may sit in
+        # schema pgq) keeps its path when the launcher provisions it again.
+        with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name}_old TEMPLATE {TEMPLATE}")
+        embedded.create_database(instance, f"{name}_old", TEMPLATE)
+        with psycopg.connect(instance.dsn_for(f"{name}_old"), autocommit=True) as conn:
+            assert conn.execute("SHOW search_path").fetchone() == ('"$user", public',)
     finally:
         with psycopg.connect(server.admin_dsn, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            conn.execute(f"DROP DATABASE IF EXISTS {name}_old WITH (FORCE)")
