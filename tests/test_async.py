@@ -41,19 +41,23 @@ async def test_add_get_ack_round_trip(dsn):
 
 
 async def test_blocking_get_is_woken_and_cancellable(dsn):
-    async with pgq.AsyncClient(dsn) as consumer, pgq.AsyncClient(dsn) as producer:
+    # poll_interval 30: the blocked GET's polls (50 ms doubling) fall near
+    # 3.2 s and 6.4 s, so a job added 4 s in is found by a poll only ~2.2 s
+    # later; woken by its NOTIFY it comes at once. The bound (1.5 s) has room
+    # for a loaded machine (0.3 s failed there) and still tells the two apart.
+    async with pgq.AsyncClient(dsn, poll_interval=30) as consumer, pgq.AsyncClient(dsn) as producer:
         got = []
 
         async def consume():
-            got.extend(await consumer.get_job("aw", timeout=10))
+            got.extend(await consumer.get_job("aw", timeout=20))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(consume)
-            await anyio.sleep(0.4)
+            await anyio.sleep(4)  # between two polls (see above), not a proof
             start = time.monotonic()
             job_id = await producer.add_job("aw", b"x")
         assert [j.id for j in got] == [job_id]
-        assert time.monotonic() - start < 0.3
+        assert time.monotonic() - start < 1.5
         # cancelling a blocked get leaves no waiter behind: the client's
         # shared listener drops its registration once nobody has waited for
         # its linger (pgq.listener.LINGER, 1 s)

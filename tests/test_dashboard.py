@@ -438,7 +438,7 @@ def test_fronts_bind_addresses_as_the_servers_did():
     from pgq.fronts import Fronts, bind_fronts, close_bound
     from pgq.ports import free_port
 
-    port = free_port()
+    port = free_port("0.0.0.0")  # the wildcard's port: free on every address
     bound = bind_fronts(Fronts(http=("::", port)))
     try:
         [six] = bound["http"]

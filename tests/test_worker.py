@@ -688,7 +688,7 @@ def test_a_result_the_database_did_not_take_is_kept_by_the_next_run(client, monk
         await stored(self, *args, **kwargs)
 
     monkeypatch.setattr(pgq.AsyncClient, "store_result", store_once_away)
-    job_id = client.add_job("kept-later", b"x", retry=1)
+    job_id = client.add_job("kept-later", b"x", retry=3)  # (a slow run must not see it back)
     once = client.add_job("kept-later", b"y", retry=0)  # ran once: acknowledged all the same
     runs: list[bytes] = []
 
@@ -699,7 +699,7 @@ def test_a_result_the_database_did_not_take_is_kept_by_the_next_run(client, monk
     worker = pgq.Worker(client, queues=["kept-later"], handler=handler, keep_results=60, concurrency=1)
     assert pgq.testing.run_jobs(worker).succeeded == 2
     assert client.show(job_id)["state"] == "active" and client.show(once) is None
-    wait_until(lambda: client.qlen("kept-later") == 1, 10, message="the job back after its retry")
+    wait_until(lambda: client.qlen("kept-later") == 1, 15, message="the job back after its retry")
     # each run counts its own (the second said 3: the sums of every run)
     assert pgq.testing.run_jobs(worker).succeeded == 1 and worker.stats.claimed == 1
     assert runs == [b"x", b"y", b"x"] and client.show(job_id) is None

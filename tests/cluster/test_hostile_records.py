@@ -56,9 +56,9 @@ async def _ignore(_peer: str, _message: m.Message) -> None:
 
 
 def test_a_link_to_an_address_that_never_answers_goes_once_unused():
-    with socket.socket() as closed:  # a port nobody listens on
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+    from pgq.ports import free_port
+
+    port = free_port("127.0.0.1")  # nobody listens there (not bind(0): a parallel test's pick)
 
     async def main() -> None:
         bus = Bus("a" * 40, b"s" * 32, "127.0.0.1", 0, handler=_ignore,
