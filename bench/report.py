@@ -80,13 +80,19 @@ def goals(results: Results) -> list[dict[str, Any]]:
                          _ratio(m(key, "pgq"), disque), 0.5))
     rows += resp_goals(results)
     for what in ("add", "get+ack"):
-        p99 = m(closed_loop_key(what, 50, True), "pgq", "p99")
-        rows.append((f"{what}, 50 clients: p99 ≤ 10 ms (value in ms)", p99 and p99 * 1000, ("≤", 10.0)))
+        for shared in (True, False):  # the label says which row: per thread is the slower one
+            key = closed_loop_key(what, 50, shared)
+            p99 = m(key, "pgq", "p99")
+            rows.append((f"{key}: p99 ≤ 10 ms (value in ms)", p99 and p99 * 1000, ("≤", 10.0)))
     for key in (REPEATED, HELD):
         rows.append((f"{key}: the last run ≥ 0.8× the first",
                      _ratio(m(key, "pgq", "last"), m(key, "pgq", "first")), 0.8))
-        rows.append((f"{key}: the last run ≥ 0.6× the raw-SQL floor's first",
-                     _ratio(m(key, "pgq", "last"), m(key, "raw SQL floor", "first")), 0.6))
+        # The bar is the floor's first run with no horizon held, for both: the
+        # held floor's first run has already collapsed (dead rows pile up
+        # during it), and against it the held goal read 0.65 met where the
+        # unheld bar gives 0.23 (found by a review of the bench).
+        rows.append((f"{key}: the last run ≥ 0.6× the raw-SQL floor's first (no horizon held)",
+                     _ratio(m(key, "pgq", "last"), m(REPEATED, "raw SQL floor", "first")), 0.6))
     cluster = results.cluster
     if cluster:
         w1, w3 = cluster.get("W=1 sync", {}), cluster.get("W=3 sync", {})
