@@ -89,10 +89,15 @@ def test_default_adds_go_on_while_a_node_is_down_but_not_declared_dead(make_clus
     cluster[2].process.send_signal(signal.SIGSTOP)  # silent, yet alive in everyone's view for seconds
     try:
         with cluster[0].client(direct_copies=False) as client:
-            started = time.monotonic()
-            jobs = [client.add_job("avail", b"%d" % i) for i in range(5)]
-            # each waits out the 0.5 s grace for the silent node, not the 5 s timeout
-            assert time.monotonic() - started < 4.5
+            jobs, took = [], []
+            for i in range(5):
+                started = time.monotonic()
+                jobs.append(client.add_job("avail", b"%d" % i))
+                took.append(time.monotonic() - started)
+            # each waits out the 0.5 s grace for the silent node, not the 5 s
+            # timeout (3 s: room for a loaded machine, short of the timeout;
+            # the five together under 4.5 s left 0.4 s a round trip)
+            assert max(took) < 3, took
             info = client.show(jobs[0])
             assert info["repl"] == 3 and len(info["nodes_confirmed"]) == 2
             # (later adds may see the node suspected already: W = 2 for them)
