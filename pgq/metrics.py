@@ -4,7 +4,9 @@ Each process gets its own registry and HTTP endpoint (``--metrics
 HOST:PORT``), so nothing leaks into an application's default registry.
 
 * Worker: ``pgq_worker_claim_seconds`` and ``pgq_worker_ack_seconds``
-  (histograms of the round trips), ``pgq_worker_jobs_total{queue,outcome}``.
+  (histograms of the calls: a claim blocks up to the worker's poll_timeout
+  while its queues are empty, so an idle worker's claims read about that
+  long; its busy ones are the round trips), ``pgq_worker_jobs_total{queue,outcome}``.
 * Node: ``pgq_queue_length``, ``pgq_queue_active``, ``pgq_jobs_in_total``,
   ``pgq_jobs_out_total`` (per queue, read from ``pgq.queue_stats`` when
   scraped), ``pgq_replication_seconds`` (histogram: new job to W copies),
@@ -76,7 +78,9 @@ def serve(registry: CollectorRegistry, listen: str) -> None:
 class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.claim = Histogram("pgq_worker_claim_seconds", "GETJOB round trip of the worker",
+        self.claim = Histogram("pgq_worker_claim_seconds",
+                               "GETJOB of the worker: its round trip, or up to poll_timeout "
+                               "while blocked on empty queues",
                                buckets=LATENCY_BUCKETS, registry=self.registry)
         self.ack = Histogram("pgq_worker_ack_seconds", "batched ACKJOB round trip",
                              buckets=LATENCY_BUCKETS, registry=self.registry)
