@@ -781,6 +781,9 @@ class _Settling:
         self.acked: list[tuple[str, ...]] = []
         self.ack_started = anyio.Event()
         self.release_ack: anyio.Event | None = None  # the first ACK waits for it, then fails
+        self.nacked: list[tuple[tuple[str, ...], float | None]] = []  # (ids, delay)
+        self.nack_started = anyio.Event()
+        self.release_nack: anyio.Event | None = None  # the first NACK waits for it
 
     def ids_command(self, name: str, ids: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
         return name, ids
@@ -807,6 +810,14 @@ class _Settling:
             await release.wait()
             raise pgq.errors.DatabaseUnavailableError("the database is away")
         self.acked.append(ids)
+        return len(ids)
+
+    async def nack_job(self, *ids: str, delay: float | None = None) -> int:
+        self.nack_started.set()
+        if self.release_nack is not None:
+            release, self.release_nack = self.release_nack, None
+            await release.wait()
+        self.nacked.append((ids, delay))
         return len(ids)
 
 
@@ -953,15 +964,7 @@ def test_a_failure_being_nacked_at_the_drains_end_keeps_its_back_off():
         raise ValueError("no")
 
     client = _Settling()
-    nacking, release, nacked = anyio.Event(), anyio.Event(), []
-
-    async def nack_job(*ids: str, delay: float | None = None) -> int:
-        nacking.set()
-        await release.wait()
-        nacked.append((ids, delay))
-        return len(ids)
-
-    client.nack_job = nack_job  # type: ignore[attr-defined]
+    client.release_nack = release = anyio.Event()
 
     async def main() -> None:
         worker.client = client  # type: ignore[assignment]
@@ -969,13 +972,13 @@ def test_a_failure_being_nacked_at_the_drains_end_keeps_its_back_off():
         job = _job(4, retry=5.0)
         async with anyio.create_task_group() as jobs:
             await _hand_over(worker, jobs, job)
-            await nacking.wait()
+            await client.nack_started.wait()
             left = worker._unsettled()
             worker._bound_settling(pgq.worker.SETTLE_MAX)
             jobs.cancel_scope.cancel()
             await worker._interrupt(left, "a test's stop")
             release.set()
-        assert left == {} and client.given_back == [] and nacked == [((job.id,), 7.0)]
+        assert left == {} and client.given_back == [] and client.nacked == [((job.id,), 7.0)]
         assert worker.stats.failed == 1
 
     anyio.run(main)
@@ -1034,13 +1037,6 @@ def test_a_job_failing_as_it_is_given_up_is_not_nacked_after():
         raise ValueError("no")
 
     client = _Settling()
-    nacked: list[str] = []
-
-    async def nack_job(*ids: str, delay: float | None = None) -> int:
-        nacked.extend(ids)
-        return len(ids)
-
-    client.nack_job = nack_job  # type: ignore[attr-defined]
 
     async def main() -> None:
         worker.client = client  # type: ignore[assignment]
@@ -1055,7 +1051,7 @@ def test_a_job_failing_as_it_is_given_up_is_not_nacked_after():
             # ...as the drain's end comes, with no turn of the loop between
             jobs.cancel_scope.cancel()
             await worker._interrupt(worker._unsettled(), "a test's stop")
-        assert client.given_back == [job.id] and nacked == []
+        assert client.given_back == [job.id] and client.nacked == []
         assert (worker.stats.failed, worker.stats.interrupted) == (0, 1)
 
     anyio.run(main)
@@ -1075,13 +1071,6 @@ def test_a_failure_waiting_for_its_working_as_the_job_is_given_up_is_not_nacked(
         raise ValueError("no")
 
     client = _Settling()
-    nacked: list[str] = []
-
-    async def nack_job(*ids: str, delay: float | None = None) -> int:
-        nacked.extend(ids)
-        return len(ids)
-
-    client.nack_job = nack_job  # type: ignore[attr-defined]
 
     async def main() -> None:
         worker.client = client  # type: ignore[assignment]
@@ -1098,7 +1087,7 @@ def test_a_failure_waiting_for_its_working_as_the_job_is_given_up_is_not_nacked(
             jobs.cancel_scope.cancel()
             del worker._extending[job.id]
             await worker._interrupt(left, "a test's stop")
-        assert client.given_back == [job.id] and nacked == []
+        assert client.given_back == [job.id] and client.nacked == []
         assert (worker.stats.failed, worker.stats.interrupted) == (0, 1)
 
     anyio.run(main)
