@@ -168,12 +168,6 @@ def _listen(role: str, host: str, port: int) -> list[socket.socket]:
     return sockets
 
 
-def check_free(fronts: Fronts) -> None:
-    """Raise PgqError if an address of ``fronts`` cannot be listened on now
-    (a probe: :func:`bind_fronts` keeps what it binds)."""
-    close_bound(bind_fronts(fronts))
-
-
 # How long a graceful stop lets HTTP requests finish before it cancels them.
 # A blocking lease or wait (up to httpapi.MAX_WAIT, 300 s) does not wait for
 # it: the stop answers it at once as its timeout would (httpapi's

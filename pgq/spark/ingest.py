@@ -184,10 +184,11 @@ def _replication(params: args.JobParams, nodes: list[_Node]) -> int:
     clustered = len(nodes) > 1 and all(n.active for n in nodes)
     wanted = params.replicate
     if wanted is None:
-        wanted = 1 if params.retry == 0 else min(DEFAULT_REPLICATION, max(n.reachable for n in nodes))
+        reachable = max(n.reachable for n in nodes)
+        wanted = 1 if params.retry == 0 else min(DEFAULT_REPLICATION, reachable)
         if wanted > len(nodes):
             raise NoReplError(
-                f"{nodes[0].name} is a node of a cluster of {max(n.reachable for n in nodes)}: its "
+                f"{nodes[0].name} is a node of a cluster of {reachable}: its "
                 f"jobs get {wanted} copies by default, as ADDJOB's, and {len(nodes)} target node(s) "
                 f"were given: list {wanted} nodes (nodes=[...], or --node for each), or ask for "
                 f"replicate={len(nodes)}")

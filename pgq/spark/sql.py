@@ -34,8 +34,9 @@ CLUSTER_MEMBERS = "SELECT id FROM pgq.cluster_nodes WHERE status = 'alive'"
 
 # Held by a run of an ingestion for its whole length, on every target
 # (pgq.spark.ingest.Ingestion._hold); the class id spells "pgqI".
-HOLD_INGEST = "SELECT pg_try_advisory_lock(1885827401, hashtext(%(ingest_id)s))"
-RELEASE_INGEST = "SELECT pg_advisory_unlock(1885827401, hashtext(%(ingest_id)s))"
+_INGEST_LOCK = "1885827401, hashtext(%(ingest_id)s)"
+HOLD_INGEST = f"SELECT pg_try_advisory_lock({_INGEST_LOCK})"
+RELEASE_INGEST = f"SELECT pg_advisory_unlock({_INGEST_LOCK})"
 
 INGEST_STATE = """
 SELECT queue, state, started_ms, params, jobs FROM pgq.ingests WHERE ingest_id = %(ingest_id)s
@@ -54,8 +55,9 @@ SELECT state FROM pgq.ingests WHERE ingest_id = %(ingest_id)s FOR UPDATE
 """
 
 # A node leaving its cluster takes no new job nor copy (ADD_JOBS and
-# STORE_COPIES refuse there): nor does an ingestion.
-NODE_LEAVING = "SELECT EXISTS (SELECT 1 FROM pgq.meta WHERE key = 'leaving' AND value = 'true')"
+# STORE_COPIES refuse there): nor does an ingestion. (The flag as the
+# cluster_state view reads it, for the node's clients too.)
+NODE_LEAVING = "SELECT leaving FROM pgq.cluster_state"
 
 QUEUE_PAUSED_IN = """
 SELECT EXISTS (SELECT 1 FROM pgq.queues WHERE name = %(queue)s AND paused IN ('in', 'all'))
