@@ -103,7 +103,7 @@ def bind_fronts(fronts: Fronts) -> Bound:
     bound: Bound = {}
     try:
         for front, (host, port) in fronts.addresses().items():
-            bound[front] = _listen(ROLES[front], host, port)
+            bound[front] = listen(ROLES[front], host, port)
     except BaseException:
         close_bound(bound)
         raise
@@ -139,7 +139,7 @@ def _addresses(role: str, host: str, port: int) -> list[tuple[int, tuple[Any, ..
     return sorted({(family, address) for family, _, _, _, address in found})
 
 
-def _listen(role: str, host: str, port: int) -> list[socket.socket]:
+def listen(role: str, host: str, port: int) -> list[socket.socket]:
     """Bound and listening now: a bound socket that does not listen yet
     leaves its port to another socket with SO_REUSEADDR (Linux lets both
     bind), so two fronts given one port would both pass. Connections that

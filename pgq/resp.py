@@ -958,9 +958,8 @@ async def _run_watched(stream: Any, parser: Parser, session: Session,
 async def _connection(stream: Any, client: AsyncClient, password: str | None,
                       max_clients: int = DEFAULT_MAX_CLIENTS) -> None:
     import anyio
-    from anyio.abc import SocketAttribute
 
-    local = stream.extra(SocketAttribute.local_address, None)  # (host, port, ...) on TCP
+    local = stream.local_address  # (host, port, ...) on TCP
     address = f"{local[0]}:{local[1]}" if isinstance(local, tuple) else None
     session = Session(client, password, address, max_clients)
     parser = Parser() if session.authenticated else \
@@ -1082,16 +1081,19 @@ async def serve(client: AsyncClient, host: str, port: int, password: str | None 
                 sockets: Sequence[socket.socket] | None = None) -> None:
     """Serve Disque's protocol on ``host:port`` until cancelled; on
     ``sockets`` instead when given (bound and listening: pgq.fronts binds
-    them before anything serves). They are closed at the end."""
-    import anyio
-    import anyio.abc
-    from anyio.streams.stapled import MultiListener
+    them before anything serves). They are closed at the end.
 
-    if sockets:
-        listener: Any = MultiListener(
-            [await anyio.abc.SocketListener.from_socket(sock) for sock in sockets])
-    else:
-        listener = await anyio.create_tcp_listener(local_host=host, local_port=port)
+    Connections are :class:`pgq.protostream.ProtocolStream`s, not anyio's
+    socket streams: a third of the server's CPU per request went to the
+    latter (see that module)."""
+    import anyio
+
+    from .fronts import ROLES, listen
+    from .protostream import ProtocolListener
+
+    if not sockets:
+        sockets = listen(ROLES["resp"], host, port)
+    listeners = [ProtocolListener(sock) for sock in sockets]
     if ready is not None:
         ready()
     cap, connected = fitted_max_clients(max_clients()), [0]
@@ -1114,6 +1116,10 @@ async def serve(client: AsyncClient, host: str, port: int, password: str | None 
             log.exception("pgq resp: a connection failed; it is closed")
 
     # One accept loop per socket (a name such as localhost may give two).
-    async with listener, anyio.create_task_group() as tasks:
-        for one in getattr(listener, "listeners", [listener]):
-            tasks.start_soon(accept_forever, one, handle, tasks, "pgq resp")
+    try:
+        async with anyio.create_task_group() as tasks:
+            for one in listeners:
+                tasks.start_soon(accept_forever, one, handle, tasks, "pgq resp")
+    finally:
+        for one in listeners:
+            await one.aclose()
