@@ -19,6 +19,7 @@ import psycopg
 
 from . import arguments as args
 from . import commands
+from .arguments import JobParams
 from .connecting import FIRST_CONNECT_TIMEOUT
 from .dsn import host_and_port as _host_and_port
 from .dsn import libpq_url
@@ -181,6 +182,16 @@ def pool_closed_error(closed: object, current: object,
     return DatabaseUnavailableError(f"the connection pool was closed: {exc}")
 
 
+# ADDJOB option values whose checked JobParams a client keeps (ClientCore._job_params):
+# immutable, hashable, compared by value; at most this many combinations.
+_MEMOIZABLE = frozenset({type(None), bool, int, float, str})
+_PARAMS_MEMO_SIZE = 256
+
+
+def _memoizable(values: Sequence[object]) -> bool:
+    return all(type(value) in _MEMOIZABLE for value in values)
+
+
 class ClientCore:
     """Options, DSN and command construction shared by both clients."""
 
@@ -207,6 +218,7 @@ class ClientCore:
         self._host, self._port = _host_and_port(self._dsn)
         self._node_id = ""
         self._last_sweep = 0.0
+        self._params_memo: dict[tuple[tuple[type, object], ...], JobParams] = {}
         self._returned = 0  # pooled connections given back (see _busy_pool)
         self._cluster = ClusterView(max_age=min(self.options.sweep_interval, 1.0))
 
@@ -323,19 +335,41 @@ class ClientCore:
         if isinstance(bodies, (str, bytes, bytearray, memoryview)):
             raise InvalidTypeError("add_jobs takes an iterable of bodies; use add_job for one body")
         data = [args.body_bytes(body, self.options.max_body_size) for body in _iterable(bodies, "bodies")]
-        params = args.job_params(
-            replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-            asynchronous=asynchronous, timeout=timeout, priority=priority, key=key,
-        )
+        params = self._job_params(replicate, delay, retry, ttl, maxlen, asynchronous, timeout,
+                                  priority, key)
         if params.key is not None and len(data) != 1:
             raise InvalidArgumentError(
                 "an idempotency key names one job: add keyed jobs one at a time with add_job")
-        if params.timeout is None:
-            # This client's default, carried by the call: a batch of the
-            # group commit (shared by the clients of one database in the
-            # process) waited as long as its leader's client said.
-            params = replace(params, timeout=self.options.replication_timeout)
         return commands.AddCall(name, data, params)
+
+    def _job_params(self, *options: object) -> JobParams:
+        """ADDJOB's options checked (:func:`pgq.arguments.job_params`), with
+        this client's default timeout, carried by the call: a batch of the
+        group commit (shared by the clients of one database in the process)
+        waited as long as its leader's client said.
+
+        Kept by their values and types (1 and 1.0 and True are one dict key
+        but need not give the same answer): a producer passes the same few
+        every time, and checking them again was about a tenth of the CPU a
+        batched add costs the RESP server (with the dataclass copy that
+        applied the default timeout). JobParams is immutable; a value of
+        another type (a Decimal, a numpy number) is checked every time."""
+        key = tuple((type(value), value) for value in options)
+        known = self._params_memo.get(key) if _memoizable(options) else None
+        if known is not None:
+            return known
+        replicate, delay, retry, ttl, maxlen, asynchronous, timeout, priority, idempotency = options
+        params = args.job_params(
+            replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
+            asynchronous=asynchronous, timeout=timeout, priority=priority, key=idempotency,
+        )
+        if params.timeout is None:
+            params = replace(params, timeout=self.options.replication_timeout)
+        if _memoizable(options):
+            if len(self._params_memo) >= _PARAMS_MEMO_SIZE:
+                self._params_memo.clear()
+            self._params_memo[key] = params
+        return params
 
     def add_jobs_command(self, queue: object, bodies: Iterable[object], *, replicate: object,
                          delay: object, retry: object, ttl: object, maxlen: object,

@@ -114,3 +114,28 @@ def test_a_key_value_dsn_becomes_a_url_libpq_reads_the_same(dsn):
 
     url = libpq_url(dsn)
     assert url.startswith("postgresql://") and conninfo_to_dict(url) == conninfo_to_dict(dsn)
+
+
+def test_a_clients_checked_add_options_are_kept_by_value_and_type():
+    """ClientCore keeps the JobParams of options it checked (a producer
+    passes the same ones every time): the same values give the same
+    params, with the client's default timeout; a value equal but of another
+    type (True == 1) is checked on its own, and a refused one stays refused."""
+    import pgq  # an AsyncClient connects lazily: no database here
+
+    client = pgq.AsyncClient("postgresql://nobody@127.0.0.1:1/none", replication_timeout=7)
+    options = dict(replicate=None, delay=0, retry=1, ttl=None, maxlen=None,
+                   asynchronous=False, timeout=None)
+    first = client.add_call("q", [b"x"], **options).params
+    assert first.retry == 1.0 and first.timeout == 7 and first.ttl == args.DEFAULT_TTL
+    assert client.add_call("other", [b"y"], **options).params is first
+    for _ in range(2):
+        with pytest.raises(InvalidTypeError, match="retry"):
+            client.add_call("q", [b"x"], **{**options, "retry": True})
+    assert client.add_call("q", [b"x"], **{**options, "retry": 1.0}).params == first
+    assert client.add_call("q", [b"x"], **{**options, "timeout": 2}).params.timeout == 2
+    with pytest.raises(InvalidArgumentError):  # checked again, not taken from the memo
+        client.add_call("q", [b"x"], **{**options, "delay": 10**9})
+    many = [client.add_call("q", [b"x"], **{**options, "retry": r}).params.retry
+            for r in range(1, 600)]  # more combinations than it keeps
+    assert many == [float(r) for r in range(1, 600)]
