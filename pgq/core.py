@@ -188,10 +188,6 @@ _MEMOIZABLE = frozenset({type(None), bool, int, float, str})
 _PARAMS_MEMO_SIZE = 256
 
 
-def _memoizable(values: Sequence[object]) -> bool:
-    return all(type(value) in _MEMOIZABLE for value in values)
-
-
 class ClientCore:
     """Options, DSN and command construction shared by both clients."""
 
@@ -218,7 +214,7 @@ class ClientCore:
         self._host, self._port = _host_and_port(self._dsn)
         self._node_id = ""
         self._last_sweep = 0.0
-        self._params_memo: dict[tuple[tuple[type, object], ...], JobParams] = {}
+        self._params_memo: dict[tuple[tuple[object, ...], tuple[type, ...]], JobParams] = {}
         self._returned = 0  # pooled connections given back (see _busy_pool)
         self._cluster = ClusterView(max_age=min(self.options.sweep_interval, 1.0))
 
@@ -354,8 +350,9 @@ class ClientCore:
         batched add costs the RESP server (with the dataclass copy that
         applied the default timeout). JobParams is immutable; a value of
         another type (a Decimal, a numpy number) is checked every time."""
-        key = tuple((type(value), value) for value in options)
-        known = self._params_memo.get(key) if _memoizable(options) else None
+        types = tuple(map(type, options))
+        key = (options, types) if _MEMOIZABLE.issuperset(types) else None
+        known = None if key is None else self._params_memo.get(key)
         if known is not None:
             return known
         replicate, delay, retry, ttl, maxlen, asynchronous, timeout, priority, idempotency = options
@@ -365,7 +362,7 @@ class ClientCore:
         )
         if params.timeout is None:
             params = replace(params, timeout=self.options.replication_timeout)
-        if _memoizable(options):
+        if key is not None:
             if len(self._params_memo) >= _PARAMS_MEMO_SIZE:
                 self._params_memo.clear()
             self._params_memo[key] = params

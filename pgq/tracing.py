@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 __all__ = ["span", "inject", "extract_link", "enabled"]
@@ -65,13 +66,23 @@ def enabled() -> bool:
     return bool(_known[0])
 
 
-@contextlib.contextmanager
 def span(name: str, kind: str = "INTERNAL", queue: str | None = None,
-         links: list[Any] | None = None, **attributes: Any) -> Iterator[Any]:
-    """A span (or nothing, without OpenTelemetry); errors are recorded on it."""
+         links: list[Any] | None = None, **attributes: Any) -> AbstractContextManager[Any]:
+    """A span (or nothing, without OpenTelemetry); errors are recorded on it.
+    Nothing to record: a shared context manager that does nothing (the
+    generator-based one cost about 2 us per call, on every add, get and
+    ack, which no one traced)."""
     if not enabled():
-        yield None  # nothing would record it: no span at all (about 0.3 µs)
-        return
+        return _NO_SPAN
+    return _span(name, kind, queue, links, attributes)
+
+
+_NO_SPAN: AbstractContextManager[Any] = contextlib.nullcontext(None)
+
+
+@contextlib.contextmanager
+def _span(name: str, kind: str, queue: str | None, links: list[Any] | None,
+          attributes: dict[str, Any]) -> Iterator[Any]:
     global _tracer
     if _tracer is None:  # a proxy: it follows a provider the application sets later
         _tracer = trace.get_tracer("pgq")
