@@ -20,29 +20,54 @@ async context manager, anyio's exceptions) and does neither:
   empty, and waits only while the transport has paused writing (the peer
   reads slowly): the replies a peer does not read are bounded too.
 
+* ``aclose`` lets what was written go out (a QUIT's +OK), for at most
+  :data:`CLOSE_GRACE` seconds, then aborts: a peer that never reads its
+  last replies cannot keep its socket, past the server's cap on clients
+  (whose slot is held until then), nor a stopping server's (a cancelled
+  close aborts at once). anyio's stream aborted at once, and waited in
+  ``send`` until the transport's buffer was empty.
+* ``receive`` yields to the event loop once per :data:`YIELD_EVERY` bytes
+  it hands out without waiting, so a client pipelining cheap commands
+  (PING) does not hold the loop while its whole buffer is answered.
+
 Invariants: bytes come out of ``receive`` in the order they arrived, and
 after the last of them ``receive`` raises ``anyio.EndOfStream`` (the peer
 closed) or ``anyio.BrokenResourceError`` (the connection failed), for ever.
 ``send`` on a closed or failed connection raises ``BrokenResourceError``
 (``ClosedResourceError`` after our own ``aclose``), never writes into it.
-Only one task receives at a time, as with anyio's stream. Neither call is a
-cancellation point when it need not wait (the server has one before each
-reply: :mod:`pgq.resp`).
+Only one task receives at a time (a second gets ``anyio.BusyResourceError``,
+as with anyio's stream). ``send`` is no cancellation point when it need not
+wait (the server has one before each reply: :mod:`pgq.resp`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import socket
 from typing import Any
 
 import anyio
 
-__all__ = ["ProtocolStream", "ProtocolListener", "HIGH_WATER"]
+__all__ = ["ProtocolStream", "ProtocolListener", "HIGH_WATER", "CLOSE_GRACE", "YIELD_EVERY"]
 
 # Unread bytes at which the transport stops reading (and resumes below it):
 # a few requests' worth; the parser holds what receive returned.
 HIGH_WATER = 256 * 1024
+# Seconds a closed connection's unsent replies get before it is aborted.
+CLOSE_GRACE = 5.0
+# Bytes receive hands out without waiting before it yields to the loop
+# (anyio's yielded at every call, and read 64 KiB at most).
+YIELD_EVERY = 64 * 1024
+
+
+def _address(sockname: Any) -> Any:
+    """(host, port) as anyio gave it: an IPv6 address with its scope id
+    (``fe80::1%2``), the flow and scope fields cut off."""
+    if isinstance(sockname, tuple) and len(sockname) == 4:
+        host, port, _flow, scope = sockname
+        return (f"{host.split('%')[0]}%{scope}" if scope else host), port
+    return sockname
 
 
 class ProtocolStream(asyncio.Protocol):
@@ -50,21 +75,24 @@ class ProtocolStream(asyncio.Protocol):
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
-        self._chunks: list[bytes] = []
+        self._chunks: collections.deque[bytes] = collections.deque()
         self._unread = 0
+        self._handed = 0  # bytes receive handed out since it last yielded
         self._reading_paused = False
         self._ended: BaseException | None = None  # EndOfStream or BrokenResourceError
         self._closed = False  # by aclose
         self._readable: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None
-        self.local_address: Any = None  # (host, port, ...) on TCP
+        self._lost: asyncio.Future[None] | None = None  # done when the transport is gone
+        self.local_address: Any = None  # (host, port) on TCP
 
     # ------------------------------------------------------------ callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's transports are not asyncio.Transport's subclasses)
         self._transport = transport  # type: ignore[assignment]
-        self.local_address = transport.get_extra_info("sockname")
+        self._lost = asyncio.get_running_loop().create_future()
+        self.local_address = _address(transport.get_extra_info("sockname"))
 
     def data_received(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -81,7 +109,14 @@ class ProtocolStream(asyncio.Protocol):
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._end(anyio.EndOfStream() if exc is None else anyio.BrokenResourceError(str(exc)))
+        if exc is None:
+            self._end(anyio.EndOfStream())
+        else:
+            broken = anyio.BrokenResourceError(str(exc))
+            broken.__cause__ = exc  # what the logs should show
+            self._end(broken)
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(None)
         writable, self._writable = self._writable, None
         if writable is not None and not writable.done():
             writable.set_result(None)  # send sees the end and raises
@@ -110,27 +145,49 @@ class ProtocolStream(asyncio.Protocol):
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """The next bytes (at most ``max_bytes``), waiting for them if none
         are unread; EndOfStream / BrokenResourceError after the last."""
+        if self._readable is not None:
+            raise anyio.BusyResourceError("reading from")
+        waited = False
         while not self._chunks:
             if self._closed:
                 raise anyio.ClosedResourceError
             if self._ended is not None:
                 raise self._ended
+            waited = True
             self._readable = asyncio.get_running_loop().create_future()
             try:
                 await self._readable
             finally:
                 self._readable = None
-        data = self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
-        if len(data) > max_bytes:
-            data, rest = data[:max_bytes], data[max_bytes:]
-            self._chunks = [rest]
-        else:
-            self._chunks = []
+        if not waited and self._handed >= YIELD_EVERY:
+            self._handed = 0
+            await asyncio.sleep(0)  # others' turn (the data stays: nobody else reads)
+            if self._closed:
+                raise anyio.ClosedResourceError
+        data = self._take(max_bytes)
+        self._handed = 0 if waited else self._handed + len(data)
         self._unread -= len(data)
         if self._reading_paused and self._unread < HIGH_WATER and self._ended is None:
             self._reading_paused = False
             self._transport.resume_reading()  # type: ignore[union-attr]
         return data
+
+    def _take(self, max_bytes: int) -> bytes:
+        """Up to ``max_bytes`` from the front, joining whole chunks and
+        splitting only the one at the front (not all that is buffered)."""
+        chunks = self._chunks
+        first = chunks[0]
+        if len(first) >= max_bytes:
+            chunks.popleft()
+            if len(first) > max_bytes:
+                chunks.appendleft(first[max_bytes:])
+                return first[:max_bytes]
+            return first
+        taken, size = [chunks.popleft()], len(first)
+        while chunks and size + len(chunks[0]) <= max_bytes:
+            size += len(chunks[0])
+            taken.append(chunks.popleft())
+        return taken[0] if len(taken) == 1 else b"".join(taken)
 
     async def send(self, data: bytes) -> None:
         """Write ``data``; wait while the peer is slow to read it."""
@@ -149,11 +206,22 @@ class ProtocolStream(asyncio.Protocol):
             raise anyio.BrokenResourceError("the connection is closed")
 
     async def aclose(self) -> None:
-        """Close: what was written is still sent (a QUIT's +OK, the error
-        before a protocol error's close), then the connection ends."""
+        """Close: what was written still goes out (a QUIT's +OK, the error
+        before a protocol error's close) for up to CLOSE_GRACE seconds; then,
+        or at once if this close is cancelled (the server's stop), abort."""
         self._closed = True
-        if self._transport is not None:
-            self._transport.close()
+        transport, lost = self._transport, self._lost
+        if transport is None or lost is None:
+            return
+        transport.close()
+        if lost.done() or not transport.get_write_buffer_size():
+            return
+        try:
+            with anyio.move_on_after(CLOSE_GRACE):
+                await asyncio.shield(lost)
+        finally:
+            if not lost.done():
+                transport.abort()
 
     async def __aenter__(self) -> ProtocolStream:
         return self

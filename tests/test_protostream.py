@@ -10,6 +10,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
+from pgq import protostream
 from pgq.protostream import HIGH_WATER, ProtocolListener, ProtocolStream
 
 pytestmark = pytest.mark.anyio
@@ -172,3 +173,73 @@ async def test_a_reset_peer_breaks_the_stream_and_a_cancelled_receive_leaves_it_
     finally:
         await stream.aclose()
         await listener.aclose()
+
+
+async def test_a_close_whose_replies_are_never_read_aborts_after_its_grace(monkeypatch):
+    """A peer that reads nothing keeps no socket (and so no client slot of
+    the RESP server) for longer than CLOSE_GRACE after the server closed it;
+    a close that is cancelled (the server's stop) aborts at once."""
+    monkeypatch.setattr(protostream, "CLOSE_GRACE", 0.2)
+    for cancelled in (False, True):
+        stream, peer, listener = await _pair()
+        try:
+            stream._transport.write(b"r" * (16 * 1024 * 1024))  # more than the kernel holds
+            assert stream._transport.get_write_buffer_size() > 0
+            with anyio.fail_after(10):
+                with anyio.CancelScope() as scope:
+                    if cancelled:
+                        scope.cancel()
+                    await stream.aclose()
+                await _until(stream._lost.done)  # the transport is gone
+        finally:
+            peer.close()
+            await listener.aclose()
+
+
+async def test_a_second_receiver_is_refused():
+    stream, peer, listener = await _pair()
+    try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(stream.receive)
+            await _until(lambda: stream._readable is not None)
+            with pytest.raises(anyio.BusyResourceError):
+                await stream.receive()
+            peer.sendall(b"x")  # the first receive takes it and ends
+    finally:
+        peer.close()
+        await stream.aclose()
+        await listener.aclose()
+
+
+async def test_draining_a_full_buffer_lets_the_event_loop_turn():
+    """Bytes handed out without waiting yield once per YIELD_EVERY: a
+    pipelining client's backlog is answered in turns with the others."""
+    stream, peer, listener = await _pair()
+    turns = 0
+    try:
+        peer.sendall(b"p" * (HIGH_WATER // 2))
+        await _until(lambda: stream._unread >= HIGH_WATER // 2)
+        async with anyio.create_task_group() as tasks:
+            async def count() -> None:
+                nonlocal turns
+                while True:
+                    turns += 1
+                    await anyio.lowlevel.checkpoint()
+
+            tasks.start_soon(count)
+            await anyio.lowlevel.checkpoint()
+            before, got = turns, 0
+            while got < HIGH_WATER // 2:
+                got += len(await stream.receive(1024))
+            assert turns - before >= (HIGH_WATER // 2) // protostream.YIELD_EVERY - 1
+            tasks.cancel_scope.cancel()
+    finally:
+        peer.close()
+        await stream.aclose()
+        await listener.aclose()
+
+
+def test_local_addresses_are_read_as_anyio_gave_them():
+    assert protostream._address(("127.0.0.1", 7711)) == ("127.0.0.1", 7711)
+    assert protostream._address(("::1", 7711, 0, 0)) == ("::1", 7711)
+    assert protostream._address(("fe80::1", 7711, 0, 2)) == ("fe80::1%2", 7711)
