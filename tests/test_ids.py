@@ -58,10 +58,14 @@ def test_id_field_is_creation_time_counter_and_72_random_bits():
 def test_a_lone_id_is_encoded_as_the_first_of_a_batch():
     """One job's ID takes a shorter path (one encoding of its 18 bytes):
     the same characters as the batch's three encodings."""
+    random = bytes(range(1, 19))
+
+    def entropy(n: int) -> bytes:
+        return random[:n]
+
     for millis in (0, 1, 1_764_000_000_000, 2**48 - 1):
-        random = bytes(range(1, 19))
-        [lone] = new_job_ids(NODE, 86400, 300, 1, millis=millis, random_bytes=lambda n: random[:n])
-        first = new_job_ids(NODE, 86400, 300, 2, millis=millis, random_bytes=lambda n: random[:n])[0]
+        [lone] = new_job_ids(NODE, 86400, 300, 1, millis=millis, random_bytes=entropy)
+        first = new_job_ids(NODE, 86400, 300, 2, millis=millis, random_bytes=entropy)[0]
         assert lone == first
         assert _decode(lone[11:35]) == millis.to_bytes(6, "big") + b"\0\0\0" + random[:9]
 
