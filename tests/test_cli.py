@@ -222,6 +222,20 @@ def test_cluster_commands_refuse_a_database_no_node_serves(dsn, client, db):
     assert client.qlen("marked") == 0
 
 
+def test_malformed_cluster_arguments_are_usage_errors_and_a_typo_in_node_wait_says_so(tmp_path):
+    # Refused before any connection (the DSN leads nowhere): status 2, as
+    # every other malformed argument; they were status 1.
+    nowhere = "postgresql://nobody@127.0.0.1:1/none"
+    for args, what in ((("cluster", "meet", "nohost"), "'ADDRESS'"),
+                       (("cluster", "forget", "abc"), "'NODE_ID'")):
+        done = pgq(*args, dsn=nowhere, check=False)
+        assert done.returncode == 2 and what in done.stderr, (args, done.stderr)
+        assert "Traceback" not in done.stderr
+    # A directory where no node was started: its own timeout, then why.
+    done = pgq("node", "wait", "--data", str(tmp_path / "typo"), "--timeout", "0.5", check=False)
+    assert done.returncode == 1 and "no node.json there" in done.stderr, done.stderr
+
+
 def test_limits_past_the_apis_say_which_option(dsn):
     for args in (("stats", "--limit", "9" * 20), ("dead-letters", "list", "--limit", "200000")):
         done = pgq(*args, dsn=dsn, check=False)

@@ -198,6 +198,10 @@ def _wait_serving(directory: Any, timeout: float, child: Any = None) -> dict[str
             if directory.log_file.exists():
                 tail = "\n".join(directory.log_file.read_text(errors="replace").splitlines()[-5:])
             what = "exited" if exited else f"did not serve within {timeout:g} s"
+            if not exited and not directory.is_node_directory():
+                # A typo waited its whole timeout to say only that.
+                what += (" (no node.json there: no node was started in that directory; "
+                         "`pgq node start --data DIR` starts one)")
             if child is not None and not exited:
                 # --detach: it runs on in its own session and may serve yet
                 what += (f" (pid {child.pid} goes on starting: `pgq node wait --data "
@@ -340,6 +344,9 @@ def cluster_meet(address: str, data: str | None, dsn: str | None, as_json: bool)
 
     try:
         parse_address(address)
+    except PgqError as exc:  # bad usage (exit 2), as every other malformed argument
+        raise click.BadParameter(str(exc), param_hint="'ADDRESS'") from None
+    try:
         _tell_node(_require_node(node_dsn(data, dsn)), contracts.OUTBOX_MEET, address)
         report({"meeting": address}, as_json, f"meeting {address}")
     except PgqError as exc:
@@ -377,7 +384,8 @@ def cluster_forget(node_id: str, data: str | None, dsn: str | None, as_json: boo
     from ..ids import is_node_id
 
     if not is_node_id(node_id):
-        fail(PgqError(f"{node_id!r} is not a 40-hex node id (see `pgq cluster nodes`)"))
+        raise click.BadParameter(f"{node_id!r} is not a 40-hex node id (see `pgq cluster nodes`)",
+                                 param_hint="'NODE_ID'")
     target = _require_node(node_dsn(data, dsn))
     with psycopg.connect(target, autocommit=True, connect_timeout=10) as conn:
         myself = conn.execute(contracts.NODE_ID).fetchone()

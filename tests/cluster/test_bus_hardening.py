@@ -80,7 +80,7 @@ def test_records_a_node_cannot_use_are_dropped_and_never_stop_it(make_cluster):
     # the same through the command line and the outbox
     meet = subprocess.run([sys.executable, "-m", "pgq.cli", "cluster", "meet", "\u200d:7000",
                            "--dsn", target.dsn], capture_output=True, text=True)
-    assert meet.returncode == 1 and "not a host" in meet.stderr
+    assert meet.returncode == 2 and "not a host" in meet.stderr  # bad usage
     target.sql("INSERT INTO pgq.outbox (kind, arg) VALUES ('meet', %s)", ("\u200d:7000",))
     target.sql("SELECT pg_notify('pgq_node', '')")
     with cluster[0].client() as client:  # the cluster still replicates through it
