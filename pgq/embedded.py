@@ -66,6 +66,7 @@ Invariants:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import fcntl
 import functools
 import json
@@ -466,8 +467,22 @@ _LISTEN = re.compile(r"\*|[A-Za-z0-9.:_-]{1,253}(,[A-Za-z0-9.:_-]{1,253})*\Z")
 _HBA_SOURCE = re.compile(r"(all|samehost|samenet|[0-9A-Fa-f.:]{2,45}(/[0-9]{1,3})?)\Z")
 
 
+# Set while temporary_server starts its server: a private server for tests
+# and simulations takes none of the PGQ_EMBEDDED_* variables, which are
+# meant for the user's own server (a fixed port that server already holds
+# failed every test session started beside it; a known password, an open
+# listen address and pg_hba source are not what a throwaway server wants).
+_PRIVATE: contextvars.ContextVar[bool] = contextvars.ContextVar("pgq_embedded_private",
+                                                               default=False)
+
+
+def _setting(name: str) -> str | None:
+    """A PGQ_EMBEDDED_* variable, unless this server is private."""
+    return None if _PRIVATE.get() else os.environ.get(name)
+
+
 def _listen_addresses(host: str) -> str:
-    chosen = os.environ.get("PGQ_EMBEDDED_LISTEN")
+    chosen = _setting("PGQ_EMBEDDED_LISTEN")
     listen = chosen or host
     if not _LISTEN.match(listen):
         # Name what was given: without the variable the address is the
@@ -481,7 +496,7 @@ def _listen_addresses(host: str) -> str:
 
 
 def _fixed_port() -> int | None:
-    fixed = os.environ.get("PGQ_EMBEDDED_PORT")
+    fixed = _setting("PGQ_EMBEDDED_PORT")
     if not fixed:
         return None
     if not fixed.isdigit() or not 0 < int(fixed) < 65536:
@@ -490,7 +505,7 @@ def _fixed_port() -> int | None:
 
 
 def _hba_source() -> str | None:
-    source = os.environ.get("PGQ_EMBEDDED_HBA")
+    source = _setting("PGQ_EMBEDDED_HBA")
     if source and not _HBA_SOURCE.match(source):
         raise EmbeddedServerError(
             f"PGQ_EMBEDDED_HBA={source!r} is not a pg_hba.conf address: give samenet, "
@@ -595,7 +610,7 @@ def _initdb(home: Path, data: Path, runner: _Runner) -> Instance:
     instance.json, which no later start could use."""
     _remove_partial_clusters(home)
     admin_password = secrets.token_urlsafe(32)
-    password = os.environ.get("PGQ_EMBEDDED_PASSWORD") or secrets.token_urlsafe(32)
+    password = _setting("PGQ_EMBEDDED_PASSWORD") or secrets.token_urlsafe(32)
     hba = _hba_source()
     partial = Path(tempfile.mkdtemp(dir=home, prefix=PARTIAL_PREFIX))  # mode 0700
     runner.chown(partial)
@@ -898,10 +913,16 @@ def stop(home: str | os.PathLike[str] | None = None, mode: str = "fast") -> bool
 def temporary_server(prefix: str = "pgq-", mode: str = "fast") -> Iterator[tuple[Instance, Path]]:
     """A private server in a new temporary directory, for tests and
     simulations: ``(instance, home)``; stopped (pg_ctl ``mode``) and the
-    directory removed on exit, whatever happened inside."""
+    directory removed on exit, whatever happened inside. It ignores the
+    ``PGQ_EMBEDDED_*`` variables (loopback, a free port, random passwords)."""
     home = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        yield ensure_running(home), home
+        private = _PRIVATE.set(True)  # none of the user's PGQ_EMBEDDED_* settings
+        try:
+            instance = ensure_running(home)
+        finally:
+            _PRIVATE.reset(private)
+        yield instance, home
     finally:
         try:
             stop(home, mode)

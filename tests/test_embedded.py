@@ -263,6 +263,31 @@ def test_container_settings_open_the_server_on_purpose(tmp_path, monkeypatch):
         shutil.rmtree(home, ignore_errors=True)
 
 
+def test_a_temporary_server_takes_none_of_the_users_container_settings(monkeypatch):
+    """PGQ_EMBEDDED_* are for the user's own server: a test session's (or a
+    simulation's) throwaway server beside it took its fixed port, already
+    held, and failed; and its known password."""
+    import socket
+
+    from pgq.ports import free_port
+
+    taken = socket.socket()
+    try:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        taken.bind(("127.0.0.1", free_port("127.0.0.1", reuse_address=True, servers=True)))
+        taken.listen()  # the user's own server, say
+        port = taken.getsockname()[1]
+        monkeypatch.setenv("PGQ_EMBEDDED_PORT", str(port))
+        monkeypatch.setenv("PGQ_EMBEDDED_PASSWORD", "the-users-own-password")
+        monkeypatch.setenv("PGQ_EMBEDDED_LISTEN", "*")
+        with embedded.temporary_server("pgq-private-") as (instance, _home):
+            assert instance.port != port and instance.password != "the-users-own-password"
+            with psycopg.connect(instance.admin_dsn_for("postgres")) as conn:
+                assert conn.execute("SHOW listen_addresses").fetchone()[0] == "127.0.0.1"
+    finally:
+        taken.close()
+
+
 # ------------------------------------------------------------------ roles
 
 
