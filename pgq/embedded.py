@@ -57,7 +57,9 @@ Invariants:
   ``*``), ``PGQ_EMBEDDED_PORT`` (a fixed port), ``PGQ_EMBEDDED_PASSWORD`` (a
   known password for role ``pgq`` instead of a random one) and
   ``PGQ_EMBEDDED_HBA`` (an extra ``pg_hba.conf`` source, e.g. ``samenet``;
-  SCRAM is still required). Each is validated before use.
+  SCRAM is still required). Each is validated before use. A changed
+  ``PGQ_EMBEDDED_PASSWORD`` takes effect at the next start: role ``pgq``'s
+  password follows ``instance.json``.
 * PostgreSQL refuses to run as root: when the caller is root, ``initdb`` and
   ``pg_ctl`` run as an unprivileged user (``PGQ_SERVER_USER``, default
   ``postgres``), who owns ``data/`` and ``log/``.
@@ -770,6 +772,9 @@ def _verify_and_provision(instance: Instance, postmaster: Postmaster, data: Path
                 conn.execute(sql.SQL(
                     "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}"
                 ).format(sql.Identifier(instance.role), sql.Literal(instance.password)))
+            else:  # it could not log in: its password is the one instance.json says
+                conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
+                    sql.Identifier(instance.role), sql.Literal(instance.password)))
     except psycopg.Error as exc:
         raise EmbeddedServerError(
             f"PostgreSQL of {data} runs on port {postmaster.port} but pgq cannot log in "
@@ -871,6 +876,12 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
         postmaster = _our_postmaster(data, log, runner, instance, _listen_addresses(address),
                                      deadline)
         current = replace(instance, port=postmaster.port, host=address)
+        wanted = _setting("PGQ_EMBEDDED_PASSWORD")
+        if wanted and wanted != current.password and current.admin_role is not None:
+            # Changed since initdb (a new .env on an old volume): it was
+            # ignored, and a client given the new one was locked out.
+            # instance.json first: the role follows it (_verify_and_provision).
+            current = replace(current, password=wanted)
         if current != instance:
             _write_instance(directory, current)
         _verify_and_provision(current, postmaster, data, log)

@@ -27,7 +27,8 @@ ENVIRONMENT: tuple[tuple[str, str], ...] = (
                         "(default `postgres`)."),
     ("PGQ_EMBEDDED_LISTEN", "Listen address of the embedded server (default loopback), e.g. `*`."),
     ("PGQ_EMBEDDED_PORT", "A fixed port for the embedded server (default: a free one)."),
-    ("PGQ_EMBEDDED_PASSWORD", "Password of the embedded server's role (default: a random one)."),
+    ("PGQ_EMBEDDED_PASSWORD", "Password of the embedded server's role (default: a random one); "
+                              "a changed one takes effect at the next start."),
     ("PGQ_EMBEDDED_HBA", "An extra `pg_hba.conf` source for the embedded server, e.g. `samenet`."),
     ("PGQ_LOG_FORMAT", "`json`: node, worker and serve logs are one JSON object per line "
                        "(as `--json`); default `text`."),

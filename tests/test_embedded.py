@@ -263,6 +263,29 @@ def test_container_settings_open_the_server_on_purpose(tmp_path, monkeypatch):
         shutil.rmtree(home, ignore_errors=True)
 
 
+def test_a_changed_container_password_takes_effect_at_the_next_start(monkeypatch):
+    """PGQ_EMBEDDED_PASSWORD was applied at initdb only: a new password in
+    .env on an old volume was ignored, and a worker given it was locked out."""
+    home = Path(tempfile.mkdtemp(prefix="pgq-password-"))  # the server user reaches it
+    monkeypatch.setenv("PGQ_EMBEDDED_PASSWORD", "the-first-password")
+    try:
+        first = embedded.ensure_running(home)
+        assert first.password == "the-first-password"
+        embedded.stop(home)
+        monkeypatch.setenv("PGQ_EMBEDDED_PASSWORD", "the-second-password")
+        second = embedded.ensure_running(home)
+        assert second.password == "the-second-password"
+        with psycopg.connect(second.dsn) as conn:  # role pgq logs in with it
+            assert conn.execute("SELECT current_user").fetchone()[0] == second.role
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(first.dsn, connect_timeout=5).close()
+        monkeypatch.delenv("PGQ_EMBEDDED_PASSWORD")  # no variable: what it was set to stays
+        assert embedded.ensure_running(home).password == "the-second-password"
+    finally:
+        embedded.stop(home)
+        shutil.rmtree(home, ignore_errors=True)
+
+
 def test_a_temporary_server_takes_none_of_the_users_container_settings(monkeypatch):
     """PGQ_EMBEDDED_* are for the user's own server: a test session's (or a
     simulation's) throwaway server beside it took its fixed port, already
