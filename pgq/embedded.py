@@ -72,6 +72,7 @@ import contextvars
 import fcntl
 import functools
 import json
+import logging
 import os
 import pwd
 import re
@@ -95,6 +96,7 @@ from .pgbinaries import find_server_binaries
 
 P = ParamSpec("P")
 R = TypeVar("R")
+logger = logging.getLogger("pgq")
 
 __all__ = ["Instance", "home_directory", "ensure_running", "stop", "status",
            "create_database", "read_postmaster", "Postmaster", "write_private",
@@ -469,11 +471,14 @@ _LISTEN = re.compile(r"\*|[A-Za-z0-9.:_-]{1,253}(,[A-Za-z0-9.:_-]{1,253})*\Z")
 _HBA_SOURCE = re.compile(r"(all|samehost|samenet|[0-9A-Fa-f.:]{2,45}(/[0-9]{1,3})?)\Z")
 
 
-# Set while temporary_server starts its server: a private server for tests
-# and simulations takes none of the PGQ_EMBEDDED_* variables, which are
-# meant for the user's own server (a fixed port that server already holds
-# failed every test session started beside it; a known password, an open
-# listen address and pg_hba source are not what a throwaway server wants).
+# A private server (temporary_server's, for tests and simulations) takes
+# none of the PGQ_EMBEDDED_* variables, which are meant for the user's own
+# server (a fixed port that server already holds failed every test session
+# started beside it; a known password, an open listen address and pg_hba
+# source are not what a throwaway server wants). Marked in its home, so
+# that every later start of it (a test's restart) is private too; set
+# while ensure_running works on such a home.
+PRIVATE_MARK = "private"
 _PRIVATE: contextvars.ContextVar[bool] = contextvars.ContextVar("pgq_embedded_private",
                                                                default=False)
 
@@ -750,7 +755,7 @@ def _check_identity(row: tuple[float, int] | None, postmaster: Postmaster, data:
 
 
 def _verify_and_provision(instance: Instance, postmaster: Postmaster, data: Path,
-                          log: Path) -> None:
+                          log: Path, follow_password: bool = False) -> None:
     """Check that the server answering on the port is ``postmaster`` (the
     one running in our data directory) and that role ``pgq`` can use its
     database. One connection when all is in place (the common case); the
@@ -772,7 +777,7 @@ def _verify_and_provision(instance: Instance, postmaster: Postmaster, data: Path
                 conn.execute(sql.SQL(
                     "CREATE ROLE {} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE PASSWORD {}"
                 ).format(sql.Identifier(instance.role), sql.Literal(instance.password)))
-            else:  # it could not log in: its password is the one instance.json says
+            elif follow_password:  # PGQ_EMBEDDED_PASSWORD at a start: the role follows it
                 conn.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(
                     sql.Identifier(instance.role), sql.Literal(instance.password)))
     except psycopg.Error as exc:
@@ -849,6 +854,14 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
     """
     directory = home_directory(home)
     _check_home_path(directory)
+    private = _PRIVATE.set((directory / PRIVATE_MARK).exists())
+    try:
+        return _ensure_running(directory, host, timeout)
+    finally:
+        _PRIVATE.reset(private)
+
+
+def _ensure_running(directory: Path, host: str | None, timeout: float) -> Instance:
     created = not directory.exists()  # before _locked makes it for its lock file
     with _locked(directory):
         instance = _read_instance(directory)
@@ -873,18 +886,26 @@ def ensure_running(home: str | os.PathLike[str] | None = None,
         if _allow_samehost(data, address) and _serving(data):
             runner.run("pg_ctl", "reload", "-D", str(data), "-s")  # the rule, for this server too
         deadline = time.monotonic() + timeout
+        starting = not _serving(data)  # (under the lock: nobody else starts it meanwhile)
         postmaster = _our_postmaster(data, log, runner, instance, _listen_addresses(address),
                                      deadline)
         current = replace(instance, port=postmaster.port, host=address)
+        # PGQ_EMBEDDED_PASSWORD changed since initdb (a new .env on an old
+        # volume): it was ignored, and a client given the new one was
+        # locked out. Taken at a start only: a process that merely attaches
+        # to the running server (a Client without a DSN, `pgq migrate`) in a
+        # shell with another value changed the live server's password under
+        # the processes using it. instance.json first; the role follows it.
         wanted = _setting("PGQ_EMBEDDED_PASSWORD")
-        if wanted and wanted != current.password and current.admin_role is not None:
-            # Changed since initdb (a new .env on an old volume): it was
-            # ignored, and a client given the new one was locked out.
-            # instance.json first: the role follows it (_verify_and_provision).
-            current = replace(current, password=wanted)
+        follow = bool(wanted) and starting and current.admin_role is not None
+        if follow and wanted != current.password:
+            current = replace(current, password=wanted)  # type: ignore[arg-type]
+        elif wanted and wanted != current.password:
+            logger.warning("PGQ_EMBEDDED_PASSWORD differs from the running server's password; it "
+                        "takes effect at the server's next start (`pgq embedded stop`)")
         if current != instance:
             _write_instance(directory, current)
-        _verify_and_provision(current, postmaster, data, log)
+        _verify_and_provision(current, postmaster, data, log, follow_password=follow)
         return current
 
 
@@ -928,12 +949,9 @@ def temporary_server(prefix: str = "pgq-", mode: str = "fast") -> Iterator[tuple
     ``PGQ_EMBEDDED_*`` variables (loopback, a free port, random passwords)."""
     home = Path(tempfile.mkdtemp(prefix=prefix))
     try:
-        private = _PRIVATE.set(True)  # none of the user's PGQ_EMBEDDED_* settings
-        try:
-            instance = ensure_running(home)
-        finally:
-            _PRIVATE.reset(private)
-        yield instance, home
+        # none of the user's PGQ_EMBEDDED_* settings, at this start or any later one
+        (home / PRIVATE_MARK).write_text("a private server: PGQ_EMBEDDED_* do not apply\n")
+        yield ensure_running(home), home
     finally:
         try:
             stop(home, mode)

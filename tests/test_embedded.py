@@ -279,8 +279,22 @@ def test_a_changed_container_password_takes_effect_at_the_next_start(monkeypatch
             assert conn.execute("SELECT current_user").fetchone()[0] == second.role
         with pytest.raises(psycopg.OperationalError):
             psycopg.connect(first.dsn, connect_timeout=5).close()
-        monkeypatch.delenv("PGQ_EMBEDDED_PASSWORD")  # no variable: what it was set to stays
+        # A process that only attaches to the running server, in a shell with
+        # another value, changes nothing under the processes using it.
+        monkeypatch.setenv("PGQ_EMBEDDED_PASSWORD", "a-third-password")
         assert embedded.ensure_running(home).password == "the-second-password"
+        psycopg.connect(second.dsn, connect_timeout=5).close()
+        monkeypatch.delenv("PGQ_EMBEDDED_PASSWORD")  # no variable: what it was set to stays
+        embedded.stop(home)
+        assert embedded.ensure_running(home).password == "the-second-password"
+        # A password changed by hand is not reset behind the operator's back:
+        # only the variable, at a start, sets it.
+        with psycopg.connect(second.admin_dsn_for("postgres"), autocommit=True) as conn:
+            conn.execute("ALTER ROLE pgq PASSWORD 'changed-by-hand'")
+        embedded.stop(home)
+        third = embedded.ensure_running(home)
+        psycopg.connect(third.dsn.replace("the-second-password", "changed-by-hand"),
+                        connect_timeout=5).close()
     finally:
         embedded.stop(home)
         shutil.rmtree(home, ignore_errors=True)
@@ -303,10 +317,14 @@ def test_a_temporary_server_takes_none_of_the_users_container_settings(monkeypat
         monkeypatch.setenv("PGQ_EMBEDDED_PORT", str(port))
         monkeypatch.setenv("PGQ_EMBEDDED_PASSWORD", "the-users-own-password")
         monkeypatch.setenv("PGQ_EMBEDDED_LISTEN", "*")
-        with embedded.temporary_server("pgq-private-") as (instance, _home):
+        with embedded.temporary_server("pgq-private-") as (instance, home):
             assert instance.port != port and instance.password != "the-users-own-password"
             with psycopg.connect(instance.admin_dsn_for("postgres")) as conn:
                 assert conn.execute("SHOW listen_addresses").fetchone()[0] == "127.0.0.1"
+            embedded.stop(home)  # a test's restart of it: private still
+            again = embedded.ensure_running(home)
+            assert again.port != port and again.password == instance.password
+            psycopg.connect(instance.dsn, connect_timeout=5).close()
     finally:
         taken.close()
 
