@@ -78,6 +78,7 @@ class ProtocolStream(asyncio.Protocol):
         self._chunks: collections.deque[bytes] = collections.deque()
         self._unread = 0
         self._handed = 0  # bytes receive handed out since it last yielded
+        self._receiving = False  # a receive is under way (waiting or yielding)
         self._reading_paused = False
         self._ended: BaseException | None = None  # EndOfStream or BrokenResourceError
         self._closed = False  # by aclose
@@ -145,8 +146,17 @@ class ProtocolStream(asyncio.Protocol):
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """The next bytes (at most ``max_bytes``), waiting for them if none
         are unread; EndOfStream / BrokenResourceError after the last."""
-        if self._readable is not None:
+        if self._receiving:
             raise anyio.BusyResourceError("reading from")
+        if self._closed:
+            raise anyio.ClosedResourceError
+        self._receiving = True
+        try:
+            return await self._receive(max_bytes)
+        finally:
+            self._receiving = False
+
+    async def _receive(self, max_bytes: int) -> bytes:
         waited = False
         while not self._chunks:
             if self._closed:

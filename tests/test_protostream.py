@@ -205,6 +205,11 @@ async def test_a_second_receiver_is_refused():
             with pytest.raises(anyio.BusyResourceError):
                 await stream.receive()
             peer.sendall(b"x")  # the first receive takes it and ends
+        peer.sendall(b"left unread")
+        await _until(lambda: stream._unread > 0)
+        await stream.aclose()
+        with pytest.raises(anyio.ClosedResourceError):  # closed here: nothing more comes out
+            await stream.receive()
     finally:
         peer.close()
         await stream.aclose()
