@@ -332,7 +332,9 @@ class ClientCore:
             raise InvalidTypeError("add_jobs takes an iterable of bodies; use add_job for one body")
         data = [args.body_bytes(body, self.options.max_body_size) for body in _iterable(bodies, "bodies")]
         params = self._job_params(replicate, delay, retry, ttl, maxlen, asynchronous, timeout,
-                                  priority, key)
+                                  priority)
+        if key is not None:  # kept out of the memo: most keyed adds name a new key
+            params = replace(params, key=args.idempotency_key(key))
         if params.key is not None and len(data) != 1:
             raise InvalidArgumentError(
                 "an idempotency key names one job: add keyed jobs one at a time with add_job")
@@ -355,10 +357,10 @@ class ClientCore:
         known = None if key is None else self._params_memo.get(key)
         if known is not None:
             return known
-        replicate, delay, retry, ttl, maxlen, asynchronous, timeout, priority, idempotency = options
+        replicate, delay, retry, ttl, maxlen, asynchronous, timeout, priority = options
         params = args.job_params(
             replicate=replicate, delay=delay, retry=retry, ttl=ttl, maxlen=maxlen,
-            asynchronous=asynchronous, timeout=timeout, priority=priority, key=idempotency,
+            asynchronous=asynchronous, timeout=timeout, priority=priority,
         )
         if params.timeout is None:
             params = replace(params, timeout=self.options.replication_timeout)

@@ -139,3 +139,12 @@ def test_a_clients_checked_add_options_are_kept_by_value_and_type():
     many = [client.add_call("q", [b"x"], **{**options, "retry": r}).params.retry
             for r in range(1, 600)]  # more combinations than it keeps
     assert many == [float(r) for r in range(1, 600)]
+    # Idempotency keys are checked per call, kept out of the memo (each
+    # keyed add names a new one, and would have emptied it every 256 adds).
+    client.add_call("q", [b"x"], **options)  # in the memo again (the loop above emptied it)
+    kept = len(client._params_memo)
+    keyed = [client.add_call("q", [b"x"], key=f"order-{n}", **options).params for n in range(300)]
+    assert [p.key for p in keyed] == [f"order-{n}" for n in range(300)]
+    assert keyed[0].retry == 1.0 and len(client._params_memo) == kept
+    with pytest.raises(InvalidArgumentError):
+        client.add_call("q", [b"x"], key="", **options)
