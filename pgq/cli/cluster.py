@@ -198,7 +198,7 @@ def _wait_serving(directory: Any, timeout: float, child: Any = None) -> dict[str
             if directory.log_file.exists():
                 tail = "\n".join(directory.log_file.read_text(errors="replace").splitlines()[-5:])
             what = "exited" if exited else f"did not serve within {timeout:g} s"
-            if not exited and not directory.is_node_directory():
+            if not exited and child is None and not directory.is_node_directory():
                 # A typo waited its whole timeout to say only that.
                 what += (" (no node.json there: no node was started in that directory; "
                          "`pgq node start --data DIR` starts one)")
