@@ -76,7 +76,8 @@ def _docker_server() -> Iterator[Server]:
 
 
 def _embedded_server() -> Iterator[Server]:
-    with embedded.temporary_server("pgq-test-") as (instance, home):
+    # immediate stop at the end: the data goes with the directory
+    with embedded.temporary_server("pgq-test-", "immediate") as (instance, home):
         yield Server(instance.admin_dsn_for("postgres"), instance.dsn_for, home)
 
 
