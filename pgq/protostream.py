@@ -70,6 +70,11 @@ def _address(sockname: Any) -> Any:
     return sockname
 
 
+def _wake(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
+
+
 class ProtocolStream(asyncio.Protocol):
     """One accepted connection (see the module's docstring)."""
 
@@ -116,11 +121,8 @@ class ProtocolStream(asyncio.Protocol):
             broken = anyio.BrokenResourceError(str(exc))
             broken.__cause__ = exc  # what the logs should show
             self._end(broken)
-        if self._lost is not None and not self._lost.done():
-            self._lost.set_result(None)
-        writable, self._writable = self._writable, None
-        if writable is not None and not writable.done():
-            writable.set_result(None)  # send sees the end and raises
+        _wake(self._lost)
+        self.resume_writing()  # a waiting send sees the end and raises
 
     def pause_writing(self) -> None:
         if self._writable is None:
@@ -128,8 +130,7 @@ class ProtocolStream(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         writable, self._writable = self._writable, None
-        if writable is not None and not writable.done():
-            writable.set_result(None)
+        _wake(writable)
 
     def _end(self, ended: BaseException) -> None:
         if self._ended is None:
@@ -138,8 +139,7 @@ class ProtocolStream(asyncio.Protocol):
 
     def _wake_reader(self) -> None:
         readable, self._readable = self._readable, None
-        if readable is not None and not readable.done():
-            readable.set_result(None)
+        _wake(readable)
 
     # ------------------------------------------------------------ the stream
 
