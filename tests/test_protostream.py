@@ -4,7 +4,9 @@ backpressure, a failed peer, and a cancelled receive."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 
 import anyio
 import anyio.lowlevel
@@ -21,13 +23,22 @@ def anyio_backend():
     return "asyncio"  # psycopg's async connections, and so pgq's servers, run on asyncio
 
 
-async def _pair() -> tuple[ProtocolStream, socket.socket, ProtocolListener]:
-    """A stream accepted by a ProtocolListener, and the peer's plain socket."""
+@contextlib.asynccontextmanager
+async def _pair() -> AsyncIterator[tuple[ProtocolStream, socket.socket, ProtocolListener]]:
+    """A stream accepted by a ProtocolListener, and the peer's plain socket;
+    all three closed at the end (closing twice is harmless)."""
     server = socket.create_server(("127.0.0.1", 0))
     listener = ProtocolListener(server)
     peer = socket.create_connection(server.getsockname())
-    stream = await listener.accept()
-    return stream, peer, listener
+    try:
+        stream = await listener.accept()
+        try:
+            yield stream, peer, listener
+        finally:
+            await stream.aclose()
+    finally:
+        peer.close()
+        await listener.aclose()
 
 
 async def _until(condition) -> None:
@@ -55,8 +66,7 @@ async def _read_to_end(peer: socket.socket) -> bytes:
 
 
 async def test_bytes_come_in_order_then_the_end_and_a_half_closed_peer_gets_its_reply():
-    stream, peer, listener = await _pair()
-    try:
+    async with _pair() as (stream, peer, listener):
         local = stream.local_address
         assert local[:2] == listener._socket.getsockname()[:2]
         peer.sendall(b"*1\r\n$4\r\nPING\r\n")
@@ -74,14 +84,10 @@ async def test_bytes_come_in_order_then_the_end_and_a_half_closed_peer_gets_its_
         assert await _read_to_end(peer) == b"+PONG\r\n"
         with pytest.raises(anyio.ClosedResourceError):
             await stream.send(b"x")
-    finally:
-        peer.close()
-        await listener.aclose()
 
 
 async def test_receive_keeps_to_max_bytes_and_the_rest_comes_next():
-    stream, peer, listener = await _pair()
-    try:
+    async with _pair() as (stream, peer, listener):
         peer.sendall(b"abcdefgh")
         got = b""
         while len(got) < 8:
@@ -89,20 +95,16 @@ async def test_receive_keeps_to_max_bytes_and_the_rest_comes_next():
             assert 1 <= len(chunk) <= 3
             got += chunk
         assert got == b"abcdefgh"
-    finally:
-        peer.close()
-        await stream.aclose()
-        await listener.aclose()
 
 
 async def test_a_peer_that_sends_without_end_is_held_back_and_nothing_is_lost():
     """Reading pauses with HIGH_WATER bytes unread: the peer's sends then
     fill the kernel's buffers and block, instead of the server's memory."""
-    stream, peer, listener = await _pair()
-    peer.setblocking(False)
-    block = bytes(range(256)) * 256  # 64 KiB
-    sent = bytearray()
-    try:
+    async with _pair() as (stream, peer, listener):
+        peer.setblocking(False)
+        block = bytes(range(256)) * 256  # 64 KiB
+        sent = bytearray()
+
         async def fill() -> None:
             while True:
                 try:
@@ -121,17 +123,12 @@ async def test_a_peer_that_sends_without_end_is_held_back_and_nothing_is_lost():
             while len(got) < len(sent):  # what the kernel held comes once reading resumes
                 got += await stream.receive()
         assert bytes(got) == bytes(sent)
-    finally:
-        peer.close()
-        await stream.aclose()
-        await listener.aclose()
 
 
 async def test_send_waits_while_the_peer_does_not_read_and_goes_on_when_it_does():
-    stream, peer, listener = await _pair()
-    payload = b"r" * (32 * 1024 * 1024)  # more than the kernel's buffers hold
-    done = anyio.Event()
-    try:
+    async with _pair() as (stream, peer, listener):
+        payload = b"r" * (32 * 1024 * 1024)  # more than the kernel's buffers hold
+        done = anyio.Event()
         async with anyio.create_task_group() as tasks:
             async def write() -> None:
                 await stream.send(payload)
@@ -150,15 +147,10 @@ async def test_send_waits_while_the_peer_does_not_read_and_goes_on_when_it_does(
                         await anyio.sleep(0.001)
                 await done.wait()
         assert received == len(payload)
-    finally:
-        peer.close()
-        await stream.aclose()
-        await listener.aclose()
 
 
 async def test_a_reset_peer_breaks_the_stream_and_a_cancelled_receive_leaves_it_whole():
-    stream, peer, listener = await _pair()
-    try:
+    async with _pair() as (stream, peer, listener):
         with anyio.move_on_after(0.05):  # a receive cancelled while it waits
             await stream.receive()
         peer.sendall(b"after")
@@ -170,9 +162,6 @@ async def test_a_reset_peer_breaks_the_stream_and_a_cancelled_receive_leaves_it_
                 await stream.receive()
         with pytest.raises(anyio.BrokenResourceError):
             await stream.send(b"+OK\r\n")
-    finally:
-        await stream.aclose()
-        await listener.aclose()
 
 
 async def test_a_close_whose_replies_are_never_read_aborts_after_its_grace(monkeypatch):
@@ -181,8 +170,7 @@ async def test_a_close_whose_replies_are_never_read_aborts_after_its_grace(monke
     a close that is cancelled (the server's stop) aborts at once."""
     monkeypatch.setattr(protostream, "CLOSE_GRACE", 0.2)
     for cancelled in (False, True):
-        stream, peer, listener = await _pair()
-        try:
+        async with _pair() as (stream, peer, listener):
             stream._transport.write(b"r" * (16 * 1024 * 1024))  # more than the kernel holds
             assert stream._transport.get_write_buffer_size() > 0
             with anyio.fail_after(10):
@@ -191,14 +179,10 @@ async def test_a_close_whose_replies_are_never_read_aborts_after_its_grace(monke
                         scope.cancel()
                     await stream.aclose()
                 await _until(stream._lost.done)  # the transport is gone
-        finally:
-            peer.close()
-            await listener.aclose()
 
 
 async def test_a_second_receiver_is_refused():
-    stream, peer, listener = await _pair()
-    try:
+    async with _pair() as (stream, peer, listener):
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(stream.receive)
             await _until(lambda: stream._readable is not None)
@@ -210,18 +194,13 @@ async def test_a_second_receiver_is_refused():
         await stream.aclose()
         with pytest.raises(anyio.ClosedResourceError):  # closed here: nothing more comes out
             await stream.receive()
-    finally:
-        peer.close()
-        await stream.aclose()
-        await listener.aclose()
 
 
 async def test_draining_a_full_buffer_lets_the_event_loop_turn():
     """Bytes handed out without waiting yield once per YIELD_EVERY: a
     pipelining client's backlog is answered in turns with the others."""
-    stream, peer, listener = await _pair()
-    turns = 0
-    try:
+    async with _pair() as (stream, peer, listener):
+        turns = 0
         peer.sendall(b"p" * (HIGH_WATER // 2))
         await _until(lambda: stream._unread >= HIGH_WATER // 2)
         async with anyio.create_task_group() as tasks:
@@ -238,10 +217,6 @@ async def test_draining_a_full_buffer_lets_the_event_loop_turn():
                 got += len(await stream.receive(1024))
             assert turns - before >= (HIGH_WATER // 2) // protostream.YIELD_EVERY - 1
             tasks.cancel_scope.cancel()
-    finally:
-        peer.close()
-        await stream.aclose()
-        await listener.aclose()
 
 
 def test_local_addresses_are_read_as_anyio_gave_them():
