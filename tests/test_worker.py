@@ -836,6 +836,20 @@ async def _hand_over(worker: pgq.Worker, jobs: anyio.abc.TaskGroup, job: pgq.Job
     worker._wake_runner()
 
 
+async def _finish_as_the_drain_ends(worker: pgq.Worker, jobs: anyio.abc.TaskGroup, job: pgq.Job,
+                                    release: anyio.Event) -> None:
+    """``job`` handed to a runner whose handler waits on ``release``; then the
+    handler let go (its result or failure is due) as the drain's end comes,
+    with no turn of the loop between: the runner's wake-up is due, so the
+    cancellation skips it; then the run's unsettled jobs are given up."""
+    await _hand_over(worker, jobs, job)
+    while worker._ready:  # the runner took it: the handler waits
+        await anyio.lowlevel.checkpoint()
+    release.set()
+    jobs.cancel_scope.cancel()
+    await worker._interrupt(worker._unsettled(), "a test's stop")
+
+
 def test_a_job_given_back_unstarted_is_not_started_by_the_runner_woken_for_it():
     """The drain's end (grace 0, or a second signal) gives back the jobs no
     handler saw, at-most-once ones too. A runner woken for one of them is
@@ -883,14 +897,7 @@ def test_a_job_that_finishes_as_it_is_given_up_is_acknowledged_once_and_counted_
         release.append(anyio.Event())
         job = _job(2, retry=5.0)
         async with anyio.create_task_group() as jobs:
-            await _hand_over(worker, jobs, job)
-            while worker._ready:  # the runner took it: the handler waits
-                await anyio.lowlevel.checkpoint()
-            release[0].set()  # its result is due...
-            # ...as the drain's end comes, with no turn of the loop between:
-            # the runner's wake-up is due, so the cancellation skips it.
-            jobs.cancel_scope.cancel()
-            await worker._interrupt(worker._unsettled(), "a test's stop")
+            await _finish_as_the_drain_ends(worker, jobs, job, release[0])  # its result is due
         assert client.given_back == [job.id]
         assert worker._acks == [job.id]  # finished: acknowledged, not run again for nothing
         assert (worker.stats.interrupted, worker.stats.succeeded) == (1, 0)
@@ -1044,13 +1051,7 @@ def test_a_job_failing_as_it_is_given_up_is_not_nacked_after():
         release.append(anyio.Event())
         job = _job(8, retry=5.0)
         async with anyio.create_task_group() as jobs:
-            await _hand_over(worker, jobs, job)
-            while worker._ready:  # the runner took it: the handler waits
-                await anyio.lowlevel.checkpoint()
-            release[0].set()  # it fails...
-            # ...as the drain's end comes, with no turn of the loop between
-            jobs.cancel_scope.cancel()
-            await worker._interrupt(worker._unsettled(), "a test's stop")
+            await _finish_as_the_drain_ends(worker, jobs, job, release[0])  # it fails
         assert client.given_back == [job.id] and client.nacked == []
         assert (worker.stats.failed, worker.stats.interrupted) == (0, 1)
 
