@@ -902,7 +902,7 @@ def _ensure_running(directory: Path, host: str | None, timeout: float) -> Instan
             current = replace(current, password=wanted)  # type: ignore[arg-type]
         elif wanted and wanted != current.password:
             logger.warning("PGQ_EMBEDDED_PASSWORD differs from the running server's password; it "
-                        "takes effect at the server's next start (`pgq embedded stop`)")
+                           "takes effect at the server's next start (`pgq embedded stop`)")
         if current != instance:
             _write_instance(directory, current)
         _verify_and_provision(current, postmaster, data, log, follow_password=follow)
